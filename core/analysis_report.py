@@ -1,0 +1,215 @@
+"""Figures for `core.analysis` tables, and the offline report (one HTML file, or a folder of CSVs).
+
+Each `*_figure` takes the DataFrame its analysis function returns and gives a plotly figure. The HTML
+report embeds plotly's JavaScript once (no CDN) and escapes every piece of model text.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import os
+from collections.abc import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from core import analysis as A
+from core.divergence import DEFAULT_SCORE
+from core.errors import ForkpointError, InvalidInputError
+from core.trace import Trace
+
+log = logging.getLogger(__name__)
+
+MAX_TRACE_CURVES = 20  # per-trace Lorenz curves drawn besides the pooled one
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white", height=420)
+    return fig
+
+
+def lorenz_figure(df: pd.DataFrame) -> go.Figure:
+    """Lorenz curves from `lorenz()`: the pooled curve bold, a few per-trace curves faint, the diagonal."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="equality", line={"dash": "dot", "color": "grey"}))
+    labels = [lab for lab in df["trace"].unique() if lab != A.POOLED]
+    for lab in labels[:MAX_TRACE_CURVES]:
+        part = df[df["trace"] == lab]
+        fig.add_trace(go.Scatter(x=part["x"], y=part["y"], mode="lines", name=str(lab)[:12], opacity=0.35, line={"width": 1}))
+    part = df[df["trace"] == A.POOLED]
+    if len(part):
+        fig.add_trace(go.Scatter(x=part["x"], y=part["y"], mode="lines", name=A.POOLED, line={"width": 3, "color": "black"}))
+    return _layout(fig, "Lorenz curve of the disagreement score", "share of tokens (lowest score first)", "share of score mass")
+
+
+def position_density_figure(df: pd.DataFrame) -> go.Figure:
+    """Bars of the top-token density over u = t/T from `position_density()`, with the uniform line."""
+    centres = (df["bin_left"] + df["bin_right"]) / 2
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=centres, y=df["density"], width=df["bin_right"] - df["bin_left"], name="top tokens"))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1], mode="lines", name="uniform", line={"dash": "dot", "color": "grey"}))
+    median = df.attrs.get("median_u", float("nan"))
+    title = f"Where the top tokens are (median u = {median:.3f}, n = {df.attrs.get('n', 0)})"
+    return _layout(fig, title, "normalised position u = t/T", "density")
+
+
+def entropy_iou_figure(df: pd.DataFrame) -> go.Figure:
+    """IoU of top-p% score tokens with top-p% base-entropy tokens against p, from `entropy_iou()`."""
+    fig = go.Figure(go.Scatter(x=df["p"], y=df["iou"], mode="lines+markers", name="IoU"))
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(range=[0, 1.05])
+    return _layout(fig, "Overlap of top disagreement and top base-entropy tokens", "top fraction p", "IoU")
+
+
+def enrichment_figure(df: pd.DataFrame) -> go.Figure:
+    """Grouped bars of each category's enrichment per token set, from `enrichment()`."""
+    fig = go.Figure()
+    for name in [s for s in df["set"].unique() if s != "all"]:
+        part = df[df["set"] == name]
+        fig.add_trace(go.Bar(x=part["category"], y=part["enrichment"], name=name))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
+    fig.update_layout(barmode="group")
+    return _layout(fig, "Enrichment of tag categories (share / share among all tokens)", "category", "enrichment")
+
+
+def roc_figure(df: pd.DataFrame, aurocs: pd.DataFrame | None = None) -> go.Figure:
+    """ROC curves of the failure predictor from `roc_curve()`; AUROCs from `failure_auroc()` in the legend."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="chance", line={"dash": "dot", "color": "grey"}))
+    for signal in df["signal"].unique():
+        part = df[df["signal"] == signal]
+        name = str(signal)
+        if aurocs is not None and (aurocs["signal"] == signal).any():
+            name += f" (AUROC {float(aurocs.loc[aurocs['signal'] == signal, 'auroc'].iloc[0]):.3f})"
+        fig.add_trace(go.Scatter(x=part["fpr"], y=part["tpr"], mode="lines+markers", name=name, line_shape="linear"))
+    return _layout(fig, "Predicting a wrong answer from the response's scores", "false positive rate", "true positive rate")
+
+
+def reason_rank_figure(df: pd.DataFrame, title: str = "Base rank of the reasoner's top token") -> go.Figure:
+    """Bars of `reason_rank()` shares by rank bucket, with the cumulative share as a line."""
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=df["label"], y=df["share"], name="share"))
+    fig.add_trace(go.Scatter(x=df["label"], y=df["cum_share"], mode="lines+markers", name="cumulative"))
+    fig.update_yaxes(range=[0, 1.05])
+    return _layout(fig, title, "rank under the base model (0 = top)", "share of positions")
+
+
+def recovery_figure(df: pd.DataFrame) -> go.Figure:
+    """Recovery against takeover rate, one line per policy: needs columns policy, rho, recovery."""
+    missing = [c for c in ("policy", "rho", "recovery") if c not in df.columns]
+    if missing:
+        raise InvalidInputError(f"recovery_figure needs columns policy, rho, recovery; missing: {', '.join(missing)}")
+    fig = go.Figure()
+    for policy in df["policy"].unique():
+        part = df[df["policy"] == policy].sort_values("rho")
+        fig.add_trace(go.Scatter(x=part["rho"], y=part["recovery"], mode="lines+markers", name=str(policy)))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text="same-size thinking model")
+    fig.add_hline(y=0.0, line_dash="dot", line_color="lightgrey")
+    return _layout(fig, "Recovery of the thinking model's gain vs. takeover rate", "takeover rate ρ", "recovery")
+
+
+# -- the whole report ---------------------------------------------------------------------------
+
+
+def report_tables(
+    traces: Sequence[Trace],
+    outdir: str | None = None,
+    score: str = DEFAULT_SCORE,
+    top: float = 0.01,
+    segment: str | None = None,
+    stat: str = "top100_mean",
+) -> dict[str, pd.DataFrame]:
+    """Every analysis table by name; written as `<outdir>/<name>.csv` when `outdir` is given.
+
+    Enrichment is skipped (with a logged warning) when tags are missing and cannot be made.
+    """
+    items = list(traces)
+    tables: dict[str, pd.DataFrame] = {
+        "gini": A.gini_table(items, score, segment=segment),
+        "mass_fraction": A.mass_fraction(items, score, segment=segment),
+        "lorenz": A.lorenz(items, score, segment=segment),
+        "position_density": A.position_density(items, score, top=top, segment=segment),
+        "entropy_iou": A.entropy_iou(items, score, segment=segment),
+        "failure_auroc": A.failure_auroc(items, stat=stat, score=score, segment=segment),
+        "roc": A.roc_curve(items, stat=stat, score=score, segment=segment),
+        "reason_rank_all": A.reason_rank(items, "all", score, segment=segment),
+        "reason_rank_spikes": A.reason_rank(items, "spikes", score, segment=segment),
+        "reason_rank_within": A.reason_rank_within(items, score, segment=segment),
+        "decision_pairs": A.decision_pairs(items, score=score, top=top, segment=segment),
+    }
+    try:
+        tables["enrichment"] = A.enrichment(items, score, top=top, segment=segment)
+    except (ForkpointError, ImportError, OSError) as exc:
+        log.warning("enrichment skipped: %s", exc)
+    if outdir is not None:
+        os.makedirs(outdir, exist_ok=True)
+        for name, df in tables.items():
+            df.to_csv(os.path.join(outdir, f"{name}.csv"), index=False)
+        log.info("wrote %d analysis tables to %s", len(tables), outdir)
+    return tables
+
+
+def _table_html(df: pd.DataFrame, max_rows: int = 50) -> str:
+    shown = df.head(max_rows)
+    note = f"<p class='note'>showing {len(shown)} of {len(df)} rows</p>" if len(df) > max_rows else ""
+    return shown.to_html(index=False, escape=True, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0) + note
+
+
+def report_html(
+    traces: Sequence[Trace],
+    path: str,
+    score: str = DEFAULT_SCORE,
+    top: float = 0.01,
+    segment: str | None = None,
+    stat: str = "top100_mean",
+    overwrite: bool = False,
+) -> str:
+    """Write a self-contained HTML report (plotly JS embedded once, works offline); returns the path."""
+    if os.path.exists(path) and not overwrite:
+        raise ForkpointError(f"{path} exists; pass overwrite=True to replace it")
+    items = list(traces)
+    tables = report_tables(items, None, score=score, top=top, segment=segment, stat=stat)
+    figures: list[tuple[str, go.Figure]] = [
+        ("Sparsity", lorenz_figure(tables["lorenz"])),
+        ("Position", position_density_figure(tables["position_density"])),
+        ("Uncertainty", entropy_iou_figure(tables["entropy_iou"])),
+    ]
+    if "enrichment" in tables:
+        figures.append(("Planning tokens", enrichment_figure(tables["enrichment"])))
+    figures += [
+        ("Failure prediction", roc_figure(tables["roc"], tables["failure_auroc"])),
+        ("Reasoner's choice in the base top-k (all tokens)", reason_rank_figure(tables["reason_rank_all"])),
+        ("Reasoner's choice in the base top-k (spikes)", reason_rank_figure(tables["reason_rank_spikes"])),
+    ]
+    parts = []
+    for i, (heading, fig) in enumerate(figures):
+        body = fig.to_html(full_html=False, include_plotlyjs=(i == 0))
+        parts.append(f"<h2>{html.escape(heading)}</h2>\n{body}")
+    table_names = ["gini", "mass_fraction", "entropy_iou", "failure_auroc", "reason_rank_within", "enrichment"]
+    for name in table_names:
+        if name in tables:
+            parts.append(f"<h2>{html.escape(name)}</h2>\n{_table_html(tables[name])}")
+    pairs = tables["decision_pairs"].copy()
+    pairs["prefix"] = pairs["prefix"].map(lambda s: ("…" + s[-80:]) if len(s) > 80 else s)
+    parts.append(f"<h2>decision pairs</h2>\n{_table_html(pairs)}")
+    seg = segment or "whole response"
+    header = (
+        f"<h1>forkpoint analysis</h1><p>{len(items)} traces, {sum(len(t) for t in items)} tokens; "
+        f"score <code>{html.escape(score)}</code>, top {top:g}, segment {html.escape(seg)}, stat {html.escape(stat)}</p>"
+    )
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+        "table{border-collapse:collapse;font-size:13px}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
+        ".note{color:#666;font-size:12px}"
+    )
+    doc = (
+        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>forkpoint analysis</title>"
+        f"<style>{style}</style></head><body>\n{header}\n" + "\n".join(parts) + "\n</body></html>\n"
+    )
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(doc)
+    os.replace(tmp, path)
+    log.info("wrote analysis report for %d traces to %s", len(items), path)
+    return path

@@ -1,0 +1,37 @@
+"""Running one model: the backbone forward (hidden states, KV cache) and the output head per chunk.
+
+Splitting the two is what keeps scoring memory-bounded: the (T, d) hidden states are small, and the
+(C, V) logits exist only for one chunk of positions at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+@torch.inference_mode()
+def backbone(model: Any, input_ids: torch.Tensor, cache: Any = None, attention_mask: torch.Tensor | None = None,
+             position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
+    """(B, L) ids -> ((B, L, d) final hidden states, the updated cache). Appends to `cache` if given.
+
+    With left padding pass `attention_mask` (B, past + L) and `position_ids` (B, L)."""
+    out = model.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+        use_cache=cache is not None,
+    )
+    return out.last_hidden_state, out.cache
+
+
+@torch.inference_mode()
+def head(model: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(..., d) hidden -> (..., V) float32 logits over the tokenizer's vocabulary (padding rows dropped)."""
+    logits = model.get_output_embeddings()(hidden)[..., :vocab_size].float()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:  # Gemma-style soft-capping is part of the model's distribution
+        logits = torch.tanh(logits / cap) * cap
+    scale = getattr(model, "logit_scale", None)
+    if isinstance(scale, (int, float)):  # Cohere-style scaled head
+        logits = logits * scale
+    return logits

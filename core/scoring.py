@@ -1,0 +1,217 @@
+"""Teacher-forced scoring: one forward per model over (own prompt + shared response) -> `Trace`.
+
+Memory-bounded: the output head runs on chunks of positions, so no (T, V) float32 block of both
+models exists at once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.divergence import INT_METRICS, METRICS, chunk_metrics
+from core.errors import InvalidInputError
+from core.forward import backbone, head
+from core.models import SIDES, ModelPair
+from core.trace import SCHEMA_VERSION, Trace, request_key
+
+log = logging.getLogger(__name__)
+
+DEFAULT_K = 10
+DEFAULT_CHUNK = 256
+
+
+def problem_record(problem: Any) -> dict[str, Any]:
+    """A problem (plain text, or an object/dict with prompt, id, gold) -> {"id", "prompt", "gold"}."""
+    if isinstance(problem, str):
+        return {"id": None, "prompt": problem, "gold": None}
+    if isinstance(problem, dict):
+        get = problem.get
+    else:
+        def get(name: str, default: Any = None) -> Any:
+            return getattr(problem, name, default)
+    prompt = get("prompt") or get("question") or get("problem")
+    if not isinstance(prompt, str):
+        raise InvalidInputError(f"A problem needs a prompt text; got {type(problem).__name__}")
+    return {"id": get("id"), "prompt": prompt, "gold": get("gold")}
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("forkpoint", "torch", "transformers"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = "unknown"
+    return out
+
+
+def make_meta(pair: ModelPair, *, kind: str, request: dict[str, Any], problem: dict[str, Any],
+              **extra: Any) -> dict[str, Any]:
+    """The reproducibility record every trace carries (see docs/ARCHITECTURE.md)."""
+    meta = {
+        "key": request_key(request),
+        "kind": kind,
+        "request": request,
+        "problem": problem,
+        "pair": pair.spec(),
+        "formats": {side: pair.formats[side].spec for side in SIDES},
+        "policy": None,
+        "sampling": None,
+        "parent": None,
+        "branch_pos": None,
+        "answer": None,
+        "correct": None,
+        "timings": {},
+        "versions": versions(),
+        "schema": SCHEMA_VERSION,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    meta.update(extra)
+    return meta
+
+
+def _response_ids(pair: ModelPair, response: str | Sequence[int]) -> list[int]:
+    if isinstance(response, str):
+        return pair.encode(response)
+    ids = [int(i) for i in response]
+    bad = [i for i in ids if not 0 <= i < pair.vocab_size]
+    if bad:
+        raise InvalidInputError(f"Token id {bad[0]} is outside the vocabulary (0..{pair.vocab_size - 1})")
+    return ids
+
+
+def _check_length(pair: ModelPair, prompt_ids: dict[str, list[int]], n: int) -> None:
+    for side in SIDES:
+        limit = getattr(pair.model(side).config, "max_position_embeddings", None)
+        total = len(prompt_ids[side]) + n
+        if limit and total > limit:
+            raise InvalidInputError(
+                f"Prompt ({len(prompt_ids[side])} tokens) + response ({n} tokens) = {total} exceeds the "
+                f"{side} model's context of {limit} tokens"
+            )
+    for side in SIDES:
+        if not prompt_ids[side]:
+            raise InvalidInputError(f"The {side} prompt is empty after formatting; nothing to condition on")
+
+
+def metrics_from_hidden(pair: ModelPair, hidden: dict[str, torch.Tensor], targets: torch.Tensor | None,
+                        k: int = DEFAULT_K, chunk: int = DEFAULT_CHUNK) -> dict[str, np.ndarray]:
+    """Per-position metrics from each model's (T, d) hidden states, the head applied chunk by chunk."""
+    n = hidden["base"].shape[0]
+    parts: list[dict[str, torch.Tensor]] = []
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        logits = {side: head(pair.model(side), hidden[side][start:stop], pair.vocab_size) for side in SIDES}
+        parts.append(chunk_metrics(logits["base"], logits["reason"],
+                                   None if targets is None else targets[start:stop], k=k))
+        del logits
+    if not parts:
+        return empty_metrics(k)
+    return {name: torch.cat([p[name] for p in parts]).cpu().numpy() for name in parts[0]}
+
+
+def empty_metrics(k: int) -> dict[str, np.ndarray]:
+    out = {name: np.zeros(0, dtype=np.int64 if name in INT_METRICS else np.float32) for name in METRICS}
+    for side in SIDES:
+        out[f"topk_{side}_ids"] = np.zeros((0, k), dtype=np.int64)
+        out[f"topk_{side}_probs"] = np.zeros((0, k), dtype=np.float32)
+    return out
+
+
+def assemble(pair: ModelPair, response_ids: list[int], prompt_ids: dict[str, list[int]],
+             arrays: dict[str, np.ndarray], source: Sequence[str], meta: dict[str, Any]) -> Trace:
+    """Build a Trace from flat metric arrays (as returned by `metrics_from_hidden`)."""
+    return Trace(
+        token_ids=np.asarray(response_ids, dtype=np.int64),
+        tokens=pair.display_tokens(response_ids),
+        prompt_ids=prompt_ids,
+        metrics={name: np.asarray(arrays[name]) for name in METRICS},
+        topk={side: (np.asarray(arrays[f"topk_{side}_ids"], dtype=np.int64),
+                     np.asarray(arrays[f"topk_{side}_probs"], dtype=np.float32)) for side in SIDES},
+        source=np.asarray(list(source), dtype=object),
+        meta=meta,
+    )
+
+
+def score(pair: ModelPair, prompt: Any, response: str | Sequence[int], *, k: int = DEFAULT_K,
+          chunk: int = DEFAULT_CHUNK, store: Any = None) -> Trace:
+    """Score `response` (text or token ids) under both models, each conditioned on its own prompt.
+
+    An empty response gives an empty trace (0 rows). With `store`, a cached trace is returned as is
+    and a new one is saved.
+    """
+    return score_batch(pair, [(prompt, response)], k=k, chunk=chunk, store=store)[0]
+
+
+def score_batch(pair: ModelPair, items: Sequence[tuple[Any, str | Sequence[int]]], *, k: int = DEFAULT_K,
+                chunk: int = DEFAULT_CHUNK, batch_size: int = 8, store: Any = None,
+                progress: Any = None) -> list[Trace]:
+    """Score many (prompt, response) pairs, `batch_size` sequences per forward (right-padded).
+
+    Gives the same numbers as one at a time (up to float rounding). `progress(done, total)` is called
+    after each batch.
+    """
+    if k < 1:
+        raise InvalidInputError(f"k must be at least 1, got {k}")
+    jobs = []
+    for prompt, response in items:
+        problem = problem_record(prompt)
+        ids = _response_ids(pair, response)
+        prompt_ids = pair.prompt_ids(problem["prompt"])
+        _check_length(pair, prompt_ids, len(ids))
+        request = {"kind": "score", "pair": pair.fingerprint(), "prompt": problem["prompt"],
+                   "response_ids": ids, "k": k}
+        meta = make_meta(pair, kind="score", request=request, problem=problem)
+        jobs.append((ids, prompt_ids, meta))
+    results: list[Trace | None] = [None] * len(jobs)
+    todo = []
+    for i, (_, _, meta) in enumerate(jobs):
+        if store is not None and meta["key"] in store:
+            results[i] = store.get(meta["key"])
+        else:
+            todo.append(i)
+    # similar lengths batch together: less padding
+    todo.sort(key=lambda i: len(jobs[i][0]) + max(len(p) for p in jobs[i][1].values()))
+    for start in range(0, len(todo), batch_size):
+        batch = todo[start : start + batch_size]
+        t0 = time.perf_counter()
+        hidden = {side: _batch_hidden(pair, side, [jobs[i] for i in batch]) for side in SIDES}
+        for row, i in enumerate(batch):
+            ids, prompt_ids, meta = jobs[i]
+            arrays = metrics_from_hidden(pair, {side: hidden[side][row] for side in SIDES},
+                                         torch.tensor(ids, dtype=torch.long, device=pair.device), k, chunk)
+            meta["timings"] = {"score_s": round((time.perf_counter() - t0) / len(batch), 4)}
+            trace = assemble(pair, ids, prompt_ids, arrays, ["base"] * len(ids), meta)
+            if store is not None:
+                store.put(trace)
+            results[i] = trace
+        if progress is not None:
+            progress(min(start + batch_size, len(todo)), len(todo))
+    return results  # type: ignore[return-value]
+
+
+def _batch_hidden(pair: ModelPair, side: str, jobs: list) -> list[torch.Tensor]:
+    """Hidden states predicting each response token: for each job a (T, d) tensor (positions P-1 .. P+T-2)."""
+    model = pair.model(side)
+    seqs = [job[1][side] + job[0] for job in jobs]
+    width = max(len(s) for s in seqs)
+    pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else 0
+    # Right padding: a causal model's earlier positions never see the pads, so no mask is needed.
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    hidden, _ = backbone(model, ids.to(pair.device))
+    out = []
+    for row, job in enumerate(jobs):
+        p, t = len(job[1][side]), len(job[0])
+        out.append(hidden[row, p - 1 : p - 1 + t])
+    return out

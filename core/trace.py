@@ -1,0 +1,166 @@
+"""`Trace`: one response scored by both models, token by token, with the record of what made it.
+
+A trace is immutable in spirit: annotating or branching makes a new one. `frame()` is the tidy,
+one-row-per-token view every layer reads.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.divergence import METRICS
+
+SCHEMA_VERSION = 1
+SOURCES = ("base", "reason", "forced")
+SIDES = ("base", "reason")
+
+
+def request_key(request: dict[str, Any]) -> str:
+    """Content-derived key of a request (same inputs and settings -> same key): sha256 of canonical JSON."""
+    blob = json.dumps(request, sort_keys=True, separators=(",", ":"), default=_json_default)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+@dataclass(eq=False)
+class Trace:
+    """A response and, per token, both models' metrics.
+
+    token_ids   (T,) int64: the response tokens, shared by both models.
+    tokens      T display strings; "".join(tokens) == text (a character split across byte-level
+                tokens is shown on the token that completes it).
+    prompt_ids  {"base": [...], "reason": [...]}: each model's formatted prompt.
+    metrics     name -> (T,) array, one per entry of `core.divergence.METRICS`.
+    topk        {"base": (ids (T,k) int64, probs (T,k) float32), "reason": (...)}.
+    source      (T,) str: who emitted each token ("base", "reason" or "forced").
+    meta        the reproducibility record (request, pair, formats, policy, sampling, ...).
+    annotations derived, optional layers: "spikes" {rule, positions}, "tags" (T,) str, "segments".
+    """
+
+    token_ids: np.ndarray
+    tokens: list[str]
+    prompt_ids: dict[str, list[int]]
+    metrics: dict[str, np.ndarray]
+    topk: dict[str, tuple[np.ndarray, np.ndarray]]
+    source: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+    annotations: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.token_ids = np.asarray(self.token_ids, dtype=np.int64).reshape(-1)
+        self.source = np.asarray(self.source, dtype=object).reshape(-1)
+        n = len(self.token_ids)
+        if len(self.tokens) != n or len(self.source) != n:
+            raise ValueError(
+                f"Trace parts disagree in length: {n} token ids, {len(self.tokens)} token strings, "
+                f"{len(self.source)} sources"
+            )
+        missing = [name for name in METRICS if name not in self.metrics]
+        if missing:
+            raise ValueError(f"Trace is missing metrics: {', '.join(missing)}")
+        for name, values in self.metrics.items():
+            if len(values) != n:
+                raise ValueError(f"metric {name!r} has {len(values)} values for {n} tokens")
+
+    # -- identity -----------------------------------------------------------------------------
+    @property
+    def key(self) -> str | None:
+        """The content-derived store key (from `meta["request"]`), or None for an ad-hoc trace."""
+        return self.meta.get("key")
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def k(self) -> int:
+        return int(self.topk["base"][0].shape[1]) if len(self) else 0
+
+    # -- views --------------------------------------------------------------------------------
+    def frame(self) -> pd.DataFrame:
+        """One row per response token: pos, token_id, token, every metric, topk_*, source, tags."""
+        n = len(self)
+        data: dict[str, Any] = {
+            "pos": np.arange(n, dtype=np.int64),
+            "token_id": self.token_ids,
+            "token": list(self.tokens),
+        }
+        for name in METRICS:
+            data[name] = np.asarray(self.metrics[name])
+        for side in SIDES:
+            ids, probs = self.topk[side]
+            data[f"topk_{side}"] = [
+                list(zip(row_ids.tolist(), row_probs.tolist())) for row_ids, row_probs in zip(ids, probs)
+            ]
+        data["source"] = list(self.source)
+        if "tags" in self.annotations:
+            data["tag"] = list(self.annotations["tags"])
+        if "segments" in self.annotations:
+            data["segment"] = list(self.annotations["segments"])
+        if "spikes" in self.annotations:
+            spike = np.zeros(n, dtype=bool)
+            spike[list(self.annotations["spikes"]["positions"])] = True
+            data["spike"] = spike
+        return pd.DataFrame(data)
+
+    # -- derivation ---------------------------------------------------------------------------
+    def annotate(self, **layers: Any) -> Trace:
+        """A copy with the given annotation layers added or replaced (the original is unchanged)."""
+        return replace(self, meta=copy.deepcopy(self.meta), annotations={**self.annotations, **layers})
+
+    def head(self, n: int) -> Trace:
+        """The first `n` tokens as a new trace (metrics, top-k and sources cut alike)."""
+        return Trace(
+            token_ids=self.token_ids[:n],
+            tokens=self.tokens[:n],
+            prompt_ids=copy.deepcopy(self.prompt_ids),
+            metrics={name: np.asarray(values)[:n] for name, values in self.metrics.items()},
+            topk={side: (ids[:n], probs[:n]) for side, (ids, probs) in self.topk.items()},
+            source=self.source[:n],
+            meta=copy.deepcopy(self.meta),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        if len(self) != len(other) or self.tokens != other.tokens or self.prompt_ids != other.prompt_ids:
+            return False
+        if not np.array_equal(self.token_ids, other.token_ids) or list(self.source) != list(other.source):
+            return False
+        if self.metrics.keys() != other.metrics.keys() or any(
+            not np.allclose(self.metrics[m], other.metrics[m], rtol=1e-6, atol=1e-6, equal_nan=True)
+            for m in self.metrics
+        ):
+            return False
+        for side in SIDES:
+            if not np.array_equal(self.topk[side][0], other.topk[side][0]):
+                return False
+            if not np.allclose(self.topk[side][1], other.topk[side][1], rtol=1e-6, atol=1e-7):
+                return False
+        return _jsonable(self.meta) == _jsonable(other.meta) and _jsonable(self.annotations) == _jsonable(
+            other.annotations
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _jsonable(value: Any) -> Any:
+    """Normalise nested containers (tuples, numpy scalars) so that JSON round trips compare equal."""
+    return json.loads(json.dumps(value, sort_keys=True, default=_json_default))

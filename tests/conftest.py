@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny random model pairs, built once per session and loaded through `core.load_pair`.
+
+Building writes HF-format directories (safetensors + tokenizer) into a session tmp dir, so the pairs
+take exactly the path users' models take. Each pair is a `core.ModelPair` on CPU in float32.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+import core
+from core.tiny import build_tiny_model, train_tokenizer
+
+# Cheap on purpose: hidden 64, 2 layers; the tokenizer has 400 entries.
+TINY = {"hidden": 64, "layers": 2}
+LLAMA_PAD = 37  # rows of embedding padding past the tokenizer (real checkpoints pad to a multiple of 64/128)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """The byte-level BPE tokenizer (with chat template) every tiny model is saved with."""
+    return train_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory, tiny_tokenizer) -> dict[str, Path]:
+    """Saved model directories: qwen_base, qwen_reason (Qwen3), llama_base, llama_reason (Llama, padded vocab)."""
+    root = tmp_path_factory.mktemp("tiny_models")
+    tok = tiny_tokenizer
+    pad = len(tok) + LLAMA_PAD
+    return {
+        "qwen_base": build_tiny_model(root / "qwen_base", tok, "qwen3", seed=0, **TINY),
+        "qwen_reason": build_tiny_model(root / "qwen_reason", tok, "qwen3", seed=1, **TINY),
+        "llama_base": build_tiny_model(root / "llama_base", tok, "llama", seed=2, pad_vocab_to=pad, **TINY),
+        "llama_reason": build_tiny_model(root / "llama_reason", tok, "llama", seed=3, pad_vocab_to=pad, **TINY),
+    }
+
+
+def _load(base: Path, reason: Path, **kwargs) -> core.ModelPair:
+    return core.load_pair(str(base), str(reason), device="cpu", dtype="float32", **kwargs)
+
+
+@pytest.fixture(scope="session")
+def qwen_pair(tiny_dirs) -> core.ModelPair:
+    """Tiny Qwen3 base + reasoner (different random weights); base format raw, reasoner 'chat'."""
+    return _load(tiny_dirs["qwen_base"], tiny_dirs["qwen_reason"])
+
+
+@pytest.fixture(scope="session")
+def llama_pair(tiny_dirs) -> core.ModelPair:
+    """Tiny Llama pair whose embedding has LLAMA_PAD rows past the tokenizer (must be truncated)."""
+    return _load(tiny_dirs["llama_base"], tiny_dirs["llama_reason"])
+
+
+@pytest.fixture(scope="session")
+def self_pair(tiny_dirs) -> core.ModelPair:
+    """The Qwen3 base model paired with itself under one prompt format: KL = 0 at every position."""
+    fmt = "Question: {problem}\nAnswer:"
+    return _load(tiny_dirs["qwen_base"], tiny_dirs["qwen_base"], base_format=fmt, reason_format=fmt)
+
+
+@pytest.fixture(scope="session")
+def float64_models():
+    """Cache of float64 deep copies of models (keyed by id), for brute-force references."""
+    cache: dict[int, object] = {}
+
+    def get(model):
+        if id(model) not in cache:
+            cache[id(model)] = copy.deepcopy(model).double()
+        return cache[id(model)]
+
+    return get

@@ -1,0 +1,269 @@
+"""TraceStore: round trips, crash safety (kill -9), concurrent writers, corrupt files, schema bumps."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import multiprocessing
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import core.store as store_mod
+from core.errors import InvalidInputError, StoreError
+from core.store import SUMMARY_COLUMNS, TraceStore, content_key, default_store_path
+from core.trace import SCHEMA_VERSION
+from fakes import make_trace
+
+# Writers are forked from this process (already importing torch and core), so each costs milliseconds,
+# not the seconds of a fresh interpreter; they are still separate processes with their own files.
+FORK = multiprocessing.get_context("fork")
+TRACES = {seed: make_trace(48, seed=seed, annotate=True) for seed in range(300)}
+
+
+def _write(root: str, seeds: list[int]) -> None:
+    store = TraceStore(root)
+    for seed in seeds:
+        store.put(TRACES[seed])
+
+
+def start_writer(root: Path, start: int, stop: int) -> multiprocessing.Process:
+    proc = FORK.Process(target=_write, args=(str(root), list(range(start, stop))), daemon=True)
+    proc.start()
+    return proc
+
+
+def expected(seeds) -> dict[str, object]:
+    return {TRACES[s].key: TRACES[s] for s in seeds}
+
+
+def n_files(root: Path) -> int:
+    return len(TraceStore(root).keys())  # not a glob: that would count the writer's .tmp-* files
+
+
+def test_round_trip_equal(tmp_path):
+    store = TraceStore(tmp_path)
+    for trace in [make_trace(40, seed=1), make_trace(40, seed=2, annotate=True), make_trace(0, seed=3)]:
+        key = store.put(trace)
+        assert key == trace.key
+        back = store.get(key)
+        assert back == trace
+        assert back.annotations.keys() == trace.annotations.keys()
+        for name, values in trace.metrics.items():
+            assert back.metrics[name].dtype == np.asarray(values).dtype, name
+        assert back.topk["base"][1].dtype == np.float32
+        assert key in store
+    assert "nope" not in store and "../x" not in store
+    assert store.keys() == sorted([make_trace(40, seed=s).key for s in (1, 2)] + [make_trace(0, seed=3).key])
+
+
+def test_annotations_round_trip_and_columns(tmp_path):
+    trace = make_trace(30, seed=5, annotate=True).annotate(custom={"a": [1, 2]}, notes=["x"] * 30)
+    trace.annotations["tags"][3] = None  # a missing tag survives
+    store = TraceStore(tmp_path)
+    key = store.put(trace)
+    assert store.get(key) == trace
+    table = pq.read_table(store.traces_dir / f"{key}.parquet")
+    assert {"ann:tags", "ann:segments", "ann:spike", "ann:notes", "topk_base_ids"} <= set(table.column_names)
+    assert table.schema.field("topk_base_ids").type.list_size == 5  # fixed-size top-k, never full vocab
+    spike = np.flatnonzero(table.column("ann:spike").to_numpy())
+    assert spike.tolist() == trace.annotations["spikes"]["positions"]
+
+
+def test_put_is_content_addressed(tmp_path):
+    store = TraceStore(tmp_path)
+    a = make_trace(20, seed=1)
+    key = store.put(a)
+    impostor = make_trace(20, seed=2, meta={"key": key})
+    assert store.put(impostor) == key
+    assert store.get(key) == a  # no-op: the first content stays
+    assert store.put(impostor, overwrite=True) == key
+    assert store.get(key) == impostor
+    assert len(store.summaries()) == 1  # the stale index line no longer matches the file
+
+
+def test_keyless_trace_gets_content_key(tmp_path):
+    trace = make_trace(20, seed=4)
+    del trace.meta["key"]
+    store = TraceStore(tmp_path)
+    key = store.put(trace)
+    assert key == content_key(trace) == content_key(make_trace(20, seed=4, meta={"key": "ignored"}))
+    assert store.get(key).meta["key"] == key
+    assert "key" not in trace.meta  # the caller's trace is untouched
+    assert store.put(trace) == key
+
+
+def test_bad_keys_rejected(tmp_path):
+    store = TraceStore(tmp_path)
+    for bad in ["../evil", "a/b", ".hidden", "x" * 200, "a b"]:
+        with pytest.raises(InvalidInputError, match="Invalid trace key"):
+            store.put(make_trace(5, meta={"key": bad}))
+    with pytest.raises(StoreError, match="No trace"):
+        store.get("deadbeef")
+
+
+def test_summaries_values(tmp_path):
+    store = TraceStore(tmp_path)
+    traces = [make_trace(150, seed=s, annotate=True) for s in range(3)]
+    for t in traces:
+        store.put(t)
+    df = store.summaries().set_index("key")
+    assert list(store.summaries().columns) == list(SUMMARY_COLUMNS)
+    for t in traces:
+        row = df.loc[t.key]
+        ce = np.sort(t.metrics["cross_entropy"])[::-1]
+        assert row["max_score"] == pytest.approx(ce[0])
+        assert row["top100_mean"] == pytest.approx(ce[:100].mean())
+        kl = np.sort(-t.metrics["delta_logp"])[::-1]
+        assert row["top100_delta_logp"] == pytest.approx(kl[:100].mean())
+        n_take = sum(1 for s in t.source if s != "base")
+        assert row["n_takeovers"] == n_take and row["rho"] == pytest.approx(n_take / 150)
+        assert row["n_spikes"] == len(t.annotations["spikes"]["positions"]) == 15
+        assert row["n_tokens"] == 150 and row["pair"] == "base-0.1B|reason-0.1B"
+        assert row["policy"] == "guided" and row["problem"] == t.meta["problem"]["id"]
+        assert row["correct"] == t.meta["correct"]
+
+
+def test_summaries_survive_missing_or_torn_index(tmp_path):
+    store = TraceStore(tmp_path)
+    keys = {store.put(make_trace(10, seed=s)) for s in range(5)}
+    with open(store.index_path, "ab") as fh:
+        fh.write(b'{"key": "torn", "id": [1, 2')  # a writer killed mid-line
+    store.put(make_trace(10, seed=99))
+    assert len(TraceStore(tmp_path).summaries()) == 6
+    store.index_path.unlink()
+    fresh = TraceStore(tmp_path)
+    assert set(fresh.summaries()["key"]) >= keys and len(fresh.summaries()) == 6
+    assert store.index_path.exists()  # repaired from the footers
+
+
+def test_delete_and_children_tree(tmp_path):
+    store = TraceStore(tmp_path)
+    root = make_trace(30, seed=1)
+    b1 = make_trace(30, seed=2, meta={"parent": root.key, "branch_pos": 10, "kind": "branch"})
+    b2 = make_trace(30, seed=3, meta={"parent": root.key, "branch_pos": 4, "kind": "branch"})
+    b11 = make_trace(30, seed=4, meta={"parent": b1.key, "branch_pos": 12, "kind": "branch"})
+    for t in (root, b1, b2, b11):
+        store.put(t)
+    assert store.children(root.key) == [b2.key, b1.key]
+    assert store.children(b2.key) == []
+    tree = store.tree(b11.key)
+    assert tree["key"] == root.key
+    assert [c["key"] for c in tree["children"]] == [b2.key, b1.key]
+    assert [c["key"] for c in tree["children"][1]["children"]] == [b11.key]
+    assert tree["children"][1]["children"][0]["branch_pos"] == 12
+    store.delete(b1.key)
+    assert b1.key not in store and store.children(root.key) == [b2.key]
+    assert store.tree(b11.key)["key"] == b11.key  # its stored ancestry now starts at itself
+    with pytest.raises(StoreError):
+        store.delete(b1.key)
+
+
+def test_truncated_garbage_and_schema_bump(tmp_path, monkeypatch):
+    store = TraceStore(tmp_path)
+    good = [store.put(make_trace(30, seed=s)) for s in range(4)]
+    # truncated file
+    path = store.traces_dir / f"{good[0]}.parquet"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    # garbage bytes under a valid name
+    (store.traces_dir / "garbage01.parquet").write_bytes(os.urandom(3000))
+    # corrupted data page, same size, intact footer: caught by page checksums on full read
+    path2 = store.traces_dir / f"{good[1]}.parquet"
+    raw = bytearray(path2.read_bytes())
+    for i in range(200, 260):
+        raw[i] ^= 0xFF
+    path2.write_bytes(bytes(raw))
+    # a trace from a newer schema
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    newer = store.put(make_trace(30, seed=50, meta={"schema": SCHEMA_VERSION + 1}))
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", SCHEMA_VERSION)
+
+    fresh = TraceStore(tmp_path)
+    bad = dict((p.name, reason) for p, reason in fresh.unreadable())
+    assert set(bad) == {f"{good[0]}.parquet", "garbage01.parquet", f"{good[1]}.parquet", f"{newer}.parquet"}
+    assert "newer" in bad[f"{newer}.parquet"]
+    listed = set(fresh.summaries()["key"])
+    assert listed >= {good[2], good[3]} and not listed & {good[0], newer, "garbage01"}
+    assert fresh.get(good[2]) == make_trace(30, seed=2)
+    for key, pattern in [(good[0], "unreadable"), ("garbage01", "unreadable"), (newer, "newer")]:
+        with pytest.raises(StoreError, match=pattern):
+            fresh.get(key)
+    assert len(fresh.keys()) == 6  # nothing deleted
+    with pytest.raises(StoreError, match="newer"):
+        fresh.put(make_trace(5, meta={"schema": SCHEMA_VERSION + 1}))
+
+
+def test_kill_minus_nine_leaves_whole_traces(tmp_path):
+    rng = random.Random(1234)
+    want = expected(range(300))
+    for attempt in range(10):
+        before = n_files(tmp_path)
+        proc = start_writer(tmp_path, 30 * attempt, 300)
+        deadline = time.time() + 30
+        while n_files(tmp_path) < before + 2:
+            assert time.time() < deadline and proc.is_alive(), "writer made no progress"
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0.0, 0.03))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        assert proc.exitcode == -signal.SIGKILL
+        store = TraceStore(tmp_path)
+        assert store.unreadable() == []
+        keys = store.keys()
+        assert len(keys) > before and set(keys) <= set(want)
+        assert sorted(store.summaries()["key"]) == keys
+        for key in keys:
+            assert store.get(key) == want[key]
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    a, b = start_writer(tmp_path, 0, 40), start_writer(tmp_path, 20, 60)
+    for proc in (a, b):
+        proc.join(timeout=120)
+        assert proc.exitcode == 0
+    want = expected(range(60))
+    store = TraceStore(tmp_path)
+    assert store.keys() == sorted(want)
+    assert sorted(store.summaries()["key"]) == sorted(want)
+    assert store.unreadable() == []
+    for key, trace in want.items():
+        assert store.get(key) == trace
+    lines = store.index_path.read_bytes().splitlines()
+    assert all(json.loads(line)["key"] in want for line in lines)  # no interleaved appends
+
+
+def test_reader_during_writes(tmp_path):
+    proc = start_writer(tmp_path, 0, 60)
+    store = TraceStore(tmp_path)
+    seen: set[str] = set()
+    rounds = 0
+    while proc.is_alive() or rounds == 0:
+        rounds += 1
+        listed = set(store.keys())  # every file that exists at all must be whole
+        assert listed >= seen  # never loses a trace it already saw
+        for key in listed - seen:
+            assert len(store.get(key)) == 48
+        assert set(store.summaries()["key"]) >= listed
+        seen = listed
+    proc.join()
+    assert proc.exitcode == 0
+    assert len(store.summaries()) == 60 and rounds > 1
+
+
+def test_default_store_path(monkeypatch):
+    monkeypatch.delenv("FORKPOINT_STORE", raising=False)
+    assert default_store_path() == Path("./forkpoint-store")
+    monkeypatch.setenv("FORKPOINT_STORE", "/tmp/elsewhere")
+    assert default_store_path() == Path("/tmp/elsewhere")
+
+
+def test_empty_store(tmp_path):
+    store = TraceStore(tmp_path / "not-yet")
+    assert store.keys() == [] and store.unreadable() == []
+    assert list(store.summaries().columns) == list(SUMMARY_COLUMNS) and len(store.summaries()) == 0
+    assert not (tmp_path / "not-yet").exists()
