@@ -15,14 +15,27 @@ from core.errors import (
     StoreError,
     VocabularyMismatchError,
 )
-from core.annotate import Gate
+from core import analysis
+from core.annotate import Gate, calibrate_gate, spikes
 from core.decoding import CACHES, GenerationCancelled, branch, calibrate, generate
 from core.models import ModelPair, PromptFormat, load_pair
 from core.policies import BaseOnly, EarlyOnly, EntropyGated, Forced, Guided, RandomPositions, ReasonOnly
+from core.problems import Problem, load_problems
 from core.scoring import score, score_batch
 from core.trace import Trace
 
 __all__ = [
+    "PlanningTagger",
+    "Problem",
+    "analysis",
+    "annotate_tags",
+    "calibrate_gate",
+    "extract_answer",
+    "grade",
+    "load_problems",
+    "segment_tokens",
+    "spikes",
+    "tag_planning",
     "CACHES",
     "BaseOnly",
     "EarlyOnly",
@@ -52,3 +65,22 @@ __all__ = [
     "score",
     "score_batch",
 ]
+
+
+# spaCy (which pulls in a CLI framework) and math-verify (sympy) load only when first used.
+_LAZY = {
+    "PlanningTagger": "core.planning",
+    "annotate_tags": "core.planning",
+    "segment_tokens": "core.planning",
+    "tag_planning": "core.planning",
+    "extract_answer": "core.grading",
+    "grade": "core.grading",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'core' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from typing import overload
 
 import numpy as np
 
-from core.divergence import DEFAULT_SCORE, SCORES, check_score, score_values
+from core.divergence import DEFAULT_SCORE, check_score, score_values
 from core.errors import InvalidInputError
 from core.trace import Trace
 
@@ -59,7 +59,8 @@ def gate_fires(history: Sequence[float], s: float, gate: Gate) -> bool:
     """
     if not s > gate.tau:
         return False
-    window = [float(x) for x in history[-gate.window :]] if len(history) else []
+    recent = history[-gate.window :] if isinstance(history, (list, tuple, np.ndarray)) else list(history)[-gate.window :]
+    window = [float(x) for x in recent]
     if not window:
         return True
     acc = 0.0
@@ -229,7 +230,6 @@ def spike_positions(trace: Trace, score: str = DEFAULT_SCORE, top: float = 0.01)
 __all__ = [
     "Gate",
     "PER_CHOICES",
-    "SCORES",
     "calibrate_gate",
     "gate_fires",
     "gate_positions",

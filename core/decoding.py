@@ -419,6 +419,9 @@ def branch(pair: ModelPair, trace: Trace, pos: int, token: int | None = None, po
         raise PairMismatchError("The pair formats this problem differently from the trace's recorded prompt")
     prefix_ids = [int(x) for x in trace.token_ids[:pos]]
     row.tokens, row.source = list(prefix_ids), [str(x) for x in trace.source[:pos]]
+    # the gate's running mean looks back over the shared prefix, exactly as if the child had written it
+    gate_values = trace.metrics["entropy_base"] if plan.lazy else score_values(trace.metrics, plan.score)
+    row.history = [float(x) for x in np.asarray(gate_values)[:pos]]
     t0 = time.perf_counter()
     sides = _resume(pair, trace, row, prefix_ids)
     k = trace.k or DEFAULT_K

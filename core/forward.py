@@ -26,8 +26,11 @@ def backbone(model: Any, input_ids: torch.Tensor, cache: Any = None, attention_m
 
 @torch.inference_mode()
 def head(model: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(..., d) hidden -> (..., V) float32 logits over the tokenizer's vocabulary (padding rows dropped)."""
-    logits = model.get_output_embeddings()(hidden)[..., :vocab_size].float()
+    """(..., d) hidden -> (..., V) float32 logits over the tokenizer's vocabulary (padding rows dropped).
+
+    A float64 model keeps float64 logits (exact references in tests)."""
+    logits = model.get_output_embeddings()(hidden)[..., :vocab_size]
+    logits = logits if logits.dtype == torch.float64 else logits.float()
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:  # Gemma-style soft-capping is part of the model's distribution
         logits = torch.tanh(logits / cap) * cap

@@ -137,9 +137,17 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except RuntimeError as err:
         raise InvalidInputError(f"Unknown device {device!r}; use auto, cpu, cuda or cuda:N") from err
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index or 0) >= count:
+            raise InvalidInputError(
+                f"Device {device!r} is not available ({count} CUDA devices visible to torch "
+                f"{torch.__version__}); use auto or cpu"
+            )
+    return dev
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy
 import spacy
-from spacy.language import Language
 from spacy.attrs import SENT_START
+from spacy.language import Language
 from spacy.matcher import Matcher, PhraseMatcher
 
 from core.errors import InvalidInputError, ModelLoadError
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 CATEGORIES: tuple[str, ...] = ("plan", "reflect", "verify", "conclude", "execute")
 DEFAULT = "execute"
 MATCHED = CATEGORIES[:-1]  # categories a lexicon may list; earlier wins a tie between equal spans
+PLANNING_CATEGORIES = MATCHED  # the paper's "planning" side of the planning/execution split
 DEFAULT_LEXICON = Path(__file__).resolve().parent.parent / "assets" / "planning_lexicon.json"
 DEFAULT_PIPELINE = "en_core_web_sm"
 SEGMENTS = ("think", "answer")
@@ -172,8 +174,9 @@ def _build_nlp(pipeline: str) -> Language:
 
 def _split_markup(nlp: Language) -> Language:
     """Split at < and > inside words, so "check</think>" gives the word "check" (special tokens)."""
-    infixes = [*nlp.Defaults.infixes, r"<", r">"]
-    nlp.tokenizer.infix_finditer = spacy.util.compile_infix_regex(infixes).finditer
+    current = getattr(nlp.tokenizer.infix_finditer, "__self__", None)  # the pipeline's own compiled regex
+    pattern = current.pattern if isinstance(current, re.Pattern) else "|".join(nlp.Defaults.infixes)
+    nlp.tokenizer.infix_finditer = re.compile(f"{pattern}|<|>" if pattern else "<|>").finditer
     return nlp
 
 

@@ -151,12 +151,12 @@ class EntropyGated(Policy):
 
 @dataclass
 class RandomPositions(Policy):
-    """Baseline: take over at random positions with probability `rate` (seeded per row)."""
+    """Baseline: take over at random positions with probability `rate`. The draw at step t of batch row i
+    depends only on (seed, i, t), so a branch (which starts mid-response) replays its parent's draws."""
 
     name: ClassVar[str] = "random_positions"
     rate: float = 0.05
     seed: int = 0
-    _rngs: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_rate("rate", self.rate)
@@ -165,9 +165,8 @@ class RandomPositions(Policy):
         return {"name": self.name, "params": {"rate": self.rate, "seed": self.seed}}
 
     def takeover(self, step: Step) -> np.ndarray:
-        if step.t == 0:
-            self._rngs = {row: np.random.default_rng([self.seed, row]) for row in range(len(step.taken))}
-        return np.array([self._rngs[row].random() < self.rate for row in range(len(step.taken))])
+        return np.array([np.random.default_rng([self.seed, row, step.t]).random() < self.rate
+                         for row in range(len(step.taken))], dtype=bool)
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 
 import numpy as np
 import pytest
@@ -53,6 +54,8 @@ def test_gate_fires_hand_cases():
     assert not gate_fires([100.0, 1.0], 2.5, Gate(1.0, 2.0, 3))  # W = 3 sees 100: mean 50.5
     assert not gate_fires([1.0], float("nan"), g)
     assert not gate_fires([float("nan")], 5.0, g)  # a NaN in the window blocks firing
+    assert gate_fires(deque([100.0, 1.0, 1.0], maxlen=8), 2.5, g)  # any sequence-like history
+    assert gate_fires(np.array([100.0, 1.0, 1.0]), 2.5, g)
 
 
 def test_gate_validation():

@@ -55,6 +55,7 @@ def make_trace(tokens: list[str]) -> Trace:
 
 def test_categories_constant() -> None:
     assert CATEGORIES == ("plan", "reflect", "verify", "conclude", "execute")
+    assert planning.PLANNING_CATEGORIES == CATEGORIES[:-1]
 
 
 def test_blank_pipeline_is_reported(tagger: PlanningTagger) -> None:
@@ -90,7 +91,10 @@ def test_each_category_on_hand_labelled_text(tagger: PlanningTagger) -> None:
 
 
 def test_demo_response(tagger: PlanningTagger) -> None:
-    text = " The numbers are 3, 4 and 2. First, we multiply, then we subtract. 3 * 4 = 12. 12 - 2 = 10. The answer is 10."
+    text = (
+        " The numbers are 3, 4 and 2. First, we multiply, then we subtract. 3 * 4 = 12. 12 - 2 = 10."
+        " The answer is 10."
+    )
     tags = {w: c for w, c in word_tags(tagger, text) if c != "execute"}
     assert tags == {"First": "plan", "multiply": "plan", "subtract": "plan", "The": "conclude",
                     "answer": "conclude", "is": "conclude"}
@@ -171,7 +175,7 @@ def test_mapping_matches_brute_force(pieces: list[str], data: st.DataObject) -> 
     text = "".join(pieces)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=30)))
     bounds = [0, *cuts, len(text)]
-    tokens = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    tokens = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     tagger = PlanningTagger("blank:en")
     words = tagger.tag_text(text)
     got = tagger.tag_tokens(tokens)
@@ -273,9 +277,11 @@ def test_missing_lexicon(tmp_path) -> None:
 
 
 def test_custom_lexicon_and_reload_on_edit(tmp_path) -> None:
-    path = write(tmp_path, {"categories": {"verify": ["banana split"], "plan": {"patterns": [[{"LOWER": "zz", "OP": "+"}]]}}})
+    zz = [[{"LOWER": "zz", "OP": "+"}]]
+    path = write(tmp_path, {"categories": {"verify": ["banana split"], "plan": {"patterns": zz}}})
     t = PlanningTagger("blank:en", lexicon=path)
-    assert [c for _, c in word_tags(t, "a Banana split zz zz Wait")] == ["execute", "verify", "verify", "plan", "plan", "execute"]
+    tags = [c for _, c in word_tags(t, "a Banana split zz zz Wait")]
+    assert tags == ["execute", "verify", "verify", "plan", "plan", "execute"]
     write(tmp_path, {"categories": {"reflect": ["wait", "wait a minute"]}})
     assert [c for _, c in word_tags(t, "a Banana split zz zz Wait a minute")][-3:] == ["reflect"] * 3
     assert word_tags(t, "banana")[0][1] == "execute"
@@ -360,7 +366,7 @@ def test_segments_match_character_reference(pieces: list[str], data: st.DataObje
     text = "".join(pieces)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))
     bounds = [0, *cuts, len(text)]
-    tokens = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    tokens = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     # reference: walk characters with a state machine
     inside = [False] * len(text)
     if "</think>" in text and ("<think>" not in text or text.index("</think>") < text.index("<think>")):

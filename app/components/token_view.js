@@ -1,0 +1,153 @@
+// forkpoint token view: heatmap text with hover cards, click-to-select and n/p spike keys.
+// Streamlit calls this function on mount and again whenever `data` changes; state lives on the
+// parent element so listeners are attached once. Model text is only ever set via textContent.
+
+const NEXT_KEYS = new Set(["n", "j", "]"]);
+const PREV_KEYS = new Set(["p", "k", "["]);
+
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+
+function fmt(v) {
+  if (v === null || v === undefined) return "–";
+  if (Number.isInteger(v)) return String(v);
+  return Number(v).toFixed(3);
+}
+
+function visible(s) {
+  return JSON.stringify(String(s).replace(/\r/g, "␍").replace(/\n/g, "↵").replace(/\t/g, "⇥"));
+}
+
+function buildCard(card, hover, pos) {
+  card.replaceChildren();
+  const src = hover.source[pos];
+  card.appendChild(el("div", "fp-card-title", `#${pos}  ${visible(hover.tokens[pos])}  · ${src}`));
+  const score = el("div", "fp-card-score", `${hover.score_name}: ${fmt(hover.score[pos])}`);
+  card.appendChild(score);
+  if (hover.tags && hover.tags[pos] && !["", "none", "execution", "other"].includes(hover.tags[pos])) {
+    card.appendChild(el("div", "fp-card-tag", `tag: ${hover.tags[pos]}`));
+  }
+  const grid = el("div", "fp-card-metrics");
+  for (const [name, values] of Object.entries(hover.metrics)) {
+    grid.appendChild(el("span", "fp-m-label", hover.labels[name] || name));
+    grid.appendChild(el("span", "fp-m-value", fmt(values[pos])));
+  }
+  card.appendChild(grid);
+  const tops = el("div", "fp-card-tops");
+  const emitted = hover.ids[pos];
+  for (const side of ["base", "reason"]) {
+    const col = el("table", `fp-top fp-top-${side}`);
+    const head = el("tr");
+    head.appendChild(el("th", null, `${side} top-${hover.top[side][pos].length}`));
+    head.appendChild(el("th", null, "p"));
+    col.appendChild(head);
+    hover.top[side][pos].forEach((id, j) => {
+      const row = el("tr", id === emitted ? "emitted" : null);
+      row.appendChild(el("td", "fp-top-tok", visible(hover.vocab[String(id)] ?? `#${id}`)));
+      row.appendChild(el("td", "fp-top-p", fmt(hover.prob[side][pos][j])));
+      col.appendChild(row);
+    });
+    tops.appendChild(col);
+  }
+  card.appendChild(tops);
+}
+
+function placeCard(card, target) {
+  const r = target.getBoundingClientRect();
+  card.hidden = false;
+  const w = card.offsetWidth, h = card.offsetHeight;
+  let left = Math.min(r.left, window.innerWidth - w - 8);
+  let top = r.bottom + 6;
+  if (top + h > window.innerHeight - 4) top = Math.max(4, r.top - h - 6);
+  card.style.left = `${Math.max(4, left)}px`;
+  card.style.top = `${top}px`;
+}
+
+function typingIn(event) {
+  const t = event.composedPath ? event.composedPath()[0] : event.target;
+  if (!t || !t.tagName) return false;
+  const tag = t.tagName.toLowerCase();
+  return tag === "input" || tag === "textarea" || tag === "select" || t.isContentEditable;
+}
+
+export default function (component) {
+  const { data, setTriggerValue, parentElement } = component;
+  let s = parentElement.__fp;
+  if (!s) {
+    s = { version: null, sel: null };
+    const wrap = el("div", "fp-view");
+    const help = el("div", "fp-help", "Hover a token for both models' top-k · click to select · n / p: next / previous spike");
+    const scroller = el("div", "fp-scroll");
+    scroller.setAttribute("tabindex", "0");
+    const card = el("div", "fp-card");
+    card.hidden = true;
+    card.setAttribute("role", "tooltip");
+    wrap.append(help, scroller);
+    parentElement.append(wrap, card);
+    s.scroller = scroller;
+    s.card = card;
+
+    s.mark = (pos, scroll) => {
+      const prev = s.scroller.querySelectorAll(".tok.sel");
+      prev.forEach((node) => node.classList.remove("sel"));
+      s.sel = pos;
+      if (pos === null || pos === undefined) return;
+      const node = s.scroller.querySelector(`[data-pos="${pos}"]`);
+      if (!node) return;
+      node.classList.add("sel");
+      if (scroll) node.scrollIntoView({ block: "nearest", inline: "nearest" });
+    };
+    s.select = (pos) => {
+      s.mark(pos, true);
+      s.setTrigger("click", { pos });
+    };
+    scroller.addEventListener("mouseover", (e) => {
+      const target = e.target.closest ? e.target.closest("[data-pos]") : null;
+      if (!target || !s.data) return;
+      buildCard(s.card, s.data.hover, Number(target.dataset.pos));
+      placeCard(s.card, target);
+    });
+    scroller.addEventListener("mouseleave", () => { s.card.hidden = true; });
+    scroller.addEventListener("scroll", () => { s.card.hidden = true; });
+    scroller.addEventListener("click", (e) => {
+      const target = e.target.closest ? e.target.closest("[data-pos]") : null;
+      if (target) s.select(Number(target.dataset.pos));
+    });
+    s.onKey = (e) => {
+      if (e.defaultPrevented || e.ctrlKey || e.metaKey || e.altKey || typingIn(e) || !s.data) return;
+      const key = e.key;
+      if (!NEXT_KEYS.has(key) && !PREV_KEYS.has(key)) return;
+      const spikes = s.data.spikes || [];
+      if (!spikes.length) return;
+      const cur = s.sel === null || s.sel === undefined ? -1 : s.sel;
+      let pos;
+      if (NEXT_KEYS.has(key)) pos = spikes.find((p) => p > cur) ?? spikes[0];
+      else pos = [...spikes].reverse().find((p) => p < cur) ?? spikes[spikes.length - 1];
+      e.preventDefault();
+      s.select(pos);
+    };
+    document.addEventListener("keydown", s.onKey);
+    s.cleanup = () => {
+      document.removeEventListener("keydown", s.onKey);
+      delete parentElement.__fp;
+    };
+    parentElement.__fp = s;
+  }
+  s.data = data;
+  s.setTrigger = setTriggerValue;
+  if (data.height) s.scroller.style.maxHeight = `${data.height}px`;
+  if (s.version !== data.version) {
+    s.scroller.innerHTML = data.html; // escaped server-side by core.heatmap.tokens_html
+    s.version = data.version;
+    s.card.hidden = true;
+    s.sel = null;
+  }
+  const wanted = data.selected === undefined ? null : data.selected;
+  if (wanted !== s.sel) s.mark(wanted, true);
+  s.scroller.dataset.selected = wanted === null ? "" : String(wanted);
+  return s.cleanup;
+}

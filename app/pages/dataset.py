@@ -1,0 +1,134 @@
+"""Dataset: the paper's analyses (`core.analysis`) as interactive figures over a chosen set of traces."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from app import resources, state
+from app.context import get_context
+from app.view import DEFAULT_TOP
+from core import analysis as A
+from core import analysis_report as R
+from core.errors import ForkpointError
+from core.evaluate import summarise
+
+MAX_TRACES = 2000
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _analysis(name: str, path: str, keys: tuple[str, ...], score: str, top: float, segment: str | None,
+              extra: str = "") -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """Run one analysis over the stored traces `keys` (cached by keys and settings)."""
+    traces = [resources.load_trace(path, k) for k in keys]
+    if name == "lorenz":
+        return A.lorenz(traces, score=score, segment=segment), A.gini_table(traces, score=score, segment=segment)
+    if name == "position":
+        return A.position_density(traces, score=score, top=top, segment=segment), None
+    if name == "iou":
+        return A.entropy_iou(traces, score=score, segment=segment), None
+    if name == "enrichment":
+        return A.enrichment(traces, score=score, top=top, segment=segment), None
+    if name == "auroc":
+        return A.roc_curve(traces, score=score, segment=segment), A.failure_auroc(traces, score=score, segment=segment)
+    if name == "rank":
+        return A.reason_rank(traces, at=extra or "all", score=score, segment=segment), None
+    if name == "recovery":
+        return _recovery(traces), None
+    raise ValueError(name)
+
+
+def _label(policy: dict | None) -> str:
+    policy = policy or {}
+    params = policy.get("params") or {}
+    keep = {k: params[k] for k in ("budget", "threshold", "rate", "tau", "lam", "window") if k in params}
+    return f"{policy.get('name')} {json.dumps(keep, sort_keys=True)}" if keep else str(policy.get("name"))
+
+
+def _recovery(traces) -> pd.DataFrame:
+    """Accuracy, realised ρ and recovery per stored policy configuration (core.evaluate.summarise)."""
+    rows = []
+    for t in traces:
+        if t.meta.get("correct") is None or t.meta.get("parent"):
+            continue
+        rows.append({"benchmark": "store", "policy": _label(t.meta.get("policy")),
+                     "index": str((t.meta.get("problem") or {}).get("id")), "correct": bool(t.meta["correct"]),
+                     "tokens": len(t), "taken": int(sum(1 for s in t.source if s != "base"))})
+    records = pd.DataFrame(rows)
+    if records.empty or not {"base_only", "reason_only"} <= set(records["policy"]):
+        raise ForkpointError("Recovery needs graded BaseOnly and ReasonOnly traces (run both on the Generate page), "
+                             "plus the policies to compare")
+    frame = summarise(records, k=1, base="base_only", reference="reason_only")
+    frame["name"] = frame["policy"]
+    frame["policy"] = frame["policy"].str.split(" ", n=1).str[0]
+    return frame
+
+
+def _select(ctx) -> tuple[str, ...]:
+    df = ctx.store.summaries()
+    if df.empty:
+        return ()
+    c1, c2, c3 = st.columns(3)
+    pairs = sorted(df["pair"].dropna().unique())
+    pick_pairs = c1.multiselect("Pair", pairs, default=pairs, key="ds_pair")
+    policies = sorted(df["policy"].dropna().unique())
+    pick_pol = c2.multiselect("Policy", policies, default=policies, key="ds_policy")
+    kinds = sorted(df["kind"].dropna().unique())
+    pick_kind = c3.multiselect("Kind", kinds, default=[k for k in kinds if k != "branch"] or kinds, key="ds_kind")
+    rows = df[df["pair"].isin(pick_pairs) & df["policy"].isin(pick_pol) & df["kind"].isin(pick_kind)]
+    rows = rows[rows["n_tokens"] > 0]
+    if len(rows) > MAX_TRACES:
+        st.caption(f"Using the newest {MAX_TRACES} of {len(rows)} traces.")
+        rows = rows.tail(MAX_TRACES)
+    return tuple(rows["key"].astype(str))
+
+
+def _show(fig_fn, name: str, path: str, keys, score, top, segment, extra: str = "", table_label: str = "table") -> None:
+    try:
+        df, second = _analysis(name, path, keys, score, top, segment, extra)
+        fig = fig_fn(df, second) if name == "auroc" else fig_fn(df)
+    except ForkpointError as err:
+        st.warning(str(err))
+        return
+    st.plotly_chart(fig, width="stretch", key=f"ds_fig_{name}")
+    with st.expander(table_label):
+        st.dataframe(second if second is not None else df, hide_index=True, width="stretch")
+
+
+def main() -> None:
+    ctx = get_context()
+    state.show_notice()
+    st.title("Dataset")
+    keys = _select(ctx)
+    if not keys:
+        st.info("No traces selected (the store may be empty: use Generate).")
+        return
+    s = ctx.settings
+    top = s.rule.top or DEFAULT_TOP
+    c1, c2 = st.columns(2)
+    segment = c1.selectbox("Segment", (None, "think", "answer"), key="ds_segment",
+                           format_func=lambda x: "whole response" if x is None else x)
+    c2.caption(f"{len(keys)} traces · score {s.score} · top fraction {top:g} (sidebar)")
+    tabs = st.tabs(["Lorenz", "Position", "Entropy IoU", "Planning enrichment", "Failure AUROC", "Reasoner rank",
+                    "Recovery vs budget"])
+    path = s.store_path
+    with tabs[0]:
+        _show(R.lorenz_figure, "lorenz", path, keys, s.score, top, segment, table_label="Gini per trace")
+    with tabs[1]:
+        _show(R.position_density_figure, "position", path, keys, s.score, top, segment)
+    with tabs[2]:
+        _show(R.entropy_iou_figure, "iou", path, keys, s.score, top, segment)
+    with tabs[3]:
+        _show(R.enrichment_figure, "enrichment", path, keys, s.score, top, segment)
+    with tabs[4]:
+        _show(R.roc_figure, "auroc", path, keys, s.score, top, segment, table_label="AUROC")
+    with tabs[5]:
+        at = st.radio("At", A.RANK_AT, horizontal=True, key="ds_rank_at")
+        _show(R.reason_rank_figure, "rank", path, keys, s.score, top, segment, extra=at)
+    with tabs[6]:
+        _show(R.recovery_figure, "recovery", path, keys, s.score, top, segment)
+
+
+main()

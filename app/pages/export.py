@@ -1,0 +1,87 @@
+"""Export: download the open trace or a filtered set as JSONL, CSV, Parquet or self-contained HTML."""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import zipfile
+from pathlib import Path
+
+import streamlit as st
+
+from app import resources, state
+from app.context import get_context
+from app.view import filter_table, trace_table
+from core.errors import ForkpointError
+from core.export import FORMATS, export, sidecar_path
+
+MIME = {"jsonl": "application/jsonl", "csv": "application/zip", "parquet": "application/vnd.apache.parquet",
+        "html": "text/html"}
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def export_bytes(path: str, keys: tuple[str, ...], fmt: str, score: str, pair_tag: str, _decode=None) -> bytes:
+    """The exported file's bytes (CSV: a zip of the CSV and its .meta.json record)."""
+    traces = [resources.load_trace(path, k) for k in keys]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = export(traces, Path(tmp) / f"traces.{fmt}", fmt, score=score, decode=_decode, overwrite=True)
+        if fmt != "csv":
+            return out.read_bytes()
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.write(out, out.name)
+            zf.write(sidecar_path(out), sidecar_path(out).name)
+        return buf.getvalue()
+
+
+def _filtered_keys(ctx) -> tuple[str, ...]:
+    table = trace_table(ctx.store.summaries(), ctx.settings.score, ctx.settings.rule)
+    if table.empty:
+        return ()
+    c1, c2, c3, c4 = st.columns([3, 2, 2, 1])
+    text = c1.text_input("Search problem / prompt", key="ex_text")
+    policies = c2.multiselect("Policy", sorted(table["policy"].dropna().unique()), key="ex_policy")
+    kinds = c3.multiselect("Kind", sorted(table["kind"].dropna().unique()), key="ex_kind")
+    correct = c4.selectbox("Correct", ("any", "yes", "no", "ungraded"), key="ex_correct")
+    shown = filter_table(table, text, policies, kinds, correct)
+    st.caption(f"{len(shown)} of {len(table)} traces match.")
+    return tuple(shown["key"].astype(str))
+
+
+def main() -> None:
+    ctx = get_context()
+    state.show_notice()
+    st.title("Export")
+    ss = st.session_state
+    scope = st.radio("What", ("current", "filtered"), horizontal=True, key="ex_scope",
+                     format_func={"current": "the open trace", "filtered": "a filtered set of traces"}.get)
+    if scope == "current":
+        key = ss.get("trace_key")
+        if not key:
+            st.info("No trace is open; open one on the Trace or Problems page.")
+            return
+        keys: tuple[str, ...] = (key,)
+        st.caption(f"Trace `{key}`")
+    else:
+        keys = _filtered_keys(ctx)
+        if not keys:
+            st.info("No traces match.")
+            return
+    fmt = st.radio("Format", FORMATS, horizontal=True, key="ex_format",
+                   format_func={"jsonl": "JSONL (lossless)", "csv": "CSV (+ record, zipped)", "parquet": "Parquet",
+                                "html": "HTML (self-contained)"}.get)
+    s = ctx.settings
+    name = f"forkpoint-{keys[0][:8] if len(keys) == 1 else f'{len(keys)}-traces'}.{'zip' if fmt == 'csv' else fmt}"
+    decode = resources.decoder(ctx.pair)
+    tag = "none" if ctx.pair is None else repr(ctx.pair.fingerprint())
+    try:
+        data = export_bytes(s.store_path, keys, fmt, s.score, tag, decode)
+    except ForkpointError as err:
+        st.error(f"Export failed: {err}")
+        return
+    st.download_button(f"Download {name}", data=data, file_name=name, mime=MIME[fmt], type="primary",
+                       key="ex_download", on_click="ignore")
+    st.caption(f"{len(data) / 1024:.1f} KiB · every file carries each trace's reproducibility record.")
+
+
+main()

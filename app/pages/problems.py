@@ -1,0 +1,124 @@
+"""Problems: every stored trace (pair, policy, length, scores, spikes, takeovers, correctness) and every
+problem of the set; sort and filter, choose a row to open its trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from app import actions, resources, state
+from app.context import get_context
+from app.view import SCORE_LABELS, filter_table, trace_table
+from core.errors import ForkpointError
+
+TRACE_PAGE = Path(__file__).resolve().parent / "trace.py"
+
+
+def _open_selected_trace(table: pd.DataFrame) -> None:
+    event = st.session_state.get("problems_traces")
+    rows = (event or {}).get("selection", {}).get("rows", []) if event else []
+    if rows and rows[0] < len(table):
+        row = table.iloc[rows[0]]
+        state.open_trace(str(row["key"]), None if pd.isna(row["problem"]) else str(row["problem"]))
+        st.session_state["_goto_trace"] = True
+
+
+def _open_selected_problem(table: pd.DataFrame) -> None:
+    event = st.session_state.get("problems_set")
+    rows = (event or {}).get("selection", {}).get("rows", []) if event else []
+    if rows and rows[0] < len(table):
+        st.session_state["_goto_problem"] = str(table.iloc[rows[0]]["id"])
+
+
+def traces_tab(ctx) -> None:
+    s = ctx.settings
+    table = trace_table(ctx.store.summaries(), s.score, s.rule)
+    if table.empty:
+        st.info("The store holds no traces yet: open the Trace page (it makes one) or use Generate.")
+        return
+    c1, c2, c3, c4 = st.columns([3, 2, 2, 1])
+    text = c1.text_input("Search problem / prompt", key="pf_text")
+    policies = c2.multiselect("Policy", sorted(table["policy"].dropna().unique()), key="pf_policy")
+    kinds = c3.multiselect("Kind", sorted(table["kind"].dropna().unique()), key="pf_kind")
+    correct = c4.selectbox("Correct", ("any", "yes", "no", "ungraded"), key="pf_correct")
+    shown = filter_table(table, text, policies, kinds, correct)
+    st.caption(f"{len(shown)} of {len(table)} traces · score: {SCORE_LABELS.get(s.score, s.score)} · "
+               "click a column header to sort; choose a row to open it.")
+    st.dataframe(
+        shown, key="problems_traces", on_select=lambda: _open_selected_trace(shown), selection_mode="single-row",
+        hide_index=True, width="stretch",
+        column_config={
+            "prompt": st.column_config.TextColumn("prompt", width="large"),
+            "max": st.column_config.NumberColumn("max score", format="%.3f"),
+            "top100_mean": st.column_config.NumberColumn("top-100 mean", format="%.3f"),
+            "rho": st.column_config.NumberColumn("ρ", format="%.3f"),
+            "correct": st.column_config.CheckboxColumn("correct"),
+            "key": st.column_config.TextColumn("key", width="small"),
+        },
+    )
+
+
+def problems_tab(ctx) -> None:
+    s = ctx.settings
+    try:
+        problems = resources.problem_set(s.problems_path)
+    except ForkpointError as err:
+        st.error(f"Could not read the problems: {err}")
+        return
+    df = ctx.store.summaries()
+    counts = df.groupby(df["problem"].astype("string")).agg(traces=("key", "size"), correct=("correct", "mean")) \
+        if not df.empty else pd.DataFrame(columns=["traces", "correct"])
+    table = pd.DataFrame({"id": [p.id for p in problems], "prompt": [p.prompt for p in problems],
+                          "gold": [p.gold for p in problems]})
+    table["traces"] = [int(counts["traces"].get(p.id, 0)) if p.id in counts.index else 0 for p in problems]
+    table["share correct"] = [counts["correct"].get(p.id) if p.id in counts.index else None for p in problems]
+    st.caption(f"{len(table)} problems. Choose one to open its first trace (a greedy BaseOnly one is made if none).")
+    st.dataframe(table, key="problems_set", on_select=lambda: _open_selected_problem(table),
+                 selection_mode="single-row", hide_index=True, width="stretch",
+                 column_config={"prompt": st.column_config.TextColumn("prompt", width="large"),
+                                "share correct": st.column_config.NumberColumn(format="%.2f")})
+
+
+def main() -> None:
+    ctx = get_context()
+    ss = st.session_state
+    if ss.pop("_goto_trace", False):
+        st.switch_page(TRACE_PAGE, query_params={k: v for k, v in {"trace": ss.get("trace_key"),
+                                                                    "problem": ss.get("problem_id")}.items() if v})
+    goto = ss.pop("_goto_problem", None)
+    if goto is not None:
+        found = _first_trace_of(ctx, goto)
+        if found:
+            state.open_trace(found, goto)
+            st.switch_page(TRACE_PAGE, query_params={"trace": found, "problem": goto})
+    state.show_notice()
+    st.title("Problems")
+    tab1, tab2 = st.tabs(["Traces", "Problem set"])
+    with tab1:
+        traces_tab(ctx)
+    with tab2:
+        problems_tab(ctx)
+
+
+def _first_trace_of(ctx, problem_id: str) -> str | None:
+    df = ctx.store.summaries()
+    rows = df[(df["problem"].astype("string") == problem_id) & df["parent"].isna()] if not df.empty else df
+    if not rows.empty:
+        return str(rows.iloc[0]["key"])
+    if ctx.pair is None:
+        st.error("No model pair is loaded, so no trace can be made for this problem.")
+        return None
+    problem = next((p for p in resources.problem_set(ctx.settings.problems_path) if p.id == problem_id), None)
+    if problem is None:
+        return None
+    try:
+        with st.spinner(f"Generating a BaseOnly trace for {problem_id} …"):
+            return actions.first_trace(ctx.pair, ctx.store, problem).key
+    except ForkpointError as err:
+        st.error(f"Could not generate a trace: {err}")
+        return None
+
+
+main()

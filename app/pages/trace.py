@@ -1,0 +1,83 @@
+"""Trace: the response as a heatmap; hover for both models' top-k, click a token to take over there."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import actions, resources, state
+from app.context import Context, get_context
+from app.trace_panels import header, run_pending, trace_panel
+from core.errors import ForkpointError
+
+
+def _first_problem(ctx: Context):
+    """The problem to open when nothing is chosen: the URL's problem, else the first of the set."""
+    problems = resources.problem_set(ctx.settings.problems_path)
+    if not problems:
+        return None
+    wanted = st.session_state.get("problem_id")
+    return next((p for p in problems if p.id == wanted), problems[0])
+
+
+def _trace_for_problem(ctx: Context, problem_id: str) -> str | None:
+    """The oldest stored non-branch trace of a problem, if any."""
+    df = ctx.store.summaries()
+    rows = df[(df["problem"].astype("string") == str(problem_id)) & df["parent"].isna()]
+    return None if rows.empty else str(rows.iloc[0]["key"])
+
+
+def ensure_trace(ctx: Context) -> str | None:
+    """The key of the trace to show: the open one, the URL problem's, or a fresh first-view trace."""
+    ss = st.session_state
+    key = ss.get("trace_key")
+    if key:
+        if key in ctx.store:
+            return key
+        st.warning(f"Trace `{key}` is not in the store {ctx.settings.store_path}.")
+        state.open_trace(None)
+        return None
+    if ss.get("problem_id"):
+        found = _trace_for_problem(ctx, ss["problem_id"])
+        if found:
+            state.open_trace(found, ss["problem_id"])
+            return found
+    if not ss.get("first_view") and not ss.get("problem_id"):
+        return None
+    ss["first_view"] = False
+    if ctx.pair is None:
+        return None
+    try:
+        problem = _first_problem(ctx)
+        if problem is None:
+            return None
+        with st.spinner(f"Generating a first trace for problem {problem.id} …"):
+            trace = actions.first_trace(ctx.pair, ctx.store, problem)
+    except ForkpointError as err:
+        st.error(f"Could not generate a first trace: {err}")
+        return None
+    state.open_trace(trace.key, problem.id)
+    return trace.key
+
+
+def main() -> None:
+    ctx = get_context()
+    run_pending(ctx)
+    state.show_notice()
+    key = ensure_trace(ctx)
+    if key is None:
+        st.info("No trace open. Choose one on the **Problems** page, or make some on **Generate**.")
+        state.write_query_params()
+        return
+    s = ctx.settings
+    try:
+        trace = resources.view_trace(s.store_path, key, s.score, s.rule.key(), s.rule)
+    except ForkpointError as err:
+        st.error(f"Could not open trace {key}: {err}")
+        return
+    if st.session_state.get("problem_id") is None:
+        st.session_state["problem_id"] = (trace.meta.get("problem") or {}).get("id")
+    header(trace, s.rule.describe())
+    trace_panel(key)
+
+
+main()

@@ -1,0 +1,129 @@
+"""The Setup sidebar: model pair, prompt formats, store, score metric, colour scale and spike rule.
+
+`sidebar()` draws the widgets (bound to session state by key) and returns the plain `Settings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+import core
+from app import resources
+from app.config import PairSpec
+from app.state import DEFAULTS
+from app.view import SCORE_LABELS, SpikeRule
+from core.annotate import Gate
+from core.divergence import SCORES
+from core.errors import ForkpointError
+from core.heatmap import SCALES
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every page reads: where traces live, how to colour them and how spikes are chosen."""
+
+    store_path: str
+    problems_path: str | None
+    score: str
+    scale: str
+    rule: SpikeRule
+    pair_spec: PairSpec
+
+
+def _pair_form() -> None:
+    ss = st.session_state
+    spec: PairSpec = ss["pair_spec"]
+    ss.setdefault("pair_demo", spec.demo)
+    for name in ("base", "reason", "base_format", "reason_format", "device", "dtype"):
+        ss.setdefault(f"pair_{name}", getattr(spec, name))
+    with st.expander(f"Model pair: {spec.label()}", expanded=False):
+        st.toggle("Bundled demo pair", key="pair_demo", help="Two tiny models trained for this app; no download.")
+        custom = not ss["pair_demo"]
+        st.text_input("Base model", key="pair_base", disabled=not custom,
+                      help="Hub id (org/name), local directory, or a .gguf file.")
+        st.text_input("Reasoning model", key="pair_reason", disabled=not custom,
+                      help="Must share the base model's vocabulary.")
+        st.text_input("Base prompt format", key="pair_base_format", disabled=not custom,
+                      placeholder="Question: {problem}\\nAnswer:", help="A template with {problem}, or chat[:think|:nothink].")
+        st.text_input("Reasoning prompt format", key="pair_reason_format", disabled=not custom,
+                      placeholder="chat (its chat template)", help="A template with {problem}, or chat[:think|:nothink].")
+        c1, c2 = st.columns(2)
+        c1.selectbox("Device", DEVICES, key="pair_device")
+        c2.selectbox("Dtype", DTYPES, key="pair_dtype")
+        if st.button("Load pair", key="pair_load", width="stretch"):
+            new = PairSpec(demo=not custom, base=ss["pair_base"].strip(), reason=ss["pair_reason"].strip(),
+                           base_format=ss["pair_base_format"], reason_format=ss["pair_reason_format"],
+                           device=ss["pair_device"], dtype=ss["pair_dtype"])
+            if custom and not (new.base and new.reason):
+                st.error("Give both a base and a reasoning model (hub id, local directory or .gguf file).")
+            else:
+                ss["pair_spec"] = new
+
+
+def _rule(store_path: str, score: str) -> SpikeRule:
+    ss = st.session_state
+    for name in ("spike_kind", "spike_top_pct", "gate_ratio", "gate_window"):
+        ss.setdefault(name, DEFAULTS[name])  # widget keys vanish while their widget is not drawn
+    st.radio("Spikes", ("top", "gate"), key="spike_kind", horizontal=True,
+             format_func=lambda k: {"top": "top p% per trace", "gate": "calibrated gate"}[k])
+    if ss["spike_kind"] == "top":
+        st.slider("p (% of tokens)", 0.1, 20.0, key="spike_top_pct", step=0.1)
+        return SpikeRule(top=float(ss["spike_top_pct"]) / 100.0)
+    c1, c2 = st.columns(2)
+    c1.number_input("r (takeover ratio)", 0.001, 0.5, key="gate_ratio", step=0.01, format="%.3f")
+    c2.number_input("W (window)", 1, 512, key="gate_window", step=1)
+    store = resources.get_store(store_path)
+    try:
+        gate: Gate = resources.calibrated_gate(store_path, _pair_label(), score, float(ss["gate_ratio"]),
+                                               int(ss["gate_window"]), len(store.keys()))
+    except ForkpointError as err:
+        st.warning(f"{err}. Showing top p% spikes instead.")
+        return SpikeRule(top=float(ss["spike_top_pct"]) / 100.0)
+    st.caption(f"τ = {gate.tau:.3g}, λ = {gate.lam:.3g}, W = {gate.window} (fit on the store's base rollouts)")
+    return SpikeRule(top=None, gate=gate)
+
+
+def _pair_label() -> str:
+    """The pair column value the store's summaries use ("<base>|<reason>" short names)."""
+    pair = st.session_state.get("_pair_obj")
+    if pair is None:
+        return ""
+    spec = pair.spec()
+    return "|".join(str((spec[s] or {}).get("id") or "?").rstrip("/").rsplit("/", 1)[-1] for s in ("base", "reason"))
+
+
+def sidebar() -> Settings:
+    """Draw the Setup sidebar and return the settings it holds."""
+    ss = st.session_state
+    with st.sidebar:
+        st.subheader("Setup")
+        _pair_form()
+        st.text_input("Trace store", key="store_path", placeholder=resources.store_path(None),
+                      help="Directory of stored traces ($FORKPOINT_STORE or ./forkpoint-store by default).")
+        st.text_input("Problem file", key="problems_path", placeholder="demo problems",
+                      help=".jsonl / .json / .csv with question and answer fields.")
+        st.selectbox("Score metric", SCORES, key="score", format_func=lambda s: SCORE_LABELS.get(s, s),
+                     help="The per-token disagreement that colours tokens and picks spikes.")
+        st.selectbox("Colour scale", SCALES, key="scale")
+        path = resources.store_path(ss["store_path"] or None)
+        rule = _rule(path, ss["score"])
+    return Settings(store_path=path, problems_path=ss["problems_path"].strip() or None, score=ss["score"],
+                    scale=ss["scale"], rule=rule, pair_spec=ss["pair_spec"])
+
+
+def current_pair(spec: PairSpec) -> core.ModelPair | None:
+    """The loaded pair (once per process), or None with the reason shown as an error message."""
+    try:
+        with st.spinner(f"Loading the model pair ({spec.label()}) …", show_time=True):
+            pair = resources.load_pair(spec)
+    except ForkpointError as err:
+        st.error(f"Could not load the model pair: {err}")
+        st.session_state["_pair_obj"] = None
+        return None
+    st.session_state["_pair_obj"] = pair
+    return pair

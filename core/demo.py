@@ -1,0 +1,50 @@
+"""The bundled demo pair and its held-out problems: load them like any other pair, no hub needed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from core.errors import InvalidInputError, ModelLoadError
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_DIR = ROOT / "assets" / "demo"
+PROBLEMS_DIR = ROOT / "assets" / "problems"
+SPLITS = {"test": "demo_test.jsonl"}
+
+
+def demo_formats(demo_dir: str | Path = DEMO_DIR) -> dict[str, str]:
+    """The pair's prompt formats from pair.json: {"base_format": ..., "reason_format": ...}."""
+    path = Path(demo_dir) / "pair.json"
+    if not path.exists():
+        raise ModelLoadError(f"No demo pair at {Path(demo_dir)} (missing pair.json); run `forkpoint demo train`")
+    data = json.loads(path.read_text())
+    return {"base_format": data["base_format"], "reason_format": data["reason_format"]}
+
+
+def demo_pair(device: str = "cpu", dtype: str = "float32", demo_dir: str | Path = DEMO_DIR) -> Any:
+    """The demo base / reasoning pair as a `core.models.ModelPair`, loaded through `core.load_pair`."""
+    from core.models import load_pair
+
+    demo_dir = Path(demo_dir)
+    return load_pair(demo_dir / "base", demo_dir / "reason", device=device, dtype=dtype, **demo_formats(demo_dir))
+
+
+def demo_problems(split: str = "test", limit: int | None = None) -> list[Any]:
+    """The demo task's problems of `split` as `core.problems.Problem` records (prompt, gold)."""
+    from core.problems import load_problems
+
+    if split not in SPLITS:
+        raise InvalidInputError(f"Unknown demo split {split!r}; choose one of: {', '.join(SPLITS)}")
+    return load_problems(PROBLEMS_DIR / SPLITS[split], limit=limit)
+
+
+def write_problems(path: str | Path, problems: list[dict]) -> Path:
+    """Write problems as JSONL with the public fields id, question, answer (one per line)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        for p in problems:
+            fh.write(json.dumps({"id": p["id"], "question": p["question"], "answer": p["answer"]}) + "\n")
+    return path

@@ -1,0 +1,153 @@
+"""Measure the demo model organism against its required properties and render assets/demo/CARD.md.
+
+One function runs everything (greedy and sampled accuracy of both models, Guided at a calibrated
+budget, RandomPositions and EarlyOnly at the realised rate Guided reached, and the sparsity, position
+and planning-enrichment analyses of the base rollouts); another turns the result into the card.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from core import evaluate as ev
+from core.policies import BaseOnly, EarlyOnly, Guided, RandomPositions, ReasonOnly
+
+log = logging.getLogger(__name__)
+
+# name -> (description, comparison, threshold)
+BARS: dict[str, tuple[str, str, float]] = {
+    "base_acc_greedy": ("base accuracy, greedy", "<=", 0.60),
+    "base_acc_sampled": ("base accuracy, sampled", "<=", 0.60),
+    "reason_acc_greedy": ("reasoning accuracy, greedy", ">=", 0.90),
+    "reason_acc_sampled": ("reasoning accuracy, sampled", ">=", 0.90),
+    "guided_rho_greedy": ("Guided realised ρ, greedy", "<=", 0.10),
+    "guided_rho_sampled": ("Guided realised ρ, sampled", "<=", 0.10),
+    "guided_recovery_greedy": ("Guided recovery, greedy", ">=", 0.80),
+    "guided_recovery_sampled": ("Guided recovery, sampled", ">=", 0.80),
+    "random_recovery_greedy": ("RandomPositions recovery at Guided's ρ, greedy", "<=", 0.40),
+    "random_recovery_sampled": ("RandomPositions recovery at Guided's ρ, sampled", "<=", 0.40),
+    "early_recovery_greedy": ("EarlyOnly recovery at Guided's ρ, greedy", "<=", 0.40),
+    "early_recovery_sampled": ("EarlyOnly recovery at Guided's ρ, sampled", "<=", 0.40),
+    "gini_ce": ("Gini of cross-entropy (pooled, base greedy rollouts)", ">=", 0.80),
+    "median_u_top1": ("median u of each response's top-1% cross-entropy tokens", "<=", 0.30),
+    "plan_enrichment_taken": ("plan-category enrichment among Guided's taken-over tokens", ">=", 5.0),
+}
+
+
+def passes(name: str, value: float) -> bool:
+    """Whether a measured value meets its bar in `BARS`."""
+    _, op, threshold = BARS[name]
+    return bool(value <= threshold) if op == "<=" else bool(value >= threshold)
+
+
+def _one_setting(pair: Any, problems: Sequence[Any], gate: Any, *, budget: float, temperature: float, top_p: float,
+                 samples: int, seed: int, max_new_tokens: int, store: Any, batch_size: int,
+                 progress: Callable[[int, int], None] | None) -> tuple[Any, dict[str, list[Any]]]:
+    keep: dict[str, list[Any]] = {}
+    common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
+                  max_new_tokens=max_new_tokens, batch_size=batch_size, keep=keep, progress=progress)
+    first = ev.run_records(pair, problems, {"base": BaseOnly(), "reason": ReasonOnly(),
+                                            "guided": Guided.from_gate(gate, budget=budget)}, **common)
+    summary = ev.summarise(first).set_index("policy")
+    rho, mean_tokens = float(summary.loc["guided", "rho"]), float(summary.loc["base", "mean_tokens"])
+    # the baselines at the realised rate Guided reached (EarlyOnly's rate is a share of max_new_tokens)
+    baselines = {"random_positions": RandomPositions(rate=rho, seed=seed),
+                 "early_only": EarlyOnly(rate=min(1.0, rho * mean_tokens / max_new_tokens))}
+    second = ev.run_records(pair, problems, baselines, **common)
+    import pandas as pd
+
+    return ev.summarise(pd.concat([first, second], ignore_index=True)), keep
+
+
+def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any], *, ratio: float = 0.05,
+                 window: int = 16, budget: float = 0.1, temperature: float = 0.6, top_p: float = 0.95,
+                 samples: int = 4, seed: int = 0, max_new_tokens: int = 96, store: Any = None,
+                 batch_size: int = 100, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """All measured properties of a pair on `problems`, with the gate calibrated on base rollouts of
+    `calibration`: {"settings", "gate", "greedy", "sampled" (summary records), "values", "passed"}."""
+    from core.analysis import enrichment, gini, gini_table, position_density
+    from core.decoding import calibrate
+
+    t0 = time.perf_counter()
+    gate = calibrate(pair, list(calibration), ratio=ratio, window=window, max_new_tokens=max_new_tokens,
+                     batch_size=batch_size, store=store)
+    opts = dict(budget=budget, seed=seed, max_new_tokens=max_new_tokens, store=store, batch_size=batch_size,
+                progress=progress)
+    greedy, kept = _one_setting(pair, problems, gate, temperature=0.0, top_p=1.0, samples=1, **opts)
+    sampled, _ = _one_setting(pair, problems, gate, temperature=temperature, top_p=top_p, samples=samples, **opts)
+
+    base_traces, guided_traces = kept["base"], kept["guided"]
+    pooled_gini = float(gini_table(base_traces).iloc[-1]["gini"])
+    per_trace_gini = float(np.nanmean([gini(t.metrics["cross_entropy"]) for t in base_traces]))
+    density = position_density(base_traces, top=0.01)
+    ce = np.concatenate([t.metrics["cross_entropy"] for t in base_traces])
+    u = np.concatenate([np.arange(len(t)) / len(t) for t in base_traces])
+    pooled_top = ce >= np.quantile(ce, 0.99)
+    enr = enrichment(guided_traces).set_index(["set", "category"])
+    plan_share_all = float(enr.loc[("all", "plan"), "share"])
+    values = {}
+    for mode, frame in (("greedy", greedy), ("sampled", sampled)):
+        f = frame.set_index("policy")
+        values[f"base_acc_{mode}"] = float(f.loc["base", "accuracy"])
+        values[f"reason_acc_{mode}"] = float(f.loc["reason", "accuracy"])
+        values[f"guided_rho_{mode}"] = float(f.loc["guided", "rho"])
+        values[f"guided_recovery_{mode}"] = float(f.loc["guided", "recovery"])
+        values[f"random_recovery_{mode}"] = float(f.loc["random_positions", "recovery"])
+        values[f"early_recovery_{mode}"] = float(f.loc["early_only", "recovery"])
+    values["gini_ce"] = pooled_gini
+    values["median_u_top1"] = float(density.attrs["median_u"])
+    values["plan_enrichment_taken"] = float(enr.loc[("taken_over", "plan"), "enrichment"])
+    extra = {
+        "gini_ce_mean_per_response": per_trace_gini,
+        "median_u_pooled_top1": float(np.median(u[pooled_top])),
+        "plan_share_all_tokens": plan_share_all,
+        "plan_share_taken_over": float(enr.loc[("taken_over", "plan"), "share"]),
+        "plan_enrichment_top1_score": float(enr.loc[("top_score", "plan"), "enrichment"]),
+        "taken_over_tokens": int(enr.loc[("taken_over", "plan"), "size"]),
+    }
+    return {
+        "settings": {"problems": len(problems), "calibration": len(calibration), "ratio": ratio, "window": window,
+                     "budget": budget, "temperature": temperature, "top_p": top_p, "samples": samples,
+                     "seed": seed, "max_new_tokens": max_new_tokens},
+        "gate": gate.to_dict(),
+        "greedy": greedy.to_dict("records"),
+        "sampled": sampled.to_dict("records"),
+        "values": values,
+        "extra": extra,
+        "passed": {name: passes(name, v) for name, v in values.items()},
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def render_card(result: dict[str, Any], command: str, train_log: dict[str, Any] | None = None) -> str:
+    """The measured-properties part of CARD.md (markdown) from a `measure_demo` result."""
+    import pandas as pd
+
+    s = result["settings"]
+    lines = [f"Measured with `{command}` ({result['seconds']:.0f} s) on {s['problems']} held-out problems; gate "
+             f"calibrated on base greedy rollouts of {s['calibration']} separate problems with ratio "
+             f"r = {s['ratio']}, window W = {s['window']}, budget {s['budget']} "
+             f"(τ = {result['gate']['tau']:.3f}, λ = {result['gate']['lam']:.2f}).", "",
+             "| property | measured | bar | met |", "|---|---:|---:|:---:|"]
+    for name, value in result["values"].items():
+        desc, op, threshold = BARS[name]
+        lines.append(f"| {desc} | {value:.3f} | {op} {threshold:g} | {'yes' if result['passed'][name] else 'NO'} |")
+    lines += ["", f"Greedy (temperature 0), one sample per problem:", "",
+              ev.to_markdown(pd.DataFrame(result["greedy"]), columns=["accuracy", "rho", "mean_tokens", "recovery"]),
+              "", f"Sampled (temperature {s['temperature']}, top-p {s['top_p']}, {s['samples']} samples per problem; "
+              f"accuracy is the mean over samples, pass@k uses the unbiased estimator with k = {s['samples']}):", "",
+              ev.to_markdown(pd.DataFrame(result["sampled"]),
+                             columns=["accuracy", "pass@k", "rho", "mean_tokens", "recovery", "recovery@k"]),
+              "", "Other measurements: " + ", ".join(f"{k} = {v:.3f}" if isinstance(v, float) else f"{k} = {v}"
+                                                     for k, v in result["extra"].items()) + "."]
+    if train_log:
+        lines += ["", "Training log (`train_log.json`): " + json.dumps(train_log.get("timings_s", {})) + " seconds, "
+                  f"{train_log.get('threads')} threads, {train_log.get('parameters')} parameters per model, "
+                  f"vocabulary {train_log.get('vocab')}."]
+    return "\n".join(lines) + "\n"

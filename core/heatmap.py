@@ -1,0 +1,321 @@
+"""Token heatmaps as HTML: the one renderer behind the HTML export and the app's token component.
+
+Pure functions returning strings. All model text (tokens, top-k strings, tags, segment names) is
+escaped here and nowhere else, so no caller has to remember to.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.divergence import DEFAULT_SCORE, score_values
+from core.errors import InvalidInputError
+from core.trace import Trace
+
+SCALES = ("linear", "log", "rank")
+# White -> yellow -> orange -> red; dark enough at the top to see, light enough for black text.
+_STOPS = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
+_RGB = np.array([[255, 255, 255], [254, 240, 170], [253, 186, 116], [248, 113, 113], [220, 38, 38]], dtype=float)
+_LUT_SIZE = 256
+_LUT = [
+    "#%02x%02x%02x" % tuple(int(round(np.interp(x, _STOPS, _RGB[:, c]))) for c in range(3))
+    for x in np.linspace(0.0, 1.0, _LUT_SIZE)
+]
+NAN_COLOUR = "transparent"
+TIP_K = 5  # top-k rows in hover text by default (the paper's "promoted token is in the base top-5")
+UNTAGGED = frozenset({"", "none", "execute", "execution", "other", "o"})  # tags that get no underline
+# core.planning's categories first; other names get a stable colour from _PALETTE.
+TAG_COLOURS = {"plan": "#059669", "reflect": "#db2777", "verify": "#d97706", "conclude": "#0891b2",
+               "planning": "#059669", "check": "#d97706"}  # fmt: skip
+_PALETTE = ("#059669", "#d97706", "#db2777", "#7c3aed", "#0891b2", "#65a30d", "#b91c1c", "#4338ca")
+_METRIC_LINES = (
+    (("cross_entropy", "CE"), ("kl_base_reason", "KL(b‖r)"), ("kl_reason_base", "KL(r‖b)"), ("jsd", "JSD")),
+    (("entropy_base", "H base"), ("entropy_reason", "H reason"), ("delta_logp", "Δlogp")),
+)
+
+HEATMAP_CSS = """
+.fp-heatmap { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 14px;
+  line-height: 1.9; white-space: pre-wrap; word-break: break-word; color: #111; }
+.fp-heatmap .tok { position: relative; border-radius: 2px; padding: 1px 0; cursor: pointer; }
+.fp-heatmap .tok.empty { padding: 1px 2px; }
+.fp-heatmap .tok.tag { border-bottom: 3px solid var(--tag); }
+.fp-heatmap .tok.spike { outline: 2px solid #7c3aed; outline-offset: -1px; }
+.fp-heatmap .tok.sel { box-shadow: 0 0 0 3px #2563eb; }
+.fp-heatmap .tok.src-reason { font-weight: 700; }
+.fp-heatmap .tok.src-reason::before { content: "▲"; font-size: 0.6em; vertical-align: super; color: #1d4ed8; }
+.fp-heatmap .tok.src-forced { font-weight: 700; }
+.fp-heatmap .tok.src-forced::before { content: "◆"; font-size: 0.6em; vertical-align: super; color: #b45309; }
+.fp-heatmap .nl { color: #9ca3af; }
+.fp-heatmap .seg { border-left: 4px solid #9ca3af; padding: 2px 0 6px 8px; margin: 6px 0; }
+.fp-heatmap .seg-think { border-left-color: #a78bfa; background: #faf5ff; }
+.fp-heatmap .seg-answer { border-left-color: #34d399; background: #f0fdf4; }
+.fp-heatmap .seg-label { font: 600 11px system-ui, sans-serif; color: #6b7280; text-transform: uppercase;
+  letter-spacing: 0.05em; white-space: normal; }
+.fp-heatmap.css-tips .tok:hover::after { content: attr(data-tip); position: absolute; left: 0; top: 1.8em;
+  z-index: 1000; white-space: pre; background: #111827; color: #f9fafb; font-size: 12px; line-height: 1.35;
+  font-weight: 400; padding: 6px 8px; border-radius: 4px; pointer-events: none; }
+.fp-legend { font: 12px system-ui, sans-serif; display: flex; flex-wrap: wrap; gap: 14px; align-items: center;
+  margin: 6px 0 10px; }
+.fp-legend .bar { display: inline-block; width: 140px; height: 10px; border: 1px solid #ccc;
+  vertical-align: middle; margin: 0 4px; }
+.fp-legend .tok { font-family: ui-monospace, monospace; padding: 0 3px; }
+"""
+
+
+def heatmap_css() -> str:
+    """The stylesheet for `tokens_html` and `legend_html` output (include it once per page)."""
+    return HEATMAP_CSS
+
+
+def check_scale(scale: str) -> str:
+    """Return `scale` if known, else raise with the valid choices."""
+    if scale not in SCALES:
+        raise InvalidInputError(f"Unknown colour scale {scale!r}; choose one of: {', '.join(SCALES)}")
+    return scale
+
+
+def normalise(values: Any, vmin: float | None = None, vmax: float | None = None, scale: str = "linear") -> np.ndarray:
+    """(T,) values -> (T,) in [0, 1] (NaN where not finite). vmin/vmax default to the finite range;
+    "log" spreads the low end (log1p(99 u) / log 100), "rank" uses percentile ranks and ignores them."""
+    check_scale(scale)
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    finite = np.isfinite(x)
+    out = np.full(x.shape, np.nan)
+    if not finite.any():
+        return out
+    if scale == "rank":
+        ranks = pd.Series(x[finite]).rank(method="average").to_numpy() - 1.0
+        out[finite] = ranks / max(finite.sum() - 1, 1)
+        return out
+    lo = float(np.min(x[finite])) if vmin is None else float(vmin)
+    hi = float(np.max(x[finite])) if vmax is None else float(vmax)
+    u = np.clip((x[finite] - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.zeros(finite.sum())
+    if scale == "log":
+        u = np.log1p(99.0 * u) / np.log(100.0)
+    out[finite] = u
+    return out
+
+
+def colour_scale(values: Any, vmin: float | None = None, vmax: float | None = None, scale: str = "linear") -> list[str]:
+    """(T,) values -> T css colours on a white-to-red scale; non-finite values are transparent."""
+    u = normalise(values, vmin, vmax, scale)
+    idx = np.where(np.isfinite(u), np.rint(np.nan_to_num(u) * (_LUT_SIZE - 1)), -1).astype(np.int64)
+    return [_LUT[i] if i >= 0 else NAN_COLOUR for i in idx.tolist()]
+
+
+def tag_colour(tag: str | None) -> str | None:
+    """Underline colour of a planning-tag category, or None for untagged tokens."""
+    if tag is None or str(tag).lower() in UNTAGGED:
+        return None
+    name = str(tag).lower()
+    return TAG_COLOURS.get(name) or _PALETTE[zlib.crc32(name.encode("utf-8")) % len(_PALETTE)]
+
+
+def _visible(text: str) -> str:
+    return text.replace("\r", "␍").replace("\n", "↵").replace("\t", "⇥")
+
+
+def _token_html(text: str) -> str:
+    """Escaped token text with newlines shown as ↵ and a line break."""
+    out = html.escape(text.replace("\r\n", "\n"), quote=True)
+    return out.replace("\n", '<span class="nl">↵</span><br>') if "\n" in out else out
+
+
+def _attr(text: str) -> str:
+    """Escape for a double-quoted attribute value (html.escape, leaving ' alone: shorter tips)."""
+    return html.escape(text, quote=False).replace('"', "&quot;")
+
+
+def _fmt(value: float) -> str:
+    return "nan" if not np.isfinite(value) else f"{value:.3f}"
+
+
+def _make_decoder(decode: Callable[[int], str] | None) -> Callable[[int], str]:
+    cache: dict[int, str] = {}
+
+    def show(token_id: int) -> str:
+        if token_id not in cache:
+            cache[token_id] = repr(_visible(decode(token_id))) if decode is not None else f"#{token_id}"
+        return cache[token_id]
+
+    return show
+
+
+def token_tips(trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int], str] | None = None, k: int | None = None) -> list[str]:
+    """Plain-text hover text per token (unescaped): metrics, ranks and both models' top-k (k=TIP_K)."""
+    n = len(trace)
+    show = _make_decoder(decode)
+    m = {name: np.asarray(v, dtype=np.float64).tolist() for name, v in trace.metrics.items()}
+    s = np.asarray(score_values(trace.metrics, score), dtype=np.float64).tolist()
+    k = min(TIP_K if k is None else k, trace.k)
+    ids = {side: np.asarray(trace.topk[side][0])[:, :k].tolist() for side in ("base", "reason")}
+    probs = {side: np.asarray(trace.topk[side][1], dtype=np.float64)[:, :k].tolist() for side in ("base", "reason")}
+    token_ids = trace.token_ids.tolist()
+    tips = []
+    for i in range(n):
+        lines = [
+            f"#{i} {_visible(trace.tokens[i])!r}  id {token_ids[i]}  · {trace.source[i]}",
+            f"{score}: {_fmt(s[i])}",
+        ]
+        for group in _METRIC_LINES:
+            lines.append("  ".join(f"{label} {_fmt(m[name][i])}" for name, label in group if name in m))
+        if "logp_base" in m:
+            lines.append(
+                f"log p base {_fmt(m['logp_base'][i])} (rank {int(m['rank_base'][i])})  "
+                f"reason {_fmt(m['logp_reason'][i])} (rank {int(m['rank_reason'][i])})"
+            )
+            lines.append(f"reason's top token ranks {int(m['reason_top_rank_in_base'][i])} under base")
+        if k:
+            lines.append(f"{'base top-' + str(k):<26}reason top-{k}")
+            for j in range(k):
+                left = f"{show(ids['base'][i][j])} {probs['base'][i][j]:.3f}"
+                lines.append(f"{left:<26}{show(ids['reason'][i][j])} {probs['reason'][i][j]:.3f}")
+        tips.append("\n".join(lines))
+    return tips
+
+
+def token_payload(trace: Trace, decode: Callable[[int], str] | None = None, k: int | None = None) -> list[dict[str, Any]]:
+    """Per token, a JSON-ready dict (pos, token, source, metrics, top-k of both models) for app components.
+
+    Strings are raw model text: whoever puts them into HTML must escape them (tokens_html does)."""
+    k = trace.k if k is None else min(k, trace.k)
+    text = (lambda i: decode(i)) if decode is not None else (lambda i: None)
+    frame = {name: np.asarray(v, dtype=np.float64).tolist() for name, v in trace.metrics.items()}
+    out = []
+    for i in range(len(trace)):
+        row: dict[str, Any] = {"pos": i, "token": trace.tokens[i], "id": int(trace.token_ids[i]), "source": str(trace.source[i])}
+        row.update({name: (v[i] if np.isfinite(v[i]) else None) for name, v in frame.items()})
+        for side in ("base", "reason"):
+            ids, probs = trace.topk[side]
+            row[f"top_{side}"] = [
+                {"id": int(t), "p": float(p), "text": text(int(t))} for t, p in zip(ids[i][:k], probs[i][:k])
+            ]
+        out.append(row)
+    return out
+
+
+def _positions(value: int | Iterable[int] | None) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, (int, np.integer)):
+        return {int(value)}
+    return {int(v) for v in value}
+
+
+def _css_name(name: str) -> str:
+    return re.sub(r"[^a-z0-9_-]", "-", name.lower())[:40] or "none"
+
+
+def tokens_html(
+    trace: Trace,
+    score: str = DEFAULT_SCORE,
+    spikes: Iterable[int] | None = None,
+    tags: Sequence[str | None] | None = None,
+    selected: int | Iterable[int] | None = None,
+    show_source: bool = True,
+    *,
+    decode: Callable[[int], str] | None = None,
+    scale: str = "linear",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    k: int | None = None,
+    segments: Sequence[str | None] | None = None,
+    tips: bool = True,
+    css_tips: bool = True,
+) -> str:
+    """The response as one `<span class="tok" data-pos=i data-tip=...>` per token, coloured by `score`.
+
+    spikes/tags/segments default to the trace's annotation layers (pass [] to hide spikes); selected
+    positions get a ring; reasoner-emitted tokens are bold with a ▲ marker (◆ when forced).
+    css_tips adds a pure-CSS hover tooltip; turn it off when the page brings its own (JS) tooltip.
+    """
+    n = len(trace)
+    values = score_values(trace.metrics, score)
+    colours = colour_scale(values, vmin, vmax, scale)
+    if spikes is None:
+        spikes = (trace.annotations.get("spikes") or {}).get("positions", ())
+    spike_set = _positions(spikes)
+    selected_set = _positions(selected)
+    if tags is None:
+        tags = trace.annotations.get("tags")
+    if segments is None:
+        segments = trace.annotations.get("segments")
+    for name, layer in (("tags", tags), ("segments", segments)):
+        if layer is not None and len(layer) != n:
+            raise InvalidInputError(f"{name} has {len(layer)} entries for {n} tokens")
+    tip_text = token_tips(trace, score, decode, k) if tips else None
+    parts = [f'<div class="fp-heatmap{" css-tips" if tips and css_tips else ""}" data-score="{html.escape(score)}">']
+    current_segment: str | None = None
+    for i in range(n):
+        if segments is not None and segments[i] != current_segment:
+            if current_segment is not None:
+                parts.append("</div>")
+            current_segment = segments[i]
+            label = html.escape(str(current_segment))
+            parts.append(
+                f'<div class="seg seg-{_css_name(str(current_segment))}" data-seg="{label}">'
+                f'<div class="seg-label">{label}</div>'
+            )
+        text = trace.tokens[i]
+        classes = ["tok"]
+        style = f"background:{colours[i]}"
+        if not text:
+            classes.append("empty")
+        if i in spike_set:
+            classes.append("spike")
+        if i in selected_set:
+            classes.append("sel")
+        if show_source and trace.source[i] != "base":
+            classes.append(f"src-{_css_name(str(trace.source[i]))}")
+        if tags is not None and (colour := tag_colour(tags[i])) is not None:
+            classes.append("tag")
+            style += f";--tag:{colour}"
+        attrs = f' data-tag="{html.escape(str(tags[i]), quote=True)}"' if "tag" in classes else ""
+        if tip_text is not None:
+            attrs += f' data-tip="{_attr(tip_text[i])}"'
+        parts.append(f'<span class="{" ".join(classes)}" data-pos="{i}" style="{style}"{attrs}>{_token_html(text)}</span>')
+    if current_segment is not None:
+        parts.append("</div>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def legend_html(
+    tags: Iterable[str | None] | None = None,
+    score: str = DEFAULT_SCORE,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    scale: str = "linear",
+) -> str:
+    """A legend: the colour bar for `score`, spike/selection/source markers and the tag categories seen."""
+    check_scale(scale)
+    stops = ", ".join(_LUT[int(round(x * (_LUT_SIZE - 1)))] for x in np.linspace(0, 1, 9))
+    lo = "low" if vmin is None or scale == "rank" else f"{vmin:.3g}"
+    hi = "high" if vmax is None or scale == "rank" else f"{vmax:.3g}"
+    parts = [
+        '<div class="fp-legend">',
+        f'<span>{html.escape(score)} ({html.escape(scale)}): {html.escape(lo)}'
+        f'<span class="bar" style="background:linear-gradient(to right, {stops})"></span>{html.escape(hi)}</span>',
+        '<span class="fp-heatmap"><span class="tok spike">&nbsp;spike&nbsp;</span></span>',
+        '<span class="fp-heatmap"><span class="tok src-reason">reasoner</span></span>',
+        '<span class="fp-heatmap"><span class="tok src-forced">forced</span></span>',
+        '<span class="fp-heatmap"><span class="tok sel">selected</span></span>',
+    ]
+    seen: dict[str, str] = {}
+    for tag in tags or ():
+        colour = tag_colour(tag)
+        if colour is not None and str(tag) not in seen:
+            seen[str(tag)] = colour
+    for tag, colour in sorted(seen.items()):
+        parts.append(
+            f'<span class="fp-heatmap"><span class="tok tag" style="--tag:{colour}">{html.escape(tag)}</span></span>'
+        )
+    parts.append("</div>")
+    return "".join(parts)

@@ -1,0 +1,458 @@
+"""core.decoding: the dual-model engine against independent references (plain HF forwards, `core.score`).
+
+Every generated or branched trace is re-scored teacher-forced with `core.score`; greedy tokens are
+checked against argmaxes of full-prefix forwards; KV-cache reuse is checked by recording what each
+backbone call is fed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import core
+import core.decoding as decoding
+from core.decoding import CACHES, CacheLRU, GenerationCancelled, HeldCaches, Sampling, sample_token
+from core.divergence import INT_METRICS, METRICS
+
+SIDES = ("base", "reason")
+PROMPTS = ["What is 2+3?", "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?", "x"]
+RAW = "Question: {problem}\nAnswer:"
+
+# Tolerance of generate/branch metrics against `core.score` on the same text. Both run float32 but
+# through different kernels (one cached query row per step vs one full-sequence forward), so logits
+# differ by a few ulp of their magnitude (|logit| ≲ 13 and |log p| ≲ 25 nats for these tiny models,
+# whose heads are scaled ×20): ulp(16) ≈ 2e-6, and a metric sums a few such terms. Hence
+# |gen - score| ≤ 1e-5 + 1e-6·|score|; on 24 sampled runs of 64 tokens the worst error is < 0.5 of it.
+ATOL, RTOL = 1e-5, 1e-6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: thread start-up and spinning cost more than the maths (and other jobs share the cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def pair(qwen_pair) -> core.ModelPair:
+    CACHES.clear()
+    yield qwen_pair
+    CACHES.clear()
+
+
+# -- references -------------------------------------------------------------------------------------
+
+
+def assert_matches_score(pair: core.ModelPair, trace: core.Trace) -> None:
+    """`trace`'s metrics and top-k equal a teacher-forced `core.score` of its own tokens."""
+    ref = core.score(pair, trace.meta["problem"]["prompt"], trace.token_ids.tolist(), k=trace.k or 10)
+    assert ref.prompt_ids == trace.prompt_ids
+    for name in METRICS:
+        got, want = trace.metrics[name], ref.metrics[name]
+        if name in INT_METRICS:
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        else:
+            np.testing.assert_allclose(got.astype(np.float64), want, atol=ATOL, rtol=RTOL, err_msg=name)
+    for side in SIDES:
+        ids, probs = trace.topk[side]
+        ref_ids, ref_probs = ref.topk[side]
+        np.testing.assert_allclose(probs, ref_probs, atol=ATOL, rtol=0, err_msg=f"topk_{side}")
+        # ids may swap only between near-tied probabilities (float32 rounding decides the order)
+        for t, j in zip(*np.nonzero(ids != ref_ids)):
+            alt = np.flatnonzero(ref_ids[t] == ids[t, j])
+            assert alt.size and abs(ref_probs[t, alt[0]] - probs[t, j]) <= ATOL, f"topk_{side} ids differ at {t}"
+
+
+def hf_argmax(model, ids: list[int], vocab: int) -> int:
+    """Greedy next token from a plain HF forward of the whole sequence (no cache, no core code)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1, :vocab]
+    return int(torch.argmax(logits))
+
+
+def assert_greedy(pair: core.ModelPair, trace: core.Trace) -> None:
+    """Every token is the argmax of the emitting model (base or reason) given its prompt + the prefix."""
+    ids = trace.token_ids.tolist()
+    for t, src in enumerate(trace.source):
+        if src == "forced":
+            continue
+        want = hf_argmax(pair.model(src), trace.prompt_ids[src] + ids[:t], pair.vocab_size)
+        assert ids[t] == want, f"token {t} ({src}): {ids[t]} != argmax {want}"
+
+
+class FeedLog:
+    """Records every backbone call: (side, number of tokens fed)."""
+
+    def __init__(self, pair: core.ModelPair, monkeypatch) -> None:
+        self.calls: list[tuple[str, int]] = []
+        original = decoding.backbone
+
+        def spy(model, input_ids, *args, **kwargs):
+            self.calls.append(("base" if model is pair.base else "reason", int(input_ids.shape[1])))
+            return original(model, input_ids, *args, **kwargs)
+
+        monkeypatch.setattr(decoding, "backbone", spy)
+
+    def sizes(self, side: str) -> list[int]:
+        return [n for s, n in self.calls if s == side]
+
+
+def snapshot(held: HeldCaches) -> list[torch.Tensor]:
+    return [t.clone() for c in held.caches.values() for layer in c.layers for t in (layer.keys, layer.values)]
+
+
+def same_tensors(held: HeldCaches, snap: list[torch.Tensor]) -> bool:
+    now = [t for c in held.caches.values() for layer in c.layers for t in (layer.keys, layer.values)]
+    return len(now) == len(snap) and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(now, snap))
+
+
+# -- generate ---------------------------------------------------------------------------------------
+
+
+POLICIES = {
+    "base_only": lambda: core.BaseOnly(),
+    "reason_only": lambda: core.ReasonOnly(),
+    "guided": lambda: core.Guided(tau=2.0, lam=1.0, window=4, budget=0.3),
+    "entropy_gated": lambda: core.EntropyGated(threshold=1.5, budget=0.3),
+    "random": lambda: core.RandomPositions(rate=0.3, seed=1),
+    "early": lambda: core.EarlyOnly(rate=0.25),
+    "forced": lambda: core.Forced({1: 7, 3: "reason"}),
+}
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_generated_metrics_equal_score_of_the_text(pair, name: str) -> None:
+    policy = POLICIES[name]()
+    traces = core.generate(pair, PROMPTS[:2], policy, max_new_tokens=14, temperature=0.9, seed=5, samples=1)
+    ref_cols = list(core.score(pair, PROMPTS[0], "abc").frame().columns)
+    for trace in traces:
+        assert len(trace) == 14 and trace.meta["kind"] == "generate"
+        assert list(trace.frame().columns) == ref_cols  # same per-token columns as score, incl. source
+        assert set(trace.source) <= {"base", "reason", "forced"}
+        assert trace.meta["policy"] == policy.record()
+        assert trace.prompt_ids == pair.prompt_ids(trace.meta["problem"]["prompt"])
+        assert_matches_score(pair, trace)
+    if name != "base_only":
+        assert any((t.source != "base").any() for t in traces)
+
+
+def test_each_model_has_its_own_prompt(pair) -> None:
+    trace = core.generate(pair, PROMPTS[0], max_new_tokens=3)
+    base_text = pair.decode(trace.prompt_ids["base"])
+    reason_text = pair.decode(trace.prompt_ids["reason"])
+    assert base_text == RAW.format(problem=PROMPTS[0])
+    assert reason_text.startswith("<|im_start|>user\n" + PROMPTS[0]) and reason_text.endswith("assistant\n")
+
+
+def test_greedy_is_exact_argmax(pair) -> None:
+    assert_greedy(pair, core.generate(pair, PROMPTS[1], max_new_tokens=12))
+    assert_greedy(pair, core.generate(pair, PROMPTS[0], core.RandomPositions(rate=0.5, seed=3), max_new_tokens=12))
+
+
+def test_sampling_is_seeded_and_reproducible(pair) -> None:
+    run = lambda seed: core.generate(pair, PROMPTS[0], max_new_tokens=16, temperature=1.0, seed=seed)  # noqa: E731
+    a, b, c = run(3), run(3), run(4)
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    assert a.key == b.key and a.key != c.key
+    assert not np.array_equal(a.token_ids, c.token_ids)
+    assert a.meta["sampling"] == {"temperature": 1.0, "top_p": 1.0, "seed": 3, "sample": 0,
+                                  "max_new_tokens": 16, "stop": []}
+
+
+def test_sample_token_rules() -> None:
+    logits = torch.tensor([0.0, 3.0, 2.9, -1.0])
+    assert sample_token(logits, 0.0, 1.0, None) == 1
+    gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    # a tiny nucleus keeps only the top token, whatever the stream says
+    assert {sample_token(logits, 5.0, 0.01, torch.Generator().manual_seed(s)) for s in range(20)} == {1}
+    assert sample_token(logits, 1.0, 1.0, gen()) == sample_token(logits, 1.0, 1.0, gen())
+    draws = [sample_token(logits, 1.0, 0.9, torch.Generator().manual_seed(s)) for s in range(200)]
+    assert set(draws) == {1, 2}  # p = .50/.45/.05(0)/...: the nucleus of 0.9 is {1, 2}
+
+
+def test_stops_on_eos_max_tokens_and_stop_strings(pair) -> None:
+    eos = min(pair.eos_ids)
+    trace = core.generate(pair, PROMPTS, core.Forced({3: eos}), max_new_tokens=10)
+    for t in trace:
+        assert len(t) == 4 and t.token_ids[3] == eos and t.source[3] == "forced"
+    assert len(core.generate(pair, PROMPTS[0], max_new_tokens=7)) == 7
+    full = core.generate(pair, PROMPTS[1], max_new_tokens=24)
+    text_at = [pair.decode(full.token_ids[: i + 1].tolist()) for i in range(len(full))]
+    stop = text_at[9][-3:]  # a string first completed somewhere in the first 10 tokens
+    first = next(i for i, s in enumerate(text_at) if stop in s)
+    stopped = core.generate(pair, PROMPTS[1], max_new_tokens=24, stop=[stop])
+    assert len(stopped) == first + 1
+    np.testing.assert_array_equal(stopped.token_ids, full.token_ids[: first + 1])
+    assert stopped.meta["sampling"]["stop"] == [stop]
+
+
+def test_batched_rows_equal_rows_alone(pair) -> None:
+    lengths = {len(pair.prompt_ids(p)["base"]) for p in PROMPTS}
+    assert len(lengths) == 3  # left padding really happens
+    batch = core.generate(pair, PROMPTS, max_new_tokens=12, samples=2)
+    assert len(batch) == 6 and [t.meta["problem"]["prompt"] for t in batch] == [p for p in PROMPTS for _ in (0, 1)]
+    for i, p in enumerate(PROMPTS):
+        alone = core.generate(pair, p, max_new_tokens=12)
+        for trace in batch[2 * i: 2 * i + 2]:  # greedy: both samples are the same
+            np.testing.assert_array_equal(trace.token_ids, alone.token_ids)
+            assert_matches_score(pair, trace)
+        assert_greedy(pair, batch[2 * i])
+
+
+def _alone(pair, prompt, sample: int, sampling: Sampling, policy=None) -> list[int]:
+    """Run one (prompt, sample) row through the engine by itself."""
+    rows = decoding._rows(pair, [prompt], 1, policy or core.BaseOnly(), sampling, 10, first_sample=sample)
+    decoding._run(pair, rows, policy or core.BaseOnly(), sampling, 10)
+    return rows[0].tokens
+
+
+def test_sampled_rows_are_the_same_alone_or_batched(pair) -> None:
+    """Same seed + sample index -> same tokens. Left padding only perturbs logits by float rounding, so
+    this holds unless a draw lands within ~1e-6 of a cumulative-probability boundary."""
+    batch = core.generate(pair, PROMPTS, max_new_tokens=12, samples=3, temperature=0.8, seed=11)
+    sampling = Sampling(temperature=0.8, seed=11, max_new_tokens=12)
+    for i, p in enumerate(PROMPTS):
+        rows = batch[3 * i: 3 * i + 3]
+        assert [t.meta["sampling"]["sample"] for t in rows] == [0, 1, 2]
+        assert len({tuple(t.token_ids) for t in rows}) > 1  # samples differ from each other
+        for s, trace in enumerate(rows):
+            assert trace.token_ids.tolist() == _alone(pair, p, s, sampling)
+            assert_matches_score(pair, trace)
+
+
+# -- KV caches: nothing is read twice --------------------------------------------------------------
+
+
+def test_lock_step_feeds_one_token_per_model_per_step(pair, monkeypatch) -> None:
+    log = FeedLog(pair, monkeypatch)
+    trace = core.generate(pair, PROMPTS[0], max_new_tokens=10)
+    for side in SIDES:
+        assert log.sizes(side) == [len(trace.prompt_ids[side])] + [1] * 9
+    log.calls.clear()
+    batch = core.generate(pair, PROMPTS, max_new_tokens=6)
+    for side in SIDES:
+        assert log.sizes(side) == [max(len(t.prompt_ids[side]) for t in batch)] + [1] * 5
+
+
+def test_entropy_gated_runs_the_reasoner_lazily(pair, monkeypatch) -> None:
+    log = FeedLog(pair, monkeypatch)
+    policy = core.EntropyGated(threshold=1.5, budget=0.25)
+    trace = core.generate(pair, PROMPTS[1], policy, max_new_tokens=24)
+    n_taken = int((trace.source == "reason").sum())
+    assert 0 < n_taken < len(trace) - 2
+    base, reason = log.sizes("base"), log.sizes("reason")
+    assert base == [len(trace.prompt_ids["base"])] + [1] * (len(trace) - 1)
+    # the reasoner reads every token exactly once, but in fewer, larger catch-up forwards
+    assert sum(reason) == len(trace.prompt_ids["reason"]) + len(trace) - 1
+    assert len(reason) < len(base) and max(reason[1:]) > 1
+    assert_matches_score(pair, trace)  # the skipped positions were filled in afterwards
+
+
+# -- branching --------------------------------------------------------------------------------------
+
+
+def test_branch_takes_the_reasoners_greedy_token(pair) -> None:
+    parent = core.generate(pair, PROMPTS[1], max_new_tokens=14)
+    for pos in (0, 5, 13):
+        child = core.branch(pair, parent, pos)
+        ids = child.token_ids.tolist()
+        assert ids[:pos] == parent.token_ids[:pos].tolist()
+        assert list(child.source[:pos]) == list(parent.source[:pos]) and child.source[pos] == "reason"
+        want = hf_argmax(pair.reason, parent.prompt_ids["reason"] + ids[:pos], pair.vocab_size)
+        assert ids[pos] == want
+        assert_greedy(pair, child)
+        assert child.meta["parent"] == parent.key and child.meta["branch_pos"] == pos
+        assert child.meta["kind"] == "branch" and child.key != parent.key
+        assert child.meta["policy"]["branch"] == {"pos": pos, "token": "reason"}
+        assert len(child) == 14
+        assert_matches_score(pair, child)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_branch_with_the_parents_own_token_reproduces_it(pair, temperature: float) -> None:
+    parent = core.generate(pair, PROMPTS[0], max_new_tokens=16, temperature=temperature, seed=2)
+    for pos in (0, 6):
+        child = core.branch(pair, parent, pos, token=int(parent.token_ids[pos]))
+        np.testing.assert_array_equal(child.token_ids, parent.token_ids)
+        assert child.source[pos] == "forced" and (np.delete(child.source, pos) == "base").all()
+        for name in METRICS:
+            np.testing.assert_allclose(child.metrics[name], parent.metrics[name], atol=ATOL, rtol=RTOL)
+        assert child.meta["sampling"] == parent.meta["sampling"]
+
+
+def test_branch_of_a_later_sample_replays_its_stream(pair) -> None:
+    rows = core.generate(pair, PROMPTS[0], max_new_tokens=12, samples=2, temperature=0.9, seed=4)
+    child = core.branch(pair, rows[1], 5, token=int(rows[1].token_ids[5]))
+    np.testing.assert_array_equal(child.token_ids, rows[1].token_ids)
+
+
+def test_branch_with_and_without_held_caches_agree(pair, monkeypatch) -> None:
+    for temperature in (0.0, 0.9):
+        CACHES.clear()
+        parent = core.generate(pair, PROMPTS[1], max_new_tokens=16, temperature=temperature, seed=9)
+        assert CACHES.get(parent.key) is not None
+        log = FeedLog(pair, monkeypatch)
+        first_new = []
+        warm = core.branch(pair, parent, 9, progress=lambda t, n: first_new.append(len(log.calls)))
+        before_first = log.calls[: first_new[0]]
+        assert sorted(before_first) == [("base", 1), ("reason", 1)]  # cropped caches: one token each
+        assert all(n == 1 for _, n in log.calls)
+        CACHES.clear()
+        log.calls.clear()
+        cold = core.branch(pair, parent, 9)
+        assert sorted(log.calls[:2]) == sorted((s, len(parent.prompt_ids[s]) + 9) for s in SIDES)
+        np.testing.assert_array_equal(warm.token_ids, cold.token_ids)
+        assert list(warm.source) == list(cold.source) and warm.key == cold.key
+        for name in METRICS:
+            np.testing.assert_allclose(warm.metrics[name], cold.metrics[name], atol=ATOL, rtol=RTOL)
+        assert_matches_score(pair, warm)
+
+
+def test_branch_of_a_branch_and_of_a_scored_trace(pair) -> None:
+    parent = core.generate(pair, PROMPTS[0], max_new_tokens=12)
+    child = core.branch(pair, parent, 4)
+    grandchild = core.branch(pair, child, 8, policy=core.EntropyGated(threshold=1.0, budget=0.5))
+    assert grandchild.token_ids[:8].tolist() == child.token_ids[:8].tolist()
+    assert grandchild.meta["parent"] == child.key
+    assert child.source[4] == grandchild.source[4] == "reason"
+    assert_matches_score(pair, grandchild)
+    scored = core.score(pair, PROMPTS[0], "The answer is 5. Wait, check it.")
+    forked = core.branch(pair, scored, 3, max_new_tokens=10)
+    assert forked.token_ids[:3].tolist() == scored.token_ids[:3].tolist() and len(forked) == 10
+    assert_matches_score(pair, forked)
+
+
+def test_guided_branch_sees_the_prefix_history(pair) -> None:
+    """A Guided branch with the parent's own token continues exactly as the Guided parent did (the gate's
+    running mean covers the inherited prefix)."""
+    policy = core.Guided(tau=2.0, lam=1.2, window=3, budget=1.0)
+    parent = core.generate(pair, PROMPTS[1], policy, max_new_tokens=20)
+    pos = 5
+    assert parent.source[pos] == "base" and (parent.source[pos + 1:] == "reason").any()
+    child = core.branch(pair, parent, pos, token=int(parent.token_ids[pos]), policy=policy)
+    np.testing.assert_array_equal(child.token_ids, parent.token_ids)
+    assert list(np.delete(child.source, pos)) == list(np.delete(parent.source, pos))
+
+
+def test_held_caches_are_never_mutated_by_branches(pair) -> None:
+    parent = core.generate(pair, PROMPTS[0], max_new_tokens=12)
+    held = CACHES.get(parent.key)
+    assert held.n_tokens == 11 and held.prompt_len == {s: len(parent.prompt_ids[s]) for s in SIDES}
+    snap = snapshot(held)
+    for pos in (0, 3, 11, 12):
+        core.branch(pair, parent, pos, max_new_tokens=14)
+    assert CACHES.get(parent.key) is held and same_tensors(held, snap)
+
+
+# -- the LRU ----------------------------------------------------------------------------------------
+
+
+def test_cache_lru_is_bounded_in_bytes(pair) -> None:
+    traces = [core.generate(pair, p, max_new_tokens=6) for p in PROMPTS[:2]] + \
+        [core.generate(pair, PROMPTS[0], max_new_tokens=6, seed=1, temperature=0.5)]
+    helds = [CACHES.get(t.key) for t in traces]
+    sizes = [h.nbytes() for h in helds]
+    cfg = pair.base.config
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4  # K and V, float32
+    assert sizes[0] == per_token * sum(len(traces[0].prompt_ids[s]) + 5 for s in SIDES)  # both models
+    lru = CacheLRU(max_bytes=sizes[0] + sizes[1] + sizes[2] - 1)
+    for t, h in zip(traces, helds):
+        lru.put(t.key, h)
+    assert len(lru) == 2 and lru.get(traces[0].key) is None  # the oldest went first
+    assert lru.get(traces[1].key) is helds[1]  # touching it makes traces[2] the oldest
+    lru.put(traces[0].key, helds[0])
+    assert lru.get(traces[2].key) is None and lru.get(traces[1].key) is helds[1]
+    tiny = CacheLRU(max_bytes=1)
+    tiny.put("k", helds[0])
+    assert len(tiny) == 0 and tiny.get("k") is None and tiny.get(None) is None
+
+
+# -- bad input and interruptions ------------------------------------------------------------------
+
+
+def test_bad_input_gives_clear_errors(pair, tiny_dirs) -> None:
+    parent = core.generate(pair, PROMPTS[0], max_new_tokens=6)
+    for pos in (-1, 7, 2.0):
+        with pytest.raises(core.InvalidInputError, match="outside the trace"):
+            core.branch(pair, parent, pos)
+    for token in (-1, pair.vocab_size):
+        with pytest.raises(core.InvalidInputError, match="outside the vocabulary"):
+            core.branch(pair, parent, 2, token=token)
+    with pytest.raises(core.InvalidInputError, match="outside the vocabulary"):
+        core.generate(pair, PROMPTS[0], core.Forced({1: pair.vocab_size + 3}), max_new_tokens=4)
+    for budget in (-0.1, 1.5, float("nan")):
+        with pytest.raises(core.InvalidInputError, match="budget"):
+            core.Guided(budget=budget)
+        with pytest.raises(core.InvalidInputError, match="budget"):
+            core.EntropyGated(budget=budget)
+    for kwargs, match in [({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
+                          ({"max_new_tokens": 0}, "max_new_tokens"), ({"samples": 0}, "samples")]:
+        with pytest.raises(core.InvalidInputError, match=match):
+            core.generate(pair, PROMPTS[0], **{"max_new_tokens": 4, **kwargs})
+    other = core.load_pair(str(tiny_dirs["qwen_base"]), str(tiny_dirs["qwen_reason"]), device="cpu",
+                           dtype="float32", reason_format=RAW)
+    with pytest.raises(core.PairMismatchError, match="different model pair"):
+        core.branch(other, parent, 2)
+    with pytest.raises(core.InvalidInputError, match="max_new_tokens"):
+        core.branch(pair, parent, 6, max_new_tokens=6)
+
+
+class Stop(Exception):
+    pass
+
+
+def _interrupter(at: int, exc: type[BaseException]):
+    def progress(t: int, limit: int) -> None:
+        if t >= at:
+            raise exc()
+    return progress
+
+
+def test_interrupted_generation_leaves_the_lru_intact(pair) -> None:
+    parent = core.generate(pair, PROMPTS[1], max_new_tokens=14, temperature=0.7, seed=1)
+    reference = core.branch(pair, parent, 5)
+    keys = [parent.key, reference.key]
+    helds = [CACHES.get(k) for k in keys]
+    snaps = [snapshot(h) for h in helds]
+    calls = iter(range(100))
+    with pytest.raises(KeyboardInterrupt):
+        core.branch(pair, parent, 3, progress=_interrupter(6, KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        core.generate(pair, PROMPTS[0], max_new_tokens=10, progress=_interrupter(3, KeyboardInterrupt))
+    with pytest.raises(GenerationCancelled):
+        core.branch(pair, parent, 2, should_stop=lambda: next(calls) >= 3)
+    with pytest.raises(GenerationCancelled):
+        core.generate(pair, PROMPTS, max_new_tokens=10, should_stop=lambda: True)
+    with pytest.raises(GenerationCancelled):
+        core.generate(pair, PROMPTS[2], core.EntropyGated(threshold=0.5), max_new_tokens=10,
+                      should_stop=lambda: next(calls) >= 10)
+    assert isinstance(GenerationCancelled("x"), core.ForkpointError)
+    assert len(CACHES) == 2 and [CACHES.get(k) for k in keys] == helds
+    assert all(same_tensors(h, s) for h, s in zip(helds, snaps))
+    again = core.branch(pair, parent, 5)
+    np.testing.assert_array_equal(again.token_ids, reference.token_ids)
+    for name in METRICS:
+        np.testing.assert_allclose(again.metrics[name], reference.metrics[name], atol=ATOL, rtol=RTOL)
+
+
+# -- calibration ------------------------------------------------------------------------------------
+
+
+def test_calibrate_fits_the_gate_on_base_rollouts(pair) -> None:
+    gate = core.calibrate(pair, PROMPTS, ratio=0.1, window=5, max_new_tokens=12, batch_size=2)
+    rollouts = core.generate(pair, PROMPTS, core.BaseOnly(), max_new_tokens=12)
+    pooled = np.concatenate([t.metrics["cross_entropy"].astype(np.float64) for t in rollouts])
+    tau = np.quantile(pooled, 0.9)
+    assert gate.window == 5
+    assert math.isclose(gate.tau, tau, rel_tol=1e-6)
+    assert math.isclose(gate.lam, pooled[pooled > tau].mean() / pooled.mean(), rel_tol=1e-6)
+    with pytest.raises(core.InvalidInputError):
+        core.calibrate(pair, [], ratio=0.1)
+    with pytest.raises(core.InvalidInputError, match="score"):
+        core.calibrate(pair, PROMPTS, score="kll")

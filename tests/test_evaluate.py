@@ -1,0 +1,162 @@
+"""The evaluation harness: pass@k, recovery, sharding, summaries, markdown, and end-to-end runs."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import core
+from core import evaluate as ev
+from core.errors import InvalidInputError
+
+
+# -- pure maths --------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_pass_at_k_matches_subset_enumeration(nck):
+    n, c, k = nck
+    outcomes = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    brute = sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+    assert ev.pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12)
+
+
+def test_pass_at_k_hand_values_and_errors():
+    assert ev.pass_at_k(8, 0, 8) == 0.0
+    assert ev.pass_at_k(8, 1, 8) == 1.0
+    assert ev.pass_at_k(4, 1, 1) == 0.25
+    assert ev.pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)
+    with pytest.raises(InvalidInputError):
+        ev.pass_at_k(3, 4, 1)
+    with pytest.raises(InvalidInputError):
+        ev.pass_at_k(3, 1, 4)
+
+
+def test_recovery():
+    assert ev.recovery(0.7, 0.4, 0.9) == pytest.approx(0.6)
+    assert ev.recovery(0.4, 0.4, 0.9) == 0.0
+    assert ev.recovery(1.0, 0.4, 0.9) == pytest.approx(1.2)
+    assert math.isnan(ev.recovery(0.5, 0.5, 0.5))
+
+
+@given(st.integers(0, 40), st.integers(1, 7))
+def test_shards_are_disjoint_and_cover(n_items, n):
+    items = list(range(n_items))
+    parts = [ev.shard_of(items, (i, n)) for i in range(n)]
+    assert sorted(itertools.chain.from_iterable(parts)) == items
+    assert parts == [ev.shard_of(items, (i, n)) for i in range(n)]  # deterministic
+    assert ev.shard_of(items, None) == items
+
+
+def test_bad_shard_is_rejected():
+    with pytest.raises(InvalidInputError, match="shard"):
+        ev.shard_of([1, 2], (2, 2))
+
+
+def _records(rows):
+    return pd.DataFrame(rows, columns=["benchmark", "policy", "problem", "index", "sample", "correct", "tokens",
+                                       "taken", "key"])
+
+
+def test_summarise_hand_computed():
+    rows = []
+    # base: problem 0 right in 1 of 2 samples, problem 1 never; 10 tokens each, nothing taken over
+    for idx, oks in ((0, (True, False)), (1, (False, False))):
+        for s, ok in enumerate(oks):
+            rows.append(["b", "base", f"p{idx}", idx, s, ok, 10, 0, None])
+    # reason: everything right, 20 tokens each, all taken over
+    for idx in (0, 1):
+        for s in (0, 1):
+            rows.append(["b", "reason", f"p{idx}", idx, s, True, 20, 20, None])
+    # guided: problem 0 right twice, problem 1 right once; 10 tokens, 1 taken
+    for idx, oks in ((0, (True, True)), (1, (True, False))):
+        for s, ok in enumerate(oks):
+            rows.append(["b", "guided", f"p{idx}", idx, s, ok, 10, 1, None])
+    out = ev.summarise(_records(rows)).set_index("policy")
+    assert out.loc["base", "accuracy"] == 0.25 and out.loc["base", "pass@k"] == 0.5 and out.loc["base", "k"] == 2
+    assert out.loc["reason", "rho"] == 1.0 and out.loc["base", "rho"] == 0.0
+    assert out.loc["guided", "rho"] == pytest.approx(0.1)
+    assert out.loc["guided", "accuracy"] == 0.75
+    assert out.loc["guided", "recovery"] == pytest.approx((0.75 - 0.25) / (1 - 0.25))
+    assert out.loc["guided", "recovery@k"] == pytest.approx((1.0 - 0.5) / (1 - 0.5))
+    assert out.loc["reason", "recovery"] == pytest.approx(1.0) and out.loc["base", "recovery"] == 0.0
+    one = ev.summarise(_records(rows), k=1).set_index("policy")
+    assert one.loc["guided", "pass@k"] == one.loc["guided", "accuracy"]
+    with pytest.raises(InvalidInputError, match="pass@3"):
+        ev.summarise(_records(rows), k=3)
+
+
+def test_markdown_table():
+    frame = pd.DataFrame([
+        {"benchmark": "a", "policy": "base", "accuracy": 0.5, "rho": 0.0, "recovery": 0.0},
+        {"benchmark": "a", "policy": "x|y", "accuracy": 0.25, "rho": 0.1, "recovery": float("nan")},
+    ])
+    md = ev.to_markdown(frame, columns=["accuracy", "recovery"]).splitlines()
+    assert md[0] == "| policy | accuracy | recovery |"
+    assert md[2] == "| base | 0.500 | 0.000 |"
+    assert md[3] == "| x\\|y | 0.250 | – |"
+    two = pd.concat([frame, frame.assign(benchmark="b", accuracy=[0.9, 0.8])])
+    md2 = ev.to_markdown(two, columns=["accuracy"]).splitlines()
+    assert md2[0] == "| policy | a: accuracy | b: accuracy |"
+    assert md2[3] == "| x\\|y | 0.250 | 0.800 |"
+
+
+# -- end to end on a tiny random pair ----------------------------------------------------------
+class CountingStore:
+    """A minimal in-memory store that counts writes."""
+
+    def __init__(self):
+        self.traces, self.puts = {}, 0
+
+    def __contains__(self, key):
+        return key in self.traces
+
+    def get(self, key):
+        return self.traces[key]
+
+    def put(self, trace):
+        self.puts += 1
+        self.traces[trace.key] = trace
+        return trace.key
+
+
+PROBLEMS = [{"id": f"q{i}", "prompt": f"What is {i} + {i}?", "gold": str(2 * i)} for i in range(5)]
+
+
+def test_evaluate_runs_stores_and_reuses(qwen_pair):
+    store = CountingStore()
+    policies = {"early": core.EarlyOnly(rate=0.25), "random": core.RandomPositions(rate=0.5, seed=1)}
+    first = ev.evaluate(qwen_pair, PROBLEMS, policies, store=store, max_new_tokens=8, batch_size=2)
+    assert list(first["policy"]) == ["base", "reason", "early", "random"]
+    assert store.puts == 4 * len(PROBLEMS)
+    assert all(t.meta["correct"] is not None for t in store.traces.values())
+    out = first.set_index("policy")
+    assert out.loc["base", "rho"] == 0.0 and out.loc["reason", "rho"] == 1.0
+    records = ev.run_records(qwen_pair, PROBLEMS, {"early": core.EarlyOnly(rate=0.25)}, store=store,
+                             max_new_tokens=8, batch_size=2)
+    assert (records["taken"] == np.minimum(2, records["tokens"])).all()  # ceil(0.25 · 8) = 2
+    again = ev.evaluate(qwen_pair, PROBLEMS, policies, store=store, max_new_tokens=8, batch_size=3)
+    assert store.puts == 4 * len(PROBLEMS)  # nothing regenerated
+    pd.testing.assert_frame_equal(first, again)
+    parts = [ev.run_records(qwen_pair, PROBLEMS, {"random": policies["random"]}, store=store, max_new_tokens=8,
+                            shard=(i, 2)) for i in range(2)]
+    assert sorted(pd.concat(parts)["problem"]) == sorted(p["id"] for p in PROBLEMS)
+    assert store.puts == 4 * len(PROBLEMS)
+
+
+def test_grades_match_an_independent_check(qwen_pair):
+    from core.grading import extract_answer
+
+    forced_right = {"id": "f", "prompt": "Say four.", "gold": "4"}
+    ids = qwen_pair.encode(" \\boxed{4}")
+    policy = core.Forced(at=dict(enumerate(ids)))
+    rec = ev.run_records(qwen_pair, [forced_right, {**forced_right, "id": "g", "gold": "5"}], {"forced": policy},
+                         max_new_tokens=len(ids))
+    assert list(rec["correct"]) == [True, False]
+    assert extract_answer(" \\boxed{4}") == "4"

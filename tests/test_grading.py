@@ -1,0 +1,253 @@
+"""Tests for core.grading: answer extraction, math-verify checking, garbage, threads, the worker."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core import grading
+from core.errors import ForkpointError, InvalidInputError
+from core.grading import check_answer, extract_answer, grade, last_boxed, normalize_answer
+
+# -- extraction -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"so \boxed{42}.", "42"),
+        (r"\boxed{1} then \boxed{2}", "2"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        (r"\boxed{\frac{\sqrt{a^{2}+b^{2}}}{2}} done", r"\frac{\sqrt{a^{2}+b^{2}}}{2}"),
+        (r"\boxed{\{1,2\}}", r"\{1,2\}"),  # escaped braces do not count
+        (r"\boxed{ 7 }", "7"),
+        (r"\boxed {7}", "7"),
+        (r"\fbox{9}", "9"),
+        (r"the value \boxed 5 here", "5"),
+        (r"\boxed{3} and later \boxed{4", "3"),  # a truncated last box falls back to the complete one
+        (r"\boxed{", None),
+        (r"\boxedx{3}", None),
+        ("", None),
+        ("no box", None),
+    ],
+)
+def test_last_boxed(text: str, expected: str | None) -> None:
+    assert last_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"The answer is 5. But \boxed{6}.", "6"),  # boxed wins over text
+        ("She has 3 + 4 = 7 apples.\n#### 7", "7"),
+        ("#### 12\nThe answer is 13", "12"),  # GSM8K marker beats phrases
+        ("The answer is 12. Next we rest.", "12"),
+        ("The answer is 3.5 hours.", "3.5 hours"),
+        ("The final answer is $\\frac{1}{2}$. I hope it is correct.", "$\\frac{1}{2}$"),
+        ("Answer: 42\n", "42"),
+        ("answer is 1\nthe answer is 2\nanswer: 3", "3"),  # the last one
+        ("The answer is 4\nAnswer: \n", "4"),  # an empty capture does not count
+        ("x = 3 + 4 = 7", None),  # no last-number fallback by default
+        ("", None),
+    ],
+)
+def test_extract_answer(text: str, expected: str | None) -> None:
+    assert extract_answer(text) == expected
+
+
+def test_last_number_fallback_is_opt_in() -> None:
+    assert extract_answer("x = 3 + 4 = 7") is None
+    assert extract_answer("x = 3 + 4 = 7", last_number=True) == "7"
+    assert extract_answer("total 1,250.5 then -3", last_number=True) == "-3"
+    assert extract_answer("no digits", last_number=True) is None
+    assert grade("so 2 + 2 = 4", "4") is False
+    assert grade("so 2 + 2 = 4", "4", last_number=True) is True
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("$5$", "5"),
+        ("\\(x+1\\)", "x+1"),
+        ("**12**.", "12"),
+        ("18 dollars", "18"),
+        ("$18", "18"),
+        ("1,000 apples", "1,000"),
+        ("5, which is odd", "5"),
+        ("\u22125", "-5"),
+        ("2 pi", "2 pi"),  # not a unit: left for math-verify
+        ("\\frac{1}{2}", "\\frac{1}{2}"),
+    ],
+)
+def test_normalize_answer(raw: str, expected: str) -> None:
+    assert normalize_answer(raw) == expected
+
+
+# -- checking -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "response, gold",
+    [
+        (r"\boxed{\frac{1}{2}}", "0.5"),
+        (r"\boxed{0.5}", r"\frac{1}{2}"),
+        (r"\boxed{1/2}", r"\frac12"),
+        (r"\boxed{\dfrac{1}{2}}", "1/2"),
+        (r"\boxed{\frac{\sqrt{2}}{2}}", r"\frac{1}{\sqrt{2}}"),
+        (r"\boxed{1,000}", "1000"),
+        (r"\boxed{x = 3}", "3"),
+        (r"\boxed{42.0}", "42"),
+        (r"\boxed{\{1, 2\}}", r"\{2, 1\}"),
+        ("The answer is 18 dollars.", "18"),
+        ("The answer is $18.", "18"),
+        ("#### 72", "72"),
+        ("The answer is \u22125.", "-5"),
+    ],
+)
+def test_equivalent_answers_are_right(response: str, gold: str) -> None:
+    assert grade(response, gold) is True
+
+
+@pytest.mark.parametrize(
+    "response, gold",
+    [
+        (r"\boxed{0.333}", r"\frac13"),
+        (r"\boxed{5}", "-5"),
+        (r"\boxed{42.5}", "42"),
+        (r"\boxed{\frac{1}{0}}", "1"),
+        (r"\boxed{hello}", "42"),
+        (r"\boxed{}", "1"),
+        ("no answer here 42", "42"),
+        ("The answer is 1} \\boxed{42", "42"),  # cannot escape the \boxed{} wrapper
+    ],
+)
+def test_wrong_or_unparseable_answers_are_wrong(response: str, gold: str) -> None:
+    assert grade(response, gold) is False
+
+
+@pytest.mark.parametrize("answer", ["1} \\boxed{42", "42} \\boxed{1", "42}{", "{42"])
+def test_unbalanced_braces_cannot_escape_the_wrapper(answer: str) -> None:
+    assert check_answer(answer, "42") is False
+
+
+def test_gold_and_timeout_are_validated() -> None:
+    with pytest.raises(InvalidInputError, match="gold"):
+        grade(r"\boxed{1}", None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="gold"):
+        grade(r"\boxed{1}", "  ")
+    with pytest.raises(InvalidInputError, match="timeout_s"):
+        grade(r"\boxed{1}", "1", timeout_s=0)
+    assert check_answer(None, "1") is False
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=80))
+def test_garbage_never_raises(text: str) -> None:
+    assert grade(text, "7", timeout_s=1) in (True, False)
+    assert grade("\\boxed{" + text + "}", "7", timeout_s=1) in (True, False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(-10**6, 10**6), st.integers(1, 50))
+def test_fractions_against_exact_arithmetic(num: int, den: int) -> None:
+    from fractions import Fraction
+
+    value = Fraction(num, den)
+    gold = str(value.numerator) if value.denominator == 1 else f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+    assert grade(f"\\boxed{{\\frac{{{num}}}{{{den}}}}}", gold) is True
+    assert grade(f"\\boxed{{\\frac{{{num + 1}}}{{{den}}}}}", gold) is False
+
+
+def test_unicode_answers() -> None:
+    assert grade("Réponse finale : \\boxed{12} ✓", "12") is True
+    assert grade("The answer is ٤٢", "42") is False  # not crashing is the point
+    assert grade("\\boxed{½}", "0.5") in (True, False)
+    assert grade("\\boxed{\U0001F600}", "1") is False
+
+
+def test_pathological_answer_times_out_on_main_thread() -> None:
+    start = time.monotonic()
+    assert grade(r"\boxed{9^{9^{9}}}", "5", timeout_s=1) is False
+    assert time.monotonic() - start < 10
+
+
+def test_outer_interval_timer_survives_grading() -> None:
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *a: fired.append(1))
+    signal.setitimer(signal.ITIMER_REAL, 30.0)
+    try:
+        assert grade(r"\boxed{2}", "2") is True
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert 0 < left <= 30.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert not fired
+
+
+# -- off the main thread ----------------------------------------------------------------------------
+
+
+def run_in_thread(fn, *args, **kwargs):
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            box["error"] = exc
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def test_grading_from_threads_matches_main_thread() -> None:
+    cases = [(r"\boxed{\frac{1}{2}}", "0.5"), (r"\boxed{3}", "4"), ("#### 1,000", "1000"), ("junk", "1")]
+    expected = [grade(r, g) for r, g in cases]
+    assert expected == [True, False, True, False]
+    assert run_in_thread(lambda: [grade(r, g) for r, g in cases]) == expected
+    assert grading._WORKER.proc is not None and grading._WORKER.proc.poll() is None  # it went through the worker
+    # several threads at once share the worker
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda: results.append(grade(r"\boxed{0.25}", r"\frac14"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results == [True] * 4
+
+
+def test_pathological_answer_in_a_thread_is_bounded() -> None:
+    start = time.monotonic()
+    assert run_in_thread(grade, r"\boxed{9^{9^{9}}}", "5", timeout_s=1) is False
+    assert time.monotonic() - start < 30
+    assert run_in_thread(grade, r"\boxed{5}", "5") is True  # the worker still answers
+
+
+def test_worker_is_killed_when_it_overruns() -> None:
+    hang = "import sys, time; print('{\"ready\": true}', flush=True); sys.stdin.readline(); time.sleep(60)"
+    worker = grading._Worker([sys.executable, "-c", hang], deadline_factor=0, deadline_slack_s=0.5)
+    try:
+        start = time.monotonic()
+        assert worker.check("1", "1", 1) is False
+        assert time.monotonic() - start < 5
+        assert worker.proc is None
+    finally:
+        worker.stop()
+
+
+def test_worker_that_cannot_start_says_why() -> None:
+    worker = grading._Worker([sys.executable, "-c", "import sys; sys.stderr.write('no math here'); sys.exit(3)"])
+    with pytest.raises(ForkpointError, match="no math here"):
+        worker.check("1", "1", 1)

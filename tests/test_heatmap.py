@@ -1,0 +1,222 @@
+"""core.heatmap: colour scales against hand values, escaping of model text, markers, speed."""
+
+from __future__ import annotations
+
+import html
+import time
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.errors import InvalidInputError
+from core.heatmap import (
+    NAN_COLOUR,
+    SCALES,
+    colour_scale,
+    heatmap_css,
+    legend_html,
+    normalise,
+    tag_colour,
+    token_payload,
+    token_tips,
+    tokens_html,
+)
+from fakes import fake_decode, make_trace
+
+EVIL = "Hi <script>alert(1)</script> & <img src=x onerror=alert(1)> \"quoted\" 'single'\nnext"
+
+
+class Spans(HTMLParser):
+    """Collects every token span: attributes (unescaped by the parser) and its visible text."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.spans: list[dict] = []
+        self.segments: list[str] = []
+        self._depth = 0  # depth inside the current token span
+        self.tags_seen: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags_seen.append(tag)
+        attrs = dict(attrs)
+        if self._depth:
+            self._depth += tag == "span"
+            if tag == "br":
+                self.spans[-1]["text"] += "<br>"
+            return
+        if tag == "span" and "tok" in (attrs.get("class") or "").split() and "data-pos" in attrs:
+            self.spans.append({**attrs, "text": ""})
+            self._depth = 1
+        if tag == "div" and "seg" in (attrs.get("class") or "").split():
+            self.segments.append(attrs["data-seg"])
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if tag == "span" and self._depth:
+            self._depth -= 1
+
+    def handle_endtag(self, tag):
+        if self._depth and tag == "span":
+            self._depth -= 1
+
+    def handle_data(self, data):
+        if self._depth:
+            self.spans[-1]["text"] += data
+
+
+def parse(fragment: str) -> Spans:
+    parser = Spans()
+    parser.feed(fragment)
+    parser.close()
+    return parser
+
+
+# -- colour scales ---------------------------------------------------------------------------------
+
+
+def test_linear_hand_values():
+    colours = colour_scale([0.0, 1.0, 2.0, np.nan, np.inf])
+    assert colours[0] == "#ffffff" and colours[2] == "#dc2626"  # the scale's two ends
+    assert colours[3] == NAN_COLOUR and colours[4] == NAN_COLOUR
+    assert colours[1] == "#fdb974"  # the midpoint stop (253, 186, 116), up to LUT rounding of one step
+    np.testing.assert_allclose(normalise([2.0, 3.0, 4.0, 10.0], vmin=2.0, vmax=4.0), [0.0, 0.5, 1.0, 1.0])
+    np.testing.assert_allclose(normalise([5.0, 5.0]), [0.0, 0.0])  # a constant row: no division by zero
+    assert colour_scale([]) == []
+
+
+def test_log_and_rank_hand_values():
+    u = normalise([0.0, 1.0, 100.0], scale="log")
+    np.testing.assert_allclose(u, [0.0, np.log1p(99 * 0.01) / np.log(100), 1.0])
+    np.testing.assert_allclose(normalise([30.0, 10.0, 20.0, 20.0], scale="rank"), [1.0, 0.0, 0.5, 0.5])
+    np.testing.assert_allclose(normalise([np.nan, 7.0], scale="rank"), [np.nan, 0.0])
+
+
+def test_unknown_scale_lists_choices():
+    with pytest.raises(InvalidInputError, match="linear, log, rank"):
+        colour_scale([1.0], scale="sqrt")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=60),
+    st.sampled_from(SCALES),
+)
+def test_colour_is_monotone_in_value(values, scale):
+    u = normalise(values, scale=scale)
+    assert np.all((u >= 0) & (u <= 1))
+    order = np.argsort(values, kind="stable")
+    assert np.all(np.diff(u[order]) >= -1e-12)  # larger value, never a lighter colour
+    if scale == "rank":  # invariant under any increasing transform
+        np.testing.assert_allclose(u, normalise(np.arctan(np.asarray(values) / 1e3), scale="rank"))
+
+
+# -- token spans --------------------------------------------------------------------------------------
+
+
+def test_one_span_per_token_in_order_with_escaped_text():
+    trace = make_trace(text=EVIL, seed=3)
+    out = tokens_html(trace, decode=fake_decode)
+    assert "<script>" not in out and "<img" not in out
+    spans = parse(out).spans
+    assert [int(s["data-pos"]) for s in spans] == list(range(len(trace)))
+    shown = "".join(s["text"] for s in spans)
+    assert shown == trace.text.replace("\n", "↵<br>")  # newlines visible and line-broken
+    assert "<br>" in out and "↵" in out
+
+
+def test_markers_match_annotations():
+    trace = make_trace(60, seed=7, annotate=True)
+    spans = parse(tokens_html(trace, selected=5)).spans
+    classes = [set(s["class"].split()) for s in spans]
+    assert [i for i, c in enumerate(classes) if "spike" in c] == trace.annotations["spikes"]["positions"]
+    assert [i for i, c in enumerate(classes) if "sel" in c] == [5]
+    assert [i for i, c in enumerate(classes) if "src-reason" in c] == [
+        i for i, s in enumerate(trace.source) if s == "reason"
+    ]
+    assert [i for i, c in enumerate(classes) if "src-forced" in c] == [20]  # make_trace forces n // 3
+    planning = [i for i, t in enumerate(trace.annotations["tags"]) if t == "planning"]
+    assert planning and [i for i, c in enumerate(classes) if "tag" in c] == planning
+    assert all(s["data-tag"] == "planning" for s in spans if "data-tag" in s)
+    # explicit arguments override the layers; show_source=False hides the markers
+    spans = parse(tokens_html(trace, spikes=[1, 2], tags=[""] * 60, show_source=False)).spans
+    classes = [set(s["class"].split()) for s in spans]
+    assert [i for i, c in enumerate(classes) if "spike" in c] == [1, 2]
+    assert not any({"tag", "src-reason", "src-forced"} & c for c in classes)
+
+
+def test_background_follows_score():
+    trace = make_trace(40, seed=2)
+    for score in ("cross_entropy", "jsd", "delta_logp"):
+        spans = parse(tokens_html(trace, score=score, tips=False)).spans
+        backgrounds = [s["style"].split(";")[0].removeprefix("background:") for s in spans]
+        from core.divergence import score_values
+
+        assert backgrounds == colour_scale(score_values(trace.metrics, score))
+    with pytest.raises(InvalidInputError, match="cross_entropy"):
+        tokens_html(trace, score="kll")
+
+
+def test_segments_are_marked():
+    trace = make_trace(30, seed=1, annotate=True)
+    parsed = parse(tokens_html(trace))
+    assert parsed.segments == ["think", "answer"]
+    out = tokens_html(trace)
+    assert out.index('data-seg="answer"') > out.index('data-pos="19"') and out.index('data-seg="answer"') < out.index(
+        'data-pos="20"'
+    )
+    with pytest.raises(InvalidInputError, match="tags has 3 entries for 30 tokens"):
+        tokens_html(trace, tags=["a", "b", "c"])
+
+
+def test_tips_carry_both_models_topk_escaped():
+    trace = make_trace(12, seed=4, k=5)
+    evil_decode = lambda i: f"<b>{i}</b>\"'&"  # noqa: E731
+    out = tokens_html(trace, decode=evil_decode)
+    assert "<b>" not in out
+    spans = parse(out).spans
+    tips = token_tips(trace, decode=evil_decode)
+    for i, span in enumerate(spans):
+        tip = span["data-tip"]  # the parser unescapes attributes: this is what the user sees
+        assert tip == tips[i]
+        for side in ("base", "reason"):
+            top_id = int(trace.topk[side][0][i, 0])
+            assert repr(evil_decode(top_id)) in tip
+            assert f"{float(trace.topk[side][1][i, 0]):.3f}" in tip
+        assert f"{trace.metrics['entropy_base'][i]:.3f}" in tip and f"{trace.metrics['kl_base_reason'][i]:.3f}" in tip
+        assert f"(rank {int(trace.metrics['rank_base'][i])})" in tip
+    # without a decoder, ids are shown
+    assert f"#{int(trace.topk['reason'][0][0, 0])}" in token_tips(trace)[0]
+    assert "data-tip" not in tokens_html(trace, tips=False)
+
+
+def test_payload_is_json_ready():
+    import json
+
+    trace = make_trace(6, seed=5, k=3)
+    payload = token_payload(trace, decode=fake_decode)
+    json.dumps(payload, allow_nan=False)
+    assert [p["pos"] for p in payload] == list(range(6))
+    assert payload[2]["top_reason"][0]["id"] == int(trace.topk["reason"][0][2, 0])
+    assert payload[2]["top_reason"][0]["text"] == fake_decode(int(trace.topk["reason"][0][2, 0]))
+    assert payload[2]["cross_entropy"] == pytest.approx(trace.metrics["cross_entropy"][2])
+
+
+def test_legend_and_tag_colours():
+    legend = legend_html(["planning", "", None, "<b>odd</b>", "planning"])
+    assert "<b>odd</b>" not in legend and html.escape("<b>odd</b>") in legend
+    assert legend.count("planning") == 1 and "spike" in legend and "reasoner" in legend
+    assert tag_colour("execution") is None and tag_colour(None) is None
+    assert tag_colour("planning") == tag_colour("Planning") and tag_colour("weird") == tag_colour("weird")
+    assert ".fp-heatmap" in heatmap_css() and "url(" not in heatmap_css()
+
+
+def test_4096_tokens_render_fast():
+    trace = make_trace(4096, seed=11, k=10, annotate=True)
+    start = time.process_time()
+    out = tokens_html(trace, decode=fake_decode)
+    elapsed = time.process_time() - start
+    assert out.count('class="tok') == 4096
+    assert elapsed < 2.0, f"4096 tokens took {elapsed:.2f} s of CPU"

@@ -1,0 +1,255 @@
+"""core.models: loading pairs, the shared-vocabulary check, devices and dtypes, prompt formats."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import core
+from core.forward import head
+from core.models import DEFAULT_BASE_FORMAT, PromptFormat, check_same_vocabulary, resolve_device, resolve_dtype
+from core.tiny import build_tiny_model, train_tokenizer
+
+PROBLEM = "What is 3 * 4?"
+RESPONSE = "3 * 4 = 12. The answer is 12."
+TINY = {"hidden": 64, "layers": 2}  # as in conftest
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="'auto' picks CUDA on this machine")
+
+
+# -- loading -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("pair_name", "arch"), [("qwen_pair", "qwen3"), ("llama_pair", "llama")])
+def test_load_pair_from_local_dirs(request, tiny_dirs, tiny_tokenizer, pair_name: str, arch: str) -> None:
+    pair = request.getfixturevalue(pair_name)
+    prefix = pair_name.split("_")[0]
+    assert isinstance(pair, core.ModelPair)
+    assert pair.base.config.model_type == pair.reason.config.model_type == arch
+    assert pair.base is not pair.reason
+    assert pair.vocab_size == len(tiny_tokenizer) == len(pair.tokenizer)
+    assert pair.device == torch.device("cpu") and pair.dtype == torch.float32
+    assert not pair.base.training and not any(p.requires_grad for p in pair.reason.parameters())
+    assert pair.specs["base"].id == str(tiny_dirs[f"{prefix}_base"])
+    assert pair.specs["reason"].id == str(tiny_dirs[f"{prefix}_reason"])
+    assert pair.formats["base"].spec == DEFAULT_BASE_FORMAT
+    assert pair.formats["reason"].spec == "chat"  # the tokenizer has a chat template
+    assert tiny_tokenizer.convert_tokens_to_ids("<|endoftext|>") in pair.eos_ids
+    spec = pair.spec()
+    assert spec["dtype"] == "float32" and spec["device"] == "cpu" and spec["vocab_size"] == pair.vocab_size
+    json.dumps(spec)  # part of every trace's meta: must be plain JSON
+    json.dumps(pair.fingerprint())
+    assert pair.decode(pair.encode(RESPONSE)) == RESPONSE
+    # different random weights: the two models really disagree
+    assert not torch.equal(pair.base.get_output_embeddings().weight, pair.reason.get_output_embeddings().weight)
+
+
+def test_missing_path_is_a_clear_error(tmp_path) -> None:
+    missing = tmp_path / "no_such_model"
+    with pytest.raises(core.ModelLoadError) as err:
+        core.load_pair(str(missing), str(missing), device="cpu")
+    message = str(err.value)
+    assert str(missing) in message and "does not exist" in message
+    assert "\n" not in message and "Traceback" not in message
+
+
+def test_directory_without_a_model_is_a_load_error(tmp_path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(core.ModelLoadError, match="empty"):
+        core.load_pair(str(tmp_path / "empty"), str(tmp_path / "empty"), device="cpu")
+
+
+def test_unknown_hub_id_offline(monkeypatch, tmp_path) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once at import time
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    with pytest.raises(core.ModelLoadError) as err:
+        core.load_pair("forkpoint-tests/no-such-model", "forkpoint-tests/no-such-model", device="cpu")
+    message = str(err.value)
+    assert "forkpoint-tests/no-such-model" in message
+    assert "\n" not in message
+
+
+def test_trust_remote_code_defaults_to_false(monkeypatch, tiny_dirs) -> None:
+    import transformers
+
+    seen: list[tuple[str, object]] = []
+    for cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
+        original = cls.from_pretrained
+
+        def spy(*args, _original=original, _name=cls.__name__, **kwargs):
+            seen.append((_name, kwargs.get("trust_remote_code", "<missing>")))
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", spy)
+    core.load_pair(str(tiny_dirs["qwen_base"]), str(tiny_dirs["qwen_reason"]), device="cpu")
+    assert len(seen) == 4
+    assert all(value is False for _, value in seen), seen
+    seen.clear()
+    core.load_pair(str(tiny_dirs["qwen_base"]), str(tiny_dirs["qwen_reason"]), device="cpu", trust_remote_code=True)
+    assert all(value is True for _, value in seen), seen
+
+
+# -- the shared vocabulary ----------------------------------------------------------------------------
+
+
+def test_mismatched_tokenizers_are_rejected(tmp_path, tiny_dirs) -> None:
+    other = train_tokenizer(["Completely different words: zebra quantum xylophone jazz."] * 3, vocab_size=300)
+    odd_dir = build_tiny_model(tmp_path / "odd", other, "qwen3", seed=5, **TINY)
+    with pytest.raises(core.VocabularyMismatchError) as err:
+        core.load_pair(str(tiny_dirs["qwen_base"]), str(odd_dir), device="cpu")
+    message = str(err.value)
+    assert "base" in message and "reason" in message
+    assert "first differences" in message and "id " in message
+    by_id_a = {i: s for s, i in train_tokenizer().get_vocab().items()}
+    by_id_b = {i: s for s, i in other.get_vocab().items()}
+    first = min(i for i in set(by_id_a) | set(by_id_b) if by_id_a.get(i) != by_id_b.get(i))
+    assert f"id {first}: {by_id_a.get(first)!r} vs {by_id_b.get(first)!r}" in message
+
+
+def test_same_size_different_vocabulary_is_caught(tiny_tokenizer) -> None:
+    a = copy.deepcopy(tiny_tokenizer)
+    b = copy.deepcopy(tiny_tokenizer)
+    a.add_tokens(["<forkpoint_a>"])
+    b.add_tokens(["<forkpoint_b>"])
+    assert len(a) == len(b)
+    with pytest.raises(core.VocabularyMismatchError) as err:
+        check_same_vocabulary(a, b)
+    message = str(err.value)
+    assert "'<forkpoint_a>'" in message and "'<forkpoint_b>'" in message
+    assert str(len(tiny_tokenizer)) in message  # the id where they differ
+
+
+def test_swapped_ids_are_caught() -> None:
+    """Same strings, same size, different ids: still a mismatch."""
+
+    class Vocab:
+        all_special_tokens: list[str] = []
+
+        def __init__(self, vocab: dict[str, int]) -> None:
+            self.vocab = vocab
+
+        def get_vocab(self) -> dict[str, int]:
+            return dict(self.vocab)
+
+    with pytest.raises(core.VocabularyMismatchError, match="id 0: 'x' vs 'y'"):
+        check_same_vocabulary(Vocab({"x": 0, "y": 1}), Vocab({"x": 1, "y": 0}))
+    check_same_vocabulary(Vocab({"x": 0, "y": 1}), Vocab({"y": 1, "x": 0}))  # equal: no error
+
+
+def test_identical_tokenizers_pass(tiny_tokenizer) -> None:
+    check_same_vocabulary(tiny_tokenizer, copy.deepcopy(tiny_tokenizer))
+
+
+def test_padded_embedding_logits_are_truncated(llama_pair) -> None:
+    rows = llama_pair.base.get_output_embeddings().weight.shape[0]
+    assert rows > llama_pair.vocab_size  # conftest pads the Llama embedding past the tokenizer
+    # Make the padding rows win every softmax: if they leaked into the metrics, nothing below would hold.
+    poisoned = {side: copy.deepcopy(llama_pair.model(side)) for side in ("base", "reason")}
+    for model in poisoned.values():
+        with torch.no_grad():
+            model.get_output_embeddings().weight[llama_pair.vocab_size :] = 50.0
+    pair = dataclasses.replace(llama_pair, base=poisoned["base"], reason=poisoned["reason"])
+    clean = core.score(llama_pair, PROBLEM, RESPONSE)
+    trace = core.score(pair, PROBLEM, RESPONSE)
+    for side in ("base", "reason"):
+        assert (trace.topk[side][0] < pair.vocab_size).all()
+        np.testing.assert_allclose(trace.topk[side][1].sum(-1), clean.topk[side][1].sum(-1), atol=1e-6)
+    for name in core.METRICS:
+        np.testing.assert_array_equal(trace.metrics[name], clean.metrics[name])
+    hidden = torch.randn(3, pair.base.config.hidden_size)
+    assert head(pair.base, hidden, pair.vocab_size).shape == (3, pair.vocab_size)
+
+
+def test_output_layer_smaller_than_tokenizer_is_rejected(tmp_path, tiny_dirs, tiny_tokenizer) -> None:
+    small = build_tiny_model(tmp_path / "small", tiny_tokenizer, "qwen3", seed=7, pad_vocab_to=len(tiny_tokenizer) - 10,
+                             **TINY)
+    with pytest.raises(core.VocabularyMismatchError, match=f"{len(tiny_tokenizer) - 10} rows"):
+        core.load_pair(str(tiny_dirs["qwen_base"]), str(small), device="cpu")
+
+
+# -- devices, dtypes, formats -------------------------------------------------------------------------------
+
+
+@needs_no_cuda
+def test_auto_device_is_cpu_float32_here(tiny_dirs) -> None:
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    pair = core.load_pair(str(tiny_dirs["qwen_base"]), str(tiny_dirs["qwen_reason"]))
+    assert pair.device.type == "cpu" and pair.dtype == torch.float32
+    assert next(pair.base.parameters()).dtype == torch.float32
+
+
+def test_auto_dtype_is_bfloat16_on_cuda() -> None:
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
+    assert resolve_dtype(torch.float64, torch.device("cpu")) == torch.float64
+
+
+def test_bad_dtype_lists_choices(tiny_dirs) -> None:
+    with pytest.raises(core.InvalidInputError) as err:
+        core.load_pair(str(tiny_dirs["qwen_base"]), str(tiny_dirs["qwen_reason"]), device="cpu", dtype="fp17")
+    message = str(err.value)
+    assert "'fp17'" in message
+    for choice in ("auto", "float32", "bfloat16", "float16"):
+        assert choice in message
+
+
+@pytest.mark.parametrize("device", ["gpu", "tpu:0", "", "cuda:x"])
+def test_bad_device_lists_choices(tiny_dirs, device: str) -> None:
+    with pytest.raises(core.InvalidInputError) as err:
+        core.load_pair(str(tiny_dirs["qwen_base"]), str(tiny_dirs["qwen_reason"]), device=device)
+    message = str(err.value)
+    assert repr(device) in message
+    for choice in ("auto", "cpu", "cuda"):
+        assert choice in message
+
+
+@needs_no_cuda
+def test_cuda_without_a_gpu_is_an_input_error() -> None:
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(core.InvalidInputError, match="not available"):
+            resolve_device(device)
+
+
+def test_prompt_format_needs_a_placeholder(tiny_dirs) -> None:
+    with pytest.raises(core.InvalidInputError) as err:
+        PromptFormat("Answer the question:")
+    message = str(err.value)
+    assert "{problem}" in message and "chat:nothink" in message
+    with pytest.raises(core.InvalidInputError):
+        core.load_pair(str(tiny_dirs["qwen_base"]), str(tiny_dirs["qwen_reason"]), device="cpu",
+                       base_format="no placeholder")
+    for ok in ("chat", "chat:think", "chat:nothink", "chat|You are careful.", "Q: {problem}\nA:"):
+        assert PromptFormat(ok).spec == ok
+
+
+def test_formats_passed_to_load_pair(tiny_dirs) -> None:
+    pair = core.load_pair(str(tiny_dirs["qwen_base"]), str(tiny_dirs["qwen_reason"]), device="cpu",
+                          base_format="Problem: {problem}\n", reason_format="chat:nothink")
+    assert pair.formats["base"].spec == "Problem: {problem}\n"
+    assert pair.formats["reason"].spec == "chat:nothink"
+    prompts = pair.prompt_ids("2+2?")
+    assert pair.decode(prompts["base"]) == "Problem: 2+2?\n"
+    assert pair.decode(prompts["reason"]).endswith("<think>\n\n</think>\n\n")
+    assert pair.fingerprint()["formats"] == {"base": "Problem: {problem}\n", "reason": "chat:nothink"}
+
+
+# -- import hygiene -----------------------------------------------------------------------------------
+
+
+def test_importing_core_pulls_in_no_ui_or_cli_framework() -> None:
+    code = (
+        "import json, sys; import core; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('streamlit', 'click', 'typer'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
