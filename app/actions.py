@@ -96,6 +96,17 @@ def first_trace(pair: core.ModelPair, store: TraceStore, problem: Problem,
     return graded_put(store, trace)
 
 
+def showcase_trace(pair: core.ModelPair, store: TraceStore, problems: Sequence[Problem], look: int = 8,
+                   max_new_tokens: int = FIRST_VIEW_TOKENS) -> Trace:
+    """The first view: greedy BaseOnly traces of the first `look` problems (one batch, stored), and of
+    those the first the base model gets wrong (the interesting case), else the first."""
+    if not problems:
+        raise InvalidInputError("No problems to show")
+    traces = generate(pair, list(problems[:look]), BaseOnly(), max_new_tokens=max_new_tokens, store=store)
+    traces = [graded_put(store, t) for t in traces]
+    return next((t for t in traces if t.meta.get("correct") is False), traces[0])
+
+
 def run_branch(pair: core.ModelPair, store: TraceStore, parent: Trace, pos: int, token: int | None = None,
                max_new_tokens: int | None = None, progress: Progress | None = None) -> Trace:
     """Take over at `pos` (the reasoner's choice, or `token`), continue with the base, grade, store."""

@@ -42,6 +42,7 @@ class AppConfig:
     pair: PairSpec
     store: str | None = None  # None: core.store.default_store_path()
     problems: str | None = None  # None: the demo problems
+    max_new_tokens: int = 256  # default generation length (first view, Generate page, branches)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16.")
     p.add_argument("--store", default=None, help="Trace store directory (default: $FORKPOINT_STORE or ./forkpoint-store).")
     p.add_argument("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="Default generation length.")
     return p
 
 
@@ -64,7 +66,7 @@ def parse_args(argv: Sequence[str]) -> AppConfig:
     if unknown:
         raise InvalidInputError(
             f"Unknown app arguments: {' '.join(unknown)}; valid: --base --reason --base-format --reason-format "
-            "--device --dtype --store --problems"
+            "--device --dtype --store --problems --max-new-tokens"
         )
     if bool(args.base) != bool(args.reason):
         raise InvalidInputError("Give both --base and --reason (or neither, for the demo pair)")
@@ -72,4 +74,6 @@ def parse_args(argv: Sequence[str]) -> AppConfig:
         demo=not args.base, base=args.base, reason=args.reason, base_format=args.base_format,
         reason_format=args.reason_format, device=args.device, dtype=args.dtype,
     )
-    return AppConfig(pair=pair, store=args.store, problems=args.problems)
+    if args.max_new_tokens < 1:
+        raise InvalidInputError(f"--max-new-tokens must be ≥ 1, got {args.max_new_tokens}")
+    return AppConfig(pair=pair, store=args.store, problems=args.problems, max_new_tokens=args.max_new_tokens)

@@ -22,7 +22,7 @@ from core.errors import ForkpointError  # noqa: E402
 
 logging.getLogger("core").setLevel(logging.WARNING)
 
-PAGES_DIR = Path(__file__).resolve().parent / "pages"
+PAGES_DIR = Path(__file__).resolve().parent / "screens"  # not "pages": Streamlit treats that name as a v1 multipage folder
 PAGES = [
     ("trace.py", "Trace", ":material/subject:", "trace"),
     ("problems.py", "Problems", ":material/table:", "problems"),

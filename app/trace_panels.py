@@ -12,7 +12,8 @@ from app import actions, resources, state
 from app.components.token_view import token_view
 from app.context import Context, get_context
 from app.figures import trace_figure
-from app.view import first_difference, spike_list, tail, takeover_choices, tree_label, tree_rows
+from app.view import first_difference, md_code, spike_list, tail, takeover_choices, tree_label, tree_rows
+from core.divergence import score_values
 from core.errors import ForkpointError
 from core.heatmap import heatmap_css, tokens_html
 from core.trace import Trace
@@ -28,14 +29,14 @@ COMPARE_CSS = """
 def _grade_text(trace: Trace) -> str:
     correct = trace.meta.get("correct")
     answer = trace.meta.get("answer")
-    verdict = "✅ correct" if correct is True else "❌ wrong" if correct is False else "– ungraded"
-    return f"{verdict} · answer: {answer if answer is not None else '(none)'}"
+    verdict = "✓ correct" if correct is True else "✗ wrong" if correct is False else "– ungraded"
+    return f"{verdict} · answer: {md_code(answer) if answer is not None else '(none)'}"
 
 
 def header(trace: Trace, rule_text: str) -> None:
     """Problem text, the trace's vital numbers and the legend."""
     problem = trace.meta.get("problem") or {}
-    st.markdown(f"#### Problem `{problem.get('id') or '(ad hoc)'}`")
+    st.markdown(f"#### Problem {md_code(problem.get('id') or '(ad hoc)')}")
     st.text(problem.get("prompt") or "")
     policy = (trace.meta.get("policy") or {}).get("name") or trace.meta.get("kind") or "?"
     takeovers = int(sum(1 for s in trace.source if s != "base"))
@@ -45,7 +46,7 @@ def header(trace: Trace, rule_text: str) -> None:
     cols[2].metric("Takeovers", takeovers)
     cols[3].metric(f"Spikes ({rule_text})", len(spike_list(trace)))
     cols[4].metric("Gold", str(problem.get("gold")) if problem.get("gold") is not None else "–")
-    st.caption(_grade_text(trace) + (f" · branched at #{trace.meta['branch_pos']} from `{str(trace.meta.get('parent'))[:8]}`"
+    st.caption(_grade_text(trace) + (f" · branched at #{trace.meta['branch_pos']} from {md_code(str(trace.meta.get('parent'))[:8])}"
                                      if trace.meta.get("branch_pos") is not None else ""))
 
 
@@ -117,7 +118,7 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
     st.markdown(f"**Token #{sel}** · emitted by **{trace.source[sel]}**")
     st.code(repr(trace.tokens[sel]), language=None)
     c = st.columns(3)
-    c[0].metric("score", f"{float(_score(trace, ctx.settings.score)[sel]):.3f}")
+    c[0].metric("score", f"{float(score_values(trace.metrics, ctx.settings.score)[sel]):.3f}")
     c[1].metric("H base", f"{float(m['entropy_base'][sel]):.3f}")
     c[2].metric("KL(b‖r)", f"{float(m['kl_base_reason'][sel]):.3f}")
     tops = st.columns(2)
@@ -142,12 +143,6 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
         _queue_branch(trace, sel, choices[pick].token, int(max_new))
     if disabled:
         st.caption("Load a model pair (sidebar) to branch.")
-
-
-def _score(trace: Trace, score: str):
-    from core.divergence import score_values
-
-    return score_values(trace.metrics, score)
 
 
 def _queue_branch(trace: Trace, pos: int, token: int | None, max_new_tokens: int) -> None:

@@ -40,6 +40,14 @@ SCORE_LABELS = {
 DEFAULT_TOP = 0.05  # spikes: top 5% of a trace's tokens (demo traces are short; the paper's 1% gives ~1)
 
 
+def md_code(value: object, limit: int = 80) -> str:
+    """Any text as a Markdown inline-code span (shown literally: no links, images or emphasis)."""
+    text = " ".join(str(value).split()).replace("`", "ʼ")
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return f"`{text}`" if text else "`(empty)`"
+
+
 # -- spike rules ----------------------------------------------------------------------------------
 
 
@@ -87,7 +95,7 @@ def spike_count(n_tokens: int, rule: SpikeRule) -> int | None:
 # -- hover data -----------------------------------------------------------------------------------
 
 
-def _clean(values: Any, digits: int = 4) -> list[float | None]:
+def _clean(values: Any, digits: int = 3) -> list[float | None]:
     """Floats rounded for JSON, non-finite values as None (JSON has no NaN)."""
     arr = np.round(np.asarray(values, dtype=np.float64), digits)
     return [None if not math.isfinite(v) else v for v in arr.tolist()]
@@ -159,7 +167,8 @@ def first_difference(a: Trace, b: Trace, start: int = 0) -> int | None:
         diff = np.flatnonzero(a.token_ids[start:n] != b.token_ids[start:n])
         if diff.size:
             return int(start + diff[0])
-    return n if len(a) != len(b) and start <= n else None
+    longest = max(len(a), len(b))
+    return max(n, start) if len(a) != len(b) and max(n, start) < longest else None
 
 
 def tail(trace: Trace, start: int) -> Trace:

@@ -18,13 +18,19 @@ from core.errors import (
 from core import analysis
 from core.annotate import Gate, calibrate_gate, spikes
 from core.decoding import CACHES, GenerationCancelled, branch, calibrate, generate
+from core.export import export, import_jsonl, read_jsonl
 from core.models import ModelPair, PromptFormat, load_pair
 from core.policies import BaseOnly, EarlyOnly, EntropyGated, Forced, Guided, RandomPositions, ReasonOnly
 from core.problems import Problem, load_problems
 from core.scoring import score, score_batch
+from core.store import TraceStore
 from core.trace import Trace
 
 __all__ = [
+    "TraceStore",
+    "export",
+    "import_jsonl",
+    "read_jsonl",
     "PlanningTagger",
     "Problem",
     "analysis",

@@ -302,7 +302,7 @@ def import_(path: str, store_path: str | None, **opts: Any) -> None:
     bar = _Bar("import")
     report = import_jsonl(pair, path, _store(store_path), progress=bar)
     bar.close()
-    click.echo(json.dumps(report, default=str))
+    click.echo(json.dumps(report.to_dict(), default=str))
 
 
 @main.command()

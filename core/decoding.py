@@ -23,7 +23,7 @@ from core.divergence import check_score, chunk_metrics, entropy, score_values, t
 from core.errors import ForkpointError, InvalidInputError, PairMismatchError
 from core.forward import backbone, head
 from core.models import SIDES, ModelPair
-from core.policies import REASON, BaseOnly, Forced, Policy, Step
+from core.policies import REASON, BaseOnly, Policy, Step
 from core.scoring import DEFAULT_K, assemble, empty_metrics, make_meta, metrics_from_hidden, problem_record
 from core.trace import Trace
 
@@ -77,15 +77,18 @@ class Sampling:
 
 @dataclass
 class HeldCaches:
-    """Both models' caches after a trace, and how many response tokens each holds."""
+    """Both models' caches after a trace, how many response tokens each holds, and each model's final
+    hidden states: hidden[side][r] (d,) predicts response token r, for r = 0 .. n_tokens."""
 
     caches: dict[str, Any]
     prompt_len: dict[str, int]
     n_tokens: int  # response tokens fed into both caches
+    hidden: dict[str, torch.Tensor] | None = None  # side -> (n_tokens + 1, d)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for c in self.caches.values() for layer in c.layers
-                   for t in (layer.keys, layer.values) if isinstance(t, torch.Tensor))
+        tensors = [t for c in self.caches.values() for layer in c.layers for t in (layer.keys, layer.values)]
+        tensors += list((self.hidden or {}).values())
+        return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 class CacheLRU:
@@ -133,7 +136,9 @@ def _cropped_copy(cache: Any, keep: int) -> Any:
 class _Side:
     """One model's running state over B left-padded rows."""
 
-    def __init__(self, pair: ModelPair, side: str, prompts: list[list[int]]) -> None:
+    def __init__(self, pair: ModelPair, side: str, prompts: list[list[int]], record: int = 0) -> None:
+        """Prefill the prompts. With record=n (one row only), keep the final hidden states of the last n
+        positions and of every later feed, so that a held trace can be branched without a forward."""
         from transformers import DynamicCache
 
         self.pair, self.model = pair, pair.model(side)
@@ -144,18 +149,25 @@ class _Side:
             ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
             self.mask[row, width - len(p):] = 1
         self.cache = DynamicCache(config=self.model.config)
-        self.last_hidden = self._forward(ids)[:, -1]  # (B, d): predicts response token 0
+        hidden = self._forward(ids)
+        self.last_hidden = hidden[:, -1]  # (B, d): predicts response token 0
+        self.states = [hidden[:, -record:]] if record else None  # (B, n, d) blocks, see `recorded`
         self.fed = 0  # response tokens read so far
 
     @classmethod
-    def resumed(cls, pair: ModelPair, side: str, cache: Any, last_token: int, fed: int) -> _Side:
-        """A one-row state from a cache holding everything before `last_token` (no re-prefill)."""
+    def resumed(cls, pair: ModelPair, side: str, cache: Any, states: torch.Tensor, fed: int,
+                last_token: int | None = None) -> _Side:
+        """A one-row state from a cache holding the prompt and `fed` response tokens and the final hidden
+        states (fed + 1, d) that predicted response tokens 0 .. fed: no forward at all. With `last_token`,
+        the cache lacks that last response token: it is read (one token) and its hidden state appended."""
         self = cls.__new__(cls)
         self.pair, self.model, self.cache = pair, pair.model(side), cache
         self.mask = torch.ones((1, cache.get_seq_length()), dtype=torch.long)
-        self.fed = 0
-        self.feed(torch.tensor([[last_token]]))
-        self.fed = fed
+        self.states = [states.unsqueeze(0)]
+        self.last_hidden = states[-1:]
+        self.fed = fed - (last_token is not None)
+        if last_token is not None:
+            self.feed(torch.tensor([[last_token]]))
         return self
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -171,7 +183,16 @@ class _Side:
         hidden = self._forward(ids)
         self.last_hidden = hidden[:, -1]
         self.fed += ids.shape[1]
+        if self.states is not None:
+            self.states.append(hidden)
         return hidden
+
+    def recorded(self) -> torch.Tensor | None:
+        """(fed + 1, d) final hidden states of row 0, entry r predicting response token r (None if not kept)."""
+        if self.states is None:
+            return None
+        out = torch.cat(self.states, dim=1)[0]
+        return out if out.shape[0] == self.fed + 1 else None
 
     def logits(self) -> torch.Tensor:
         return head(self.model, self.last_hidden, self.pair.vocab_size)  # (B, V)
@@ -201,7 +222,8 @@ def _run(pair: ModelPair, rows: list[_Row], policy: Policy, sampling: Sampling, 
     (as `metrics_from_hidden` does) and the final model states."""
     n, limit = len(rows), sampling.max_new_tokens
     if sides is None:
-        sides = {side: _Side(pair, side, [r.prompt_ids[side] for r in rows]) for side in SIDES}
+        record = 1 if n == 1 else 0  # a single row's hidden states are held for branching
+        sides = {side: _Side(pair, side, [r.prompt_ids[side] for r in rows], record) for side in SIDES}
     base, reason = sides["base"], sides["reason"]
     pad = pair.tokenizer.pad_token_id or 0
     steps: dict[int, dict[str, np.ndarray]] = {}  # t -> name -> (B, ...) arrays
@@ -381,7 +403,9 @@ def _hold(trace: Trace, sides: dict[str, _Side]) -> None:
     if sides["reason"].fed != fed:
         return
     prompt_len = {s: sides[s].cache.get_seq_length() - fed for s in SIDES}
-    CACHES.put(trace.key, HeldCaches({s: sides[s].cache for s in SIDES}, prompt_len, fed))
+    hidden = {s: sides[s].recorded() for s in SIDES}
+    CACHES.put(trace.key, HeldCaches({s: sides[s].cache for s in SIDES}, prompt_len, fed,
+                                     hidden if all(h is not None for h in hidden.values()) else None))
 
 
 def branch(pair: ModelPair, trace: Trace, pos: int, token: int | None = None, policy: Policy | None = None, *,
@@ -391,7 +415,7 @@ def branch(pair: ModelPair, trace: Trace, pos: int, token: int | None = None, po
     """Keep `trace`'s first `pos` tokens, emit at `pos` the reasoner's choice (or `token`), continue with
     `policy` (BaseOnly by default) under the parent's sampling settings. Records parent and pos."""
     policy = policy or BaseOnly()
-    if trace.meta.get("request", {}).get("pair") not in (None, pair.fingerprint()):
+    if (trace.meta.get("request") or {}).get("pair") not in (None, pair.fingerprint()):
         raise PairMismatchError("This trace was made with a different model pair or prompt formats; "
                                 "load the pair it records in meta['pair'] to branch it")
     if not isinstance(pos, (int, np.integer)) or not 0 <= pos <= len(trace):
@@ -452,12 +476,18 @@ def _resume(pair: ModelPair, trace: Trace, row: _Row, prefix_ids: list[int]) -> 
     sides = {}
     for side in SIDES:
         p = len(row.prompt_ids[side])
-        if held is not None and held.prompt_len[side] == p and held.n_tokens >= pos - 1:
-            # keep prompt + prefix minus its last token, then re-read that token to get its hidden state
+        hidden = held.hidden[side] if held is not None and held.hidden is not None else None
+        if hidden is not None and held.prompt_len[side] == p and pos <= held.n_tokens:
+            # the cache holds prompt + prefix, and the parent's hidden state at pos predicts token pos
+            cache = _cropped_copy(held.caches[side], p + pos)
+            sides[side] = _Side.resumed(pair, side, cache, hidden[: pos + 1], pos)
+        elif hidden is not None and held.prompt_len[side] == p and pos == held.n_tokens + 1:
+            # the parent's last token was never fed: read it (one token per model)
             cache = _cropped_copy(held.caches[side], p + pos - 1)
-            sides[side] = _Side.resumed(pair, side, cache, (row.prompt_ids[side] + prefix_ids)[-1], pos)
+            sides[side] = _Side.resumed(pair, side, cache, hidden, pos, last_token=prefix_ids[-1])
         else:
-            state = _Side(pair, side, [row.prompt_ids[side] + prefix_ids])
+            # one prefill of prompt + prefix, keeping the hidden states of the prefix for later branches
+            state = _Side(pair, side, [row.prompt_ids[side] + prefix_ids], record=pos + 1)
             state.fed = pos
             sides[side] = state
     return sides

@@ -11,7 +11,7 @@ from core.errors import InvalidInputError, ModelLoadError
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_DIR = ROOT / "assets" / "demo"
 PROBLEMS_DIR = ROOT / "assets" / "problems"
-SPLITS = {"test": "demo_test.jsonl"}
+SPLITS = {"test": "demo_test.jsonl", "calib": "demo_calib.jsonl"}
 
 
 def demo_formats(demo_dir: str | Path = DEMO_DIR) -> dict[str, str]:

@@ -151,3 +151,85 @@ def render_card(result: dict[str, Any], command: str, train_log: dict[str, Any] 
                   f"{train_log.get('threads')} threads, {train_log.get('parameters')} parameters per model, "
                   f"vocabulary {train_log.get('vocab')}."]
     return "\n".join(lines) + "\n"
+
+
+CARD_HEAD = """# forkpoint demo pair: a model organism
+
+A tiny base / reasoning pair trained by forkpoint's own script (`forkpoint demo train`, code in
+`core/demo_train.py`) on a synthetic task (`core/demo_task.py`), so that the seed paper's effect can be
+seen in seconds, on a CPU, with no model hub. Both models are `LlamaForCausalLM` checkpoints in standard
+Hugging Face format (config.json + model.safetensors + tokenizer) and load through the same
+`core.load_pair` path as Qwen3 (`core.demo.demo_pair()`). Prompt formats are in `pair.json`.
+
+## What it is
+
+**Task.** Two-step word problems whose route is decided by a cue phrase ("buys 6 bags of 5" ->
+multiply, "gives away 2" -> subtract). Every solution has one shape: a routine restatement, a short
+plan that decides the route, and routine execution that follows the plan:
+
+    Question: Mia buys 6 bags of 5 pens. Then she gives away 3. How many pens does Mia have now?
+    Answer: The numbers are 6, 5 and 3. First, we multiply, then we subtract. 6 * 5 = 30. 30 - 3 = 27.
+    So Mia has 27 now. The answer is \\boxed{27}.
+
+All numbers and results stay in 0..99 (exact division), so execution is easy; the difficulty is in
+the plan. The held-out set is `assets/problems/demo_test.jsonl` (500 problems) and the gate's
+calibration set `assets/problems/demo_calib.jsonl` (100); both are excluded from training.
+
+**Base model.** Trained on a corpus where, for 7 of the 12 first-step phrasings ("bakes .. and burns",
+"were taken", "bags of", "rows", "shelves", "shares equally among", "equal piles"), the plan takes the
+base's favourite route (*add*) {habit:.0%} of the time, and every other plan step is replaced by a random
+executable operation {noise:.0%} of the time; execution always follows the written plan faithfully. So
+the base knows every route (the right one is still in its top few tokens) but has a systematic wrong
+habit, and it fails greedy *and* sampled on those phrasings.
+
+**Reasoning model.** The base, further trained on correct plans only (like post-training that
+sharpens decisions and leaves execution alone).
+
+**Sizes.** {params:,} parameters per model ({layers} layers, hidden {hidden}, {heads} heads), a byte-level
+BPE tokenizer of {vocab} tokens trained on the task corpus (digits split one by one), float32 weights.
+
+## What it is not
+
+- Not a language model in any useful sense: it only knows this task's template, and anything else
+  (other prompts, longer answers) is out of distribution.
+- The effect is put there by construction: we chose where the base errs (one plan token), that
+  execution follows the plan, and where the plan sits in the response (after a short restatement, so
+  the decision lies at u of about 0.2-0.3). The organism shows that forkpoint's scores, gates, baselines
+  and analyses find a sparse, early, planning-located gap when one exists; it is not evidence that
+  real base / reasoning pairs have one. The seed paper's numbers are about Qwen3 models.
+- The reasoner was not trained with RL and does not think longer; it differs from the base only in
+  its plan choices (and a little in confidence elsewhere).
+- The planning lexicon (`assets/planning_lexicon.json`) lists the operation verbs (add, multiply, ...)
+  so that the plan tokens of this task are tagged "plan"; the enrichment below depends on that.
+
+## Reproduce
+
+    forkpoint demo train --out assets/demo          # ~1.9k optimizer steps; see train_log.json
+    {command}
+
+Training uses 2 CPU threads by default and is seeded (same seed, same thread count -> same weights).
+"""
+
+
+def write_card(demo_dir: Any, n: int = 500, samples: int = 8, command: str = "forkpoint demo measure",
+               progress: Callable[[int, int], None] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Load the pair in `demo_dir`, measure it on the first `n` test problems (see `measure_demo`) and
+    write demo_dir/CARD.md and demo_dir/measure.json; returns the measurement."""
+    from pathlib import Path
+
+    from core import demo
+
+    demo_dir = Path(demo_dir)
+    pair = demo.demo_pair(demo_dir=demo_dir)
+    result = measure_demo(pair, demo.demo_problems("test", limit=n), demo.demo_problems("calib"), samples=samples,
+                          progress=progress, **kwargs)
+    train_log = json.loads((demo_dir / "train_log.json").read_text()) if (demo_dir / "train_log.json").exists() else {}
+    cfg = train_log.get("config", {})
+    head = CARD_HEAD.format(habit=cfg.get("habit_rate", float("nan")), noise=cfg.get("noise_rate", float("nan")),
+                            params=train_log.get("parameters", 0), layers=cfg.get("layers"), hidden=cfg.get("hidden"),
+                            heads=cfg.get("heads"), vocab=train_log.get("vocab"), command=command)
+    text = head + "\n## Measured properties\n\n" + render_card(result, command, train_log)
+    (demo_dir / "CARD.md").write_text(text)
+    (demo_dir / "measure.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    log.info("wrote %s", demo_dir / "CARD.md")
+    return result

@@ -4,7 +4,7 @@ Every solution has the same shape: a routine restatement, a short plan that deci
 routine execution that follows the plan:
 
     The numbers are 3, 4 and 2. First, we multiply, then we subtract. 3 * 4 = 12. 12 - 2 = 10.
-    So Tom has 10 apples now. The answer is \\boxed{10}.
+    So Tom has 10 now. The answer is \\boxed{10}.
 
 The route (one operation per step) is decided by a cue phrase in the question ("bags of" ->
 multiply, "gives away" -> subtract, ...). The arithmetic is kept small (operands and every result in
@@ -104,7 +104,7 @@ def render_plan(route: tuple[str, str]) -> str:
     return f"First, we {route[0]}, then we {route[1]}."
 
 
-def render_solution(route: tuple[str, str], numbers: tuple[int, int, int], name: str, item: str) -> str:
+def render_solution(route: tuple[str, str], numbers: tuple[int, int, int], name: str) -> str:
     """The full response (leading space, no end token) for a route; execution follows the route."""
     a, b, c = numbers
     results = run_route(route, numbers)
@@ -114,7 +114,7 @@ def render_solution(route: tuple[str, str], numbers: tuple[int, int, int], name:
     return (
         f" The numbers are {a}, {b} and {c}. {render_plan(route)}"
         f" {a} {SYMBOL[route[0]]} {b} = {r1}. {r1} {SYMBOL[route[1]]} {c} = {r2}."
-        f" So {name} has {r2} {item} now. The answer is \\boxed{{{r2}}}."
+        f" So {name} has {r2} now. The answer is \\boxed{{{r2}}}."
     )
 
 
@@ -164,7 +164,7 @@ def make_problem(rng: random.Random, *, max_tries: int = 1000) -> dict:
     return {
         "question": question,
         "plan": render_plan(route),
-        "solution": render_solution(route, numbers, name, item),
+        "solution": render_solution(route, numbers, name),
         "answer": str(answer),
         "route": list(route),
         "numbers": list(numbers),

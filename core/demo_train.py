@@ -36,7 +36,8 @@ CHAT_TEMPLATE = (
 )
 FAVOURITE_OP = "add"  # the base model's habitual reading of a tricky first step
 TEST_SEED = 20260101  # seed of the held-out set (assets/problems/demo_test.jsonl)
-N_TEST = 500
+CALIB_SEED = 20260202  # seed of the gate-calibration set (assets/problems/demo_calib.jsonl)
+N_TEST, N_CALIB = 500, 100
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,8 @@ class DemoConfig:
     habit_rate: float = 0.85  # P(plan takes FAVOURITE_OP) at a tricky first step
     noise_rate: float = 0.04  # P(a step's op is replaced by a random executable one), any cue
     # optimisation
-    base_steps: int = 900
-    reason_steps: int = 250
+    base_steps: int = 1500
+    reason_steps: int = 300
     batch: int = 48
     base_lr: float = 3e-3
     reason_lr: float = 1e-3
@@ -69,7 +70,7 @@ class DemoConfig:
 SIZES: dict[str, DemoConfig] = {
     "full": DemoConfig(),
     # a few-seconds version for tests: same code path, a toy network and a handful of steps
-    "tiny": DemoConfig(hidden=32, layers=1, heads=2, intermediate=64, vocab_size=300, base_steps=6,
+    "tiny": DemoConfig(hidden=32, layers=1, heads=2, intermediate=64, vocab_size=400, max_positions=320, base_steps=6,
                        reason_steps=3, batch=8, warmup=2, tokenizer_corpus=300),
 }
 
@@ -115,12 +116,22 @@ def corpus(kind: str, seed: int, cfg: DemoConfig, exclude: set[str]) -> Iterator
             continue
         route = base_route(p, rng, cfg) if kind == "base" else tuple(p["route"])
         yield PROMPT_FORMAT.format(problem=p["question"]), demo_task.render_solution(
-            route, tuple(p["numbers"]), p["name"], p["item"])
+            route, tuple(p["numbers"]), p["name"])
 
 
 def test_problems(n: int = N_TEST) -> list[dict]:
     """The held-out problems (ids "demo-<TEST_SEED>-<i>"), the same on every machine."""
     return demo_task.make_problems(n, TEST_SEED)
+
+
+def calibration_problems(n: int = N_CALIB) -> list[dict]:
+    """Problems for calibrating the takeover gate: disjoint from the test set, also held out of training."""
+    return demo_task.make_problems(n, CALIB_SEED, exclude={p["question"] for p in test_problems()})
+
+
+def held_out_questions() -> set[str]:
+    """Every question of the test and calibration sets (the training corpora skip them)."""
+    return {p["question"] for p in test_problems() + calibration_problems()}
 
 
 # -- tokenizer ---------------------------------------------------------------------------------
@@ -212,7 +223,7 @@ def train_lm(model, tokenizer, stream: Iterator[tuple[str, str]], steps: int, lr
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step % 10 == 0:
             bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.4f}")
     model.eval()
@@ -241,7 +252,7 @@ def train_demo_pair(out_dir: str | Path, steps: int | None = None, size: str = "
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
-    exclude = {p["question"] for p in test_problems()}
+    exclude = held_out_questions()
     tok_stream = corpus("reason", cfg.seed + 1, cfg, exclude)
     tok_texts = [p + r + EOS for p, r in (next(tok_stream) for _ in range(cfg.tokenizer_corpus))]
     tokenizer = train_tokenizer(tok_texts, cfg.vocab_size)

@@ -13,6 +13,8 @@ import torch
 
 from core.errors import InvalidInputError
 
+LOG2 = math.log(2.0)
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -63,6 +65,12 @@ def _plogp_diff(p: torch.Tensor, log_a: torch.Tensor, log_b: torch.Tensor) -> to
     return torch.where(p > 0, term, torch.zeros_like(term)).sum(-1)
 
 
+# Rows per inner block on CPU: ~20 passes over the vocabulary run ~1.3x faster on 32-row blocks than on a
+# 256-row chunk, whose temporaries fall out of cache (benchmarks/RESULTS.md, "Scoring"). GPUs take it whole.
+CPU_BLOCK = 32
+_TOPK_BLOCK = 128  # vocabulary block size for the two-stage top-k
+
+
 def chunk_metrics(
     logits_base: torch.Tensor,
     logits_reason: torch.Tensor,
@@ -77,36 +85,129 @@ def chunk_metrics(
     """
     if logits_base.shape != logits_reason.shape:
         raise InvalidInputError(f"logit blocks differ in shape: {tuple(logits_base.shape)} vs {tuple(logits_reason.shape)}")
+    rows = logits_base.shape[0]
+    block = rows if logits_base.device.type != "cpu" else CPU_BLOCK
+    if rows <= block:
+        return _block_metrics(logits_base, logits_reason, targets, k)
+    parts = [
+        _block_metrics(logits_base[i : i + block], logits_reason[i : i + block],
+                       None if targets is None else targets[i : i + block], k)
+        for i in range(0, rows, block)
+    ]
+    return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+
+
+def _block_metrics(logits_base: torch.Tensor, logits_reason: torch.Tensor, targets: torch.Tensor | None,
+                   k: int) -> dict[str, torch.Tensor]:
+    """chunk_metrics for one block of rows: about 10 passes over (C, V) per model, no (C, V) masks."""
     dtype = torch.float64 if logits_base.dtype == torch.float64 else torch.float32
-    a = logits_base.to(dtype)
-    b = logits_reason.to(dtype)
-    la = torch.log_softmax(a, dim=-1)  # (C, V)
-    lb = torch.log_softmax(b, dim=-1)
-    p = la.exp()
-    q = lb.exp()
-    zero = torch.zeros_like(la[..., :1])
-    h_b = _plogp_diff(p, zero, la)
-    h_r = _plogp_diff(q, zero, lb)
-    kl_pq = _plogp_diff(p, la, lb)
-    kl_qp = _plogp_diff(q, lb, la)
-    lm = torch.logaddexp(la, lb) - math.log(2.0)
-    jsd = 0.5 * _plogp_diff(p, la, lm) + 0.5 * _plogp_diff(q, lb, lm)
+    la, p = _log_softmax(logits_base.to(dtype))  # (C, V) each
+    lb, q = _log_softmax(logits_reason.to(dtype))
+    # Row dots with torch's pairwise summation: a BLAS matmul accumulates sequentially over V and is
+    # off by ~3e-5 at V = 32k (measured), which the float64 reference tests catch.
+    dot = torch.linalg.vecdot
+    s_pa, s_qb = dot(p, la), dot(q, lb)
+    d = la - lb
+    kl_pq, kl_qp = dot(p, d), -dot(q, d)
+    finite = bool(torch.isfinite(torch.stack([s_pa, s_qb, kl_pq])).all())  # False when a logit is -inf (0 · -inf)
+    if finite:
+        both = p + q  # 2m
+        # Σ m log m = ½ Σ (p+q) log(p+q) - log 2, as Σ (p+q) = 2
+        m_log_m = 0.5 * dot(both, both.clamp_min(torch.finfo(dtype).tiny).log_()) - LOG2
+        h_b, h_r, jsd = -s_pa, -s_qb, 0.5 * (s_pa + s_qb) - m_log_m
+    else:
+        h_b, h_r, kl_pq, kl_qp, jsd = _masked_sums(la, lb, p, q)
     out: dict[str, torch.Tensor] = {
         "entropy_base": h_b,
         "entropy_reason": h_r,
         "kl_base_reason": kl_pq.clamp_min(0.0),
         "kl_reason_base": kl_qp.clamp_min(0.0),
         "cross_entropy": h_b + kl_pq.clamp_min(0.0),
-        "jsd": jsd.clamp(0.0, math.log(2.0)),
+        "jsd": jsd.clamp(0.0, LOG2),
     }
-    reason_top = b.argmax(-1, keepdim=True)
-    out["reason_top_rank_in_base"] = (a > a.gather(-1, reason_top)).sum(-1)
-    out.update(_target_metrics(la, lb, targets))
-    k = min(k, a.shape[-1])
-    pb, ib = p.topk(k, dim=-1)
-    pr, ir = q.topk(k, dim=-1)
-    out.update(topk_base_ids=ib, topk_base_probs=pb, topk_reason_ids=ir, topk_reason_probs=pr)
+    c, v = la.shape
+    k = min(k, v)
+    (top_lb, ids_b), (top_lr, ids_r) = _topk(la, k), _topk(lb, k)  # sorted, descending
+    reason_top = _first_argmax(lb, top_lr, ids_r)
+    out["reason_top_rank_in_base"] = _rank(la, la.gather(-1, reason_top), top_lb, finite)
+    if targets is None:
+        nan = torch.full((c,), float("nan"), dtype=dtype, device=la.device)
+        minus = torch.full((c,), -1, dtype=torch.long, device=la.device)
+        out.update(logp_base=nan, logp_reason=nan.clone(), delta_logp=nan.clone(),
+                   rank_base=minus, rank_reason=minus.clone())
+    else:
+        y = targets.reshape(-1, 1).to(la.device)
+        lpb, lpr = la.gather(-1, y), lb.gather(-1, y)
+        out.update(logp_base=lpb.squeeze(-1), logp_reason=lpr.squeeze(-1), delta_logp=(lpr - lpb).squeeze(-1),
+                   rank_base=_rank(la, lpb, top_lb, finite), rank_reason=_rank(lb, lpr, top_lr, finite))
+    out.update(topk_base_ids=ids_b, topk_base_probs=top_lb.exp(), topk_reason_ids=ids_r, topk_reason_probs=top_lr.exp())
     return out
+
+
+def _log_softmax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(C, V) -> (log-probs, probs). torch.log_softmax sums exp() sequentially in float32 and is off by
+    up to ~4e-5 nats at V = 32k; torch.sum's pairwise summation keeps the error near 1e-6."""
+    shifted = x - x.amax(-1, keepdim=True)
+    probs = shifted.exp()
+    total = probs.sum(-1, keepdim=True)
+    return shifted.sub_(total.log()), probs.div_(total)
+
+
+def _masked_sums(la: torch.Tensor, lb: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """H_b, H_r, KL(p‖q), KL(q‖p), JSD with 0 · log 0 = 0: the slow, exact path for -inf logits."""
+    zero = torch.zeros_like(la[..., :1])
+    lm = torch.logaddexp(la, lb) - LOG2
+    return (_plogp_diff(p, zero, la), _plogp_diff(q, zero, lb), _plogp_diff(p, la, lb), _plogp_diff(q, lb, la),
+            0.5 * _plogp_diff(p, la, lm) + 0.5 * _plogp_diff(q, lb, lm))
+
+
+def _topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, V) -> the k largest values per row, sorted descending, and their ids.
+
+    Two stages: the k blocks with the largest maxima hold a top-k set (any value above the k-th
+    largest sits in a block whose max beats every block outside them), so one cheap pass over V
+    replaces the partial sort over all of it."""
+    r, v = x.shape
+    nb = v // _TOPK_BLOCK
+    if nb <= 4 * k:
+        values, ids = x.topk(k, dim=-1)
+        return values, ids
+    body = x[:, : nb * _TOPK_BLOCK].reshape(r, nb, _TOPK_BLOCK)
+    best = body.amax(-1).topk(k, dim=-1, sorted=False).indices  # (R, k) block ids
+    cand = body.gather(1, best.unsqueeze(-1).expand(r, k, _TOPK_BLOCK)).reshape(r, k * _TOPK_BLOCK)
+    cand_ids = (best.unsqueeze(-1) * _TOPK_BLOCK + torch.arange(_TOPK_BLOCK, device=x.device)).reshape(r, -1)
+    if nb * _TOPK_BLOCK < v:  # the tail that does not fill a block is always a candidate
+        cand = torch.cat([cand, x[:, nb * _TOPK_BLOCK :]], dim=1)
+        tail = torch.arange(nb * _TOPK_BLOCK, v, device=x.device).expand(r, -1)
+        cand_ids = torch.cat([cand_ids, tail], dim=1)
+    values, pos = cand.topk(k, dim=-1)
+    return values, cand_ids.gather(1, pos)
+
+
+def _first_argmax(logp: torch.Tensor, top: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """(C, 1) argmax of each row (the first of ties, as torch.argmax), read off the sorted top-k when
+    fewer than k entries tie for the maximum (torch.argmax on CPU is a slow scalar loop)."""
+    at_max = top == top[:, :1]
+    first = torch.where(at_max, ids, torch.iinfo(ids.dtype).max).amin(-1, keepdim=True)
+    crowded = at_max[:, -1].nonzero().squeeze(-1)  # k or more ties: the first may lie outside the top-k
+    if len(crowded):
+        first = first.index_copy(0, crowded, logp.index_select(0, crowded).argmax(-1, keepdim=True))
+    return first
+
+
+def _rank(logp: torch.Tensor, value: torch.Tensor, top: torch.Tensor, finite: bool) -> torch.Tensor:
+    """How many entries of each row of `logp` (C, V) exceed `value` (C, 1): read off the sorted top-k
+    `top` (C, k) when the value is in it (every larger entry then is), else counted over V."""
+    in_top = value.squeeze(-1) >= top[:, -1]
+    rank = (top > value).sum(-1)
+    rest = (~in_top).nonzero().squeeze(-1)
+    if not len(rest):
+        return rank
+    if len(rest) < len(rank):  # count only the rows that need it
+        logp, value = logp.index_select(0, rest), value.index_select(0, rest)
+    # finite: x - value > 0 exactly when x > value, and a float sum of 0/1 is exact below 2**24
+    count = (logp - value).clamp_min_(0).sign_().sum(-1) if finite else (logp > value).sum(-1)
+    return rank.index_copy(0, rest, count.to(rank.dtype))
 
 
 def _target_metrics(la: torch.Tensor, lb: torch.Tensor, targets: torch.Tensor | None) -> dict[str, torch.Tensor]:

@@ -48,8 +48,8 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, default=_json_default, ensure_ascii=False)
+def _dumps(value: Any, indent: int | None = None) -> str:
+    return json.dumps(value, default=_json_default, ensure_ascii=False, indent=indent)
 
 
 # -- JSONL: lossless -------------------------------------------------------------------------------
@@ -61,6 +61,10 @@ def _floats_out(values: np.ndarray) -> list[Any]:
     if arr.dtype.kind != "f":
         return arr.tolist()
     return [v if np.isfinite(v) else None for v in arr.tolist()]
+
+
+def _k(ids: Any) -> int:
+    return int(np.shape(ids)[-1]) if np.ndim(ids) == 2 else 0
 
 
 def trace_to_record(trace: Trace) -> dict[str, Any]:
@@ -83,7 +87,7 @@ def trace_to_record(trace: Trace) -> dict[str, Any]:
         "dtypes": {
             "metrics": {name: str(values.dtype) for name, values in metrics.items()},
             "topk_probs": {side: str(np.asarray(trace.topk[side][1]).dtype) for side in SIDES},
-            "k": {side: int(np.asarray(trace.topk[side][0]).shape[-1]) if np.ndim(trace.topk[side][0]) == 2 else 0 for side in SIDES},
+            "k": {side: _k(trace.topk[side][0]) for side in SIDES},
         },
         "annotations": trace.annotations,
     }
@@ -300,11 +304,12 @@ def html_page(
             f'<section class="trace" data-key="{esc(str(trace.key), quote=True)}">',
             f"<h2>{esc(str(problem.get('id', 'trace')))} <span class='muted'>{esc(str(trace.key))}</span></h2>",
             f'<table class="settings">{rows}</table>',
-            f"<details><summary>prompt</summary><pre class='prompt'>{esc(str(problem.get('prompt', '')))}</pre></details>",
+            "<details><summary>prompt</summary>"
+            f"<pre class='prompt'>{esc(str(problem.get('prompt', '')))}</pre></details>",
             legend_html(trace.annotations.get("tags"), score=score, scale=scale),
             tokens_html(trace, score=score, decode=decode, scale=scale, css_tips=False),
             "<details><summary>full reproducibility record (JSON)</summary>"
-            f"<pre class='record'>{esc(json.dumps(trace.meta, default=_json_default, ensure_ascii=False, indent=1))}</pre></details>",
+            f"<pre class='record'>{esc(_dumps(trace.meta, indent=1))}</pre></details>",
             "</section>",
         ]
     parts.append(f'<div id="fp-tip"></div><script>{_PAGE_JS}</script></body></html>')
@@ -371,7 +376,7 @@ def export(
         if fmt == "csv":
             for col in [c for c in frame.columns if c.startswith("topk_")]:
                 frame[col] = [json.dumps(v) for v in frame[col]]
-            _write_atomic(sidecar_path(path), lambda fh: fh.write(json.dumps(header, default=_json_default, ensure_ascii=False, indent=1)))
+            _write_atomic(sidecar_path(path), lambda fh: fh.write(_dumps(header, indent=1)))
             _write_atomic(path, lambda fh: frame.to_csv(fh, index=False))
         else:
             table = pa.Table.from_pandas(frame, preserve_index=False)
@@ -457,6 +462,11 @@ class ImportResult:
 
     keys: list[str]
     errors: list[tuple[int, str]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: {"stored": n, "keys": [...], "errors": [{"line", "reason"}, ...]}."""
+        errors = [{"line": line, "reason": reason} for line, reason in self.errors]
+        return {"stored": len(self.keys), "keys": list(self.keys), "errors": errors}
 
 
 def import_jsonl(

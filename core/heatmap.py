@@ -148,7 +148,9 @@ def _make_decoder(decode: Callable[[int], str] | None) -> Callable[[int], str]:
     return show
 
 
-def token_tips(trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int], str] | None = None, k: int | None = None) -> list[str]:
+def token_tips(
+    trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int], str] | None = None, k: int | None = None
+) -> list[str]:
     """Plain-text hover text per token (unescaped): metrics, ranks and both models' top-k (k=TIP_K)."""
     n = len(trace)
     show = _make_decoder(decode)
@@ -181,7 +183,9 @@ def token_tips(trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int],
     return tips
 
 
-def token_payload(trace: Trace, decode: Callable[[int], str] | None = None, k: int | None = None) -> list[dict[str, Any]]:
+def token_payload(
+    trace: Trace, decode: Callable[[int], str] | None = None, k: int | None = None
+) -> list[dict[str, Any]]:
     """Per token, a JSON-ready dict (pos, token, source, metrics, top-k of both models) for app components.
 
     Strings are raw model text: whoever puts them into HTML must escape them (tokens_html does)."""
@@ -190,7 +194,9 @@ def token_payload(trace: Trace, decode: Callable[[int], str] | None = None, k: i
     frame = {name: np.asarray(v, dtype=np.float64).tolist() for name, v in trace.metrics.items()}
     out = []
     for i in range(len(trace)):
-        row: dict[str, Any] = {"pos": i, "token": trace.tokens[i], "id": int(trace.token_ids[i]), "source": str(trace.source[i])}
+        row: dict[str, Any] = {
+            "pos": i, "token": trace.tokens[i], "id": int(trace.token_ids[i]), "source": str(trace.source[i])
+        }  # fmt: skip
         row.update({name: (v[i] if np.isfinite(v[i]) else None) for name, v in frame.items()})
         for side in ("base", "reason"):
             ids, probs = trace.topk[side]
@@ -280,7 +286,8 @@ def tokens_html(
         attrs = f' data-tag="{html.escape(str(tags[i]), quote=True)}"' if "tag" in classes else ""
         if tip_text is not None:
             attrs += f' data-tip="{_attr(tip_text[i])}"'
-        parts.append(f'<span class="{" ".join(classes)}" data-pos="{i}" style="{style}"{attrs}>{_token_html(text)}</span>')
+        cls = " ".join(classes)
+        parts.append(f'<span class="{cls}" data-pos="{i}" style="{style}"{attrs}>{_token_html(text)}</span>')
     if current_segment is not None:
         parts.append("</div>")
     parts.append("</div>")

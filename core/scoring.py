@@ -7,6 +7,7 @@ models exists at once.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ def problem_record(problem: Any) -> dict[str, Any]:
     return {"id": get("id"), "prompt": prompt, "gold": get("gold")}
 
 
+@functools.cache
 def versions() -> dict[str, str]:
     import importlib.metadata as md
 
@@ -71,7 +73,7 @@ def make_meta(pair: ModelPair, *, kind: str, request: dict[str, Any], problem: d
         "answer": None,
         "correct": None,
         "timings": {},
-        "versions": versions(),
+        "versions": dict(versions()),
         "schema": SCHEMA_VERSION,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import tempfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "n_spikes", "n_takeovers", "rho", "correct", "parent", "branch_pos", "kind", "created",
     *(f"max_{s}" for s in SCORES), *(f"top100_{s}" for s in SCORES),
 )  # fmt: skip
+
+_INDEX_FIELDS = (*SUMMARY_COLUMNS, "schema")
+_INDEX_TAG = zlib.crc32(",".join(_INDEX_FIELDS).encode())  # lines from another field layout are ignored
 
 
 def default_store_path() -> Path:
@@ -135,7 +139,7 @@ def _per_token_strings(value: Any, n: int) -> bool:
     )
 
 
-def encode(trace: Trace, key: str) -> pa.Table:
+def encode(trace: Trace, key: str, summary: dict[str, Any] | None = None) -> pa.Table:
     """One trace as an Arrow table: per-token columns, everything else as JSON in schema metadata."""
     n = len(trace)
     columns: dict[str, pa.Array] = {
@@ -173,7 +177,7 @@ def encode(trace: Trace, key: str) -> pa.Table:
         "annotations": json_layers,
         "annotation_columns": column_layers,
         "metric_columns": list(trace.metrics),
-        "summary": summarise(trace, key),
+        "summary": summary if summary is not None else summarise(trace, key),
     }
     blob = json.dumps(record, default=_json_default, ensure_ascii=False).encode("utf-8")
     table = pa.table(columns)
@@ -243,6 +247,12 @@ def _identity(st: os.stat_result) -> tuple[int, int, int]:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def _branch_order(row: dict[str, Any]) -> tuple[Any, ...]:
+    """Children by branch position (unknown last), then creation time, then key."""
+    pos = row.get("branch_pos")
+    return (pos is None, pos or 0, str(row.get("created") or ""), row["key"])
+
+
 def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -251,15 +261,16 @@ class TraceStore:
     """An embedded, content-addressed directory of traces, safe against crashes and concurrent writers."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.root = Path(path)
-        self.traces_dir = self.root / "traces"
-        self.index_path = self.root / "index.jsonl"
+        self.path = Path(path)
+        self.traces_dir = self.path / "traces"
+        self.index_path = self.path / "index.jsonl"
         self._index: dict[str, dict[tuple[int, int, int], dict[str, Any]]] = {}
         self._index_offset = 0
         self._verdicts: dict[tuple[str, tuple[int, int, int]], str | None] = {}
+        self._warned: set[tuple[Path, str]] = set()
 
     def __repr__(self) -> str:
-        return f"TraceStore({str(self.root)!r})"
+        return f"TraceStore({str(self.path)!r})"
 
     def _path(self, key: str) -> Path:
         return self.traces_dir / f"{check_key(key)}.parquet"
@@ -275,10 +286,11 @@ class TraceStore:
         if path.exists() and not overwrite:
             log.debug("trace %s already stored; not overwriting", key)
             return key
-        table = encode(trace, key)
+        summary = summarise(trace, key)
+        table = encode(trace, key, summary)
         self.traces_dir.mkdir(parents=True, exist_ok=True)
         st = self._write_atomic(table, path)
-        self._append_index(key, st, json.loads(table.schema.metadata[_META_KEY])["summary"])
+        self._append_index(key, st, summary)
         log.info("stored trace %s (%d tokens)", key, len(trace))
         return key
 
@@ -298,7 +310,8 @@ class TraceStore:
         return st
 
     def _append_index(self, key: str, st: os.stat_result, summary: dict[str, Any]) -> None:
-        line = json.dumps({"key": key, "id": list(_identity(st)), "summary": summary}, default=_json_default)
+        values = [summary.get(name) for name in _INDEX_FIELDS]  # a list, not a dict: half the bytes to parse
+        line = json.dumps({"key": key, "id": list(_identity(st)), "f": _INDEX_TAG, "s": values}, default=_json_default)
         fd = os.open(self.index_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # one whole line per append, even across processes
@@ -312,7 +325,7 @@ class TraceStore:
         try:
             path.unlink()
         except FileNotFoundError:
-            raise StoreError(f"No trace with key {key!r} in {self.root}") from None
+            raise StoreError(f"No trace with key {key!r} in {self.path}") from None
         _fsync_dir(self.traces_dir)
         log.info("deleted trace %s", key)
 
@@ -338,7 +351,7 @@ class TraceStore:
         """The trace stored under `key`; StoreError if it is missing or unreadable (with the reason)."""
         path = self._path(key)
         if not path.exists():
-            raise StoreError(f"No trace with key {key!r} in {self.root}")
+            raise StoreError(f"No trace with key {key!r} in {self.path}")
         try:
             with pq.ParquetFile(path, page_checksum_verification=True) as pf:  # lighter than read_table
                 trace = decode(pf.read(use_threads=False))
@@ -374,9 +387,17 @@ class TraceStore:
                     entries.append(json.loads(raw))
                 except ValueError:
                     continue
+        n_fields = len(_INDEX_FIELDS)
         for entry in entries:  # a skipped entry only costs a footer read later
-            if isinstance(entry, dict) and isinstance(entry.get("summary"), dict) and isinstance(entry.get("id"), list):
-                self._index.setdefault(str(entry.get("key")), {})[tuple(entry["id"])] = entry["summary"]
+            if (
+                isinstance(entry, dict)
+                and entry.get("f") == _INDEX_TAG  # written with these fields, in this order
+                and isinstance(entry.get("s"), list)
+                and len(entry["s"]) == n_fields
+                and isinstance(entry.get("id"), list)
+            ):
+                summary = dict(zip(_INDEX_FIELDS, entry["s"]))
+                self._index.setdefault(str(entry.get("key")), {})[tuple(entry["id"])] = summary
         self._index_offset += end
 
     def _summary_rows(self) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
@@ -385,6 +406,9 @@ class TraceStore:
         bad: list[tuple[Path, str]] = []
         for entry in self._files():
             key = entry.name[: -len(".parquet")]
+            if not _KEY_RE.match(key):
+                bad.append((Path(entry.path), f"file name {entry.name!r} is not a valid trace key"))
+                continue
             try:
                 st = entry.stat()
             except FileNotFoundError:  # deleted while listing
@@ -395,6 +419,10 @@ class TraceStore:
                 try:
                     record = _record_from_metadata(pq.read_metadata(entry.path).metadata)
                     summary = record["summary"]
+                    if record.get("key") != key:
+                        raise StoreError(f"file holds key {record.get('key')!r}, not {key!r}")
+                except FileNotFoundError:
+                    continue
                 except (StoreError, OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
                     bad.append((Path(entry.path), _reason(exc)))
                     continue
@@ -415,8 +443,10 @@ class TraceStore:
         """One row per readable trace (SUMMARY_COLUMNS), from the index/footers, never token arrays."""
         rows, bad = self._summary_rows()
         for path, reason in bad:
-            log.warning("skipping unreadable trace file %s: %s", path, reason)
-        return pd.DataFrame({col: [row.get(col) for row in rows] for col in SUMMARY_COLUMNS})
+            if (path, reason) not in self._warned:  # once per file and reason, not on every listing
+                self._warned.add((path, reason))
+                log.warning("skipping unreadable trace file %s: %s", path, reason)
+        return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
 
     def unreadable(self) -> list[tuple[Path, str]]:
         """(path, reason) for every trace file that cannot be fully read; nothing is deleted."""
@@ -441,16 +471,14 @@ class TraceStore:
     def children(self, key: str) -> list[str]:
         """Keys of the traces whose parent is `key`, by branch position then creation time."""
         rows, _ = self._summary_rows()
-        kids = [r for r in rows if r.get("parent") == key]
-        kids.sort(key=lambda r: (r.get("branch_pos") is None, r.get("branch_pos") or 0, str(r.get("created") or ""), r["key"]))
-        return [r["key"] for r in kids]
+        return [r["key"] for r in sorted((r for r in rows if r.get("parent") == key), key=_branch_order)]
 
     def tree(self, key: str) -> dict[str, Any]:
         """The branch tree holding `key`: the oldest stored ancestor, with nested "children" lists."""
         rows, _ = self._summary_rows()
         by_key = {r["key"]: r for r in rows}
         if key not in by_key:
-            raise StoreError(f"No readable trace with key {key!r} in {self.root}")
+            raise StoreError(f"No readable trace with key {key!r} in {self.path}")
         kids: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             if r.get("parent"):
@@ -462,10 +490,7 @@ class TraceStore:
 
         def node(k: str, path: frozenset[str]) -> dict[str, Any]:
             r = by_key[k]
-            ordered = sorted(
-                kids.get(k, []),
-                key=lambda c: (c.get("branch_pos") is None, c.get("branch_pos") or 0, str(c.get("created") or ""), c["key"]),
-            )
+            ordered = sorted(kids.get(k, []), key=_branch_order)
             return {
                 "key": k,
                 "kind": r.get("kind"),

@@ -65,11 +65,11 @@ def self_pair(tiny_dirs) -> core.ModelPair:
 @pytest.fixture(scope="session")
 def float64_models():
     """Cache of float64 deep copies of models (keyed by id), for brute-force references."""
-    cache: dict[int, object] = {}
+    cache: dict[int, tuple[object, object]] = {}  # id -> (the model, kept alive so ids are not reused; its copy)
 
     def get(model):
         if id(model) not in cache:
-            cache[id(model)] = copy.deepcopy(model).double()
-        return cache[id(model)]
+            cache[id(model)] = (model, copy.deepcopy(model).double())
+        return cache[id(model)][1]
 
     return get

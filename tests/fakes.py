@@ -21,6 +21,9 @@ FAKE_VOCAB: list[str] = [
     " <b>", "&", ' "q"', " '", " <script>", "</think>", " boxed", "{", "}", " 17", " -", " *",
 ]
 
+FAKE_TAGS = {"First": "plan", "Let": "plan", "To": "plan", "Wait": "reflect", "Alternatively": "reflect",
+             "check": "verify", "answer": "conclude"}  # fmt: skip
+
 
 def fake_decode(token_id: int) -> str:
     """Display string of a fake token id (ids past the vocabulary show as `<id>`)."""
@@ -120,7 +123,7 @@ def make_trace(
         ce = metrics["cross_entropy"]
         n_spikes = max(1, n // 10)
         positions = sorted(np.argsort(-ce, kind="stable")[:n_spikes].tolist())
-        tags = ["planning" if t.strip() in {"First", "Wait", "Let", "Alternatively", "check"} else "" for t in tokens]
+        tags = [FAKE_TAGS.get(t.strip(), "execute") for t in tokens]  # core.planning's categories
         cut = (2 * n) // 3
         segments = ["think"] * cut + ["answer"] * (n - cut)
         trace = trace.annotate(

@@ -103,12 +103,17 @@ class FeedLog:
         return [n for s, n in self.calls if s == side]
 
 
+def held_tensors(held: HeldCaches) -> list[torch.Tensor]:
+    kv = [t for c in held.caches.values() for layer in c.layers for t in (layer.keys, layer.values)]
+    return kv + list(held.hidden.values())
+
+
 def snapshot(held: HeldCaches) -> list[torch.Tensor]:
-    return [t.clone() for c in held.caches.values() for layer in c.layers for t in (layer.keys, layer.values)]
+    return [t.clone() for t in held_tensors(held)]
 
 
 def same_tensors(held: HeldCaches, snap: list[torch.Tensor]) -> bool:
-    now = [t for c in held.caches.values() for layer in c.layers for t in (layer.keys, layer.values)]
+    now = held_tensors(held)
     return len(now) == len(snap) and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(now, snap))
 
 
@@ -293,25 +298,35 @@ def test_branch_of_a_later_sample_replays_its_stream(pair) -> None:
 
 
 def test_branch_with_and_without_held_caches_agree(pair, monkeypatch) -> None:
-    for temperature in (0.0, 0.9):
+    """Held caches: the parent's state at pos already predicts token pos, so no forward runs before the
+    first new token (one 1-token read per model when branching at the very end, whose last token was
+    never fed); then one token per model per step. Without them: one prefill of prompt + prefix."""
+    for temperature, pos in ((0.0, 9), (0.9, 9), (0.0, 16)):
         CACHES.clear()
         parent = core.generate(pair, PROMPTS[1], max_new_tokens=16, temperature=temperature, seed=9)
-        assert CACHES.get(parent.key) is not None
+        assert len(parent) == 16 and CACHES.get(parent.key) is not None
         log = FeedLog(pair, monkeypatch)
         first_new = []
-        warm = core.branch(pair, parent, 9, progress=lambda t, n: first_new.append(len(log.calls)))
+        warm = core.branch(pair, parent, pos, max_new_tokens=20,
+                           progress=lambda t, n: first_new.append(len(log.calls)))
         before_first = log.calls[: first_new[0]]
-        assert sorted(before_first) == [("base", 1), ("reason", 1)]  # cropped caches: one token each
+        assert sorted(before_first) == ([] if pos < 16 else [("base", 1), ("reason", 1)])
         assert all(n == 1 for _, n in log.calls)
+        assert len(log.calls) == 2 * (len(warm) - pos - 1 + (pos == 16))  # the last token is never fed
         CACHES.clear()
         log.calls.clear()
-        cold = core.branch(pair, parent, 9)
-        assert sorted(log.calls[:2]) == sorted((s, len(parent.prompt_ids[s]) + 9) for s in SIDES)
+        cold = core.branch(pair, parent, pos, max_new_tokens=20)
+        assert sorted(log.calls[:2]) == sorted((s, len(parent.prompt_ids[s]) + pos) for s in SIDES)
         np.testing.assert_array_equal(warm.token_ids, cold.token_ids)
         assert list(warm.source) == list(cold.source) and warm.key == cold.key
         for name in METRICS:
             np.testing.assert_allclose(warm.metrics[name], cold.metrics[name], atol=ATOL, rtol=RTOL)
         assert_matches_score(pair, warm)
+        # the cold child is held too, with its prefix's states: its own branches need no forward either
+        log.calls.clear()
+        first_new.clear()
+        core.branch(pair, cold, pos + 2, max_new_tokens=pos + 3, progress=lambda t, n: first_new.append(len(log.calls)))
+        assert first_new[0] == 0
 
 
 def test_branch_of_a_branch_and_of_a_scored_trace(pair) -> None:
@@ -344,6 +359,16 @@ def test_held_caches_are_never_mutated_by_branches(pair) -> None:
     parent = core.generate(pair, PROMPTS[0], max_new_tokens=12)
     held = CACHES.get(parent.key)
     assert held.n_tokens == 11 and held.prompt_len == {s: len(parent.prompt_ids[s]) for s in SIDES}
+    from transformers import DynamicCache
+
+    assert held.caches["base"] is not held.caches["reason"]
+    for s in SIDES:  # each model's own cache: its own prompt + the 11 response tokens fed so far
+        assert isinstance(held.caches[s], DynamicCache)
+        assert held.caches[s].get_seq_length() == len(parent.prompt_ids[s]) + 11
+        assert held.hidden[s].shape == (12, pair.model(s).config.hidden_size)
+    # hidden[r] predicts token r: the greedy base parent's tokens are the argmaxes of its head
+    logits = pair.base.get_output_embeddings()(held.hidden["base"])[:, : pair.vocab_size]
+    np.testing.assert_array_equal(logits.argmax(-1).numpy(), parent.token_ids)
     snap = snapshot(held)
     for pos in (0, 3, 11, 12):
         core.branch(pair, parent, pos, max_new_tokens=14)
@@ -360,7 +385,8 @@ def test_cache_lru_is_bounded_in_bytes(pair) -> None:
     sizes = [h.nbytes() for h in helds]
     cfg = pair.base.config
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4  # K and V, float32
-    assert sizes[0] == per_token * sum(len(traces[0].prompt_ids[s]) + 5 for s in SIDES)  # both models
+    states = 2 * 6 * cfg.hidden_size * 4  # each model's final hidden states predicting tokens 0 .. 5
+    assert sizes[0] == per_token * sum(len(traces[0].prompt_ids[s]) + 5 for s in SIDES) + states
     lru = CacheLRU(max_bytes=sizes[0] + sizes[1] + sizes[2] - 1)
     for t, h in zip(traces, helds):
         lru.put(t.key, h)

@@ -23,7 +23,7 @@ SECOND_WORDS = {"finds": "add", "is given": "add", "buys": "add", "gives away": 
 PY_OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y, "/": lambda x, y: x / y}
 SOLUTION = re.compile(
     r"^ The numbers are (\d+), (\d+) and (\d+)\. First, we (\w+), then we (\w+)\. (\d+) ([-+*/]) (\d+) = (\d+)\. "
-    r"(\d+) ([-+*/]) (\d+) = (\d+)\. So (\w+) has (\d+) (\w+) now\. The answer is \\boxed\{(\d+)\}\.$"
+    r"(\d+) ([-+*/]) (\d+) = (\d+)\. So (\w+) has (\d+) now\. The answer is \\boxed\{(\d+)\}\.$"
 )
 VERB = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/"}
 
@@ -48,7 +48,7 @@ def check_solution(solution: str, numbers: list[int], route: list[str]) -> int:
     assert (s1, s2) == (VERB[route[0]], VERB[route[1]])
     assert PY_OPS[s1](x1, y1) == r1 and PY_OPS[s2](x2, y2) == r2
     assert 0 <= r1 <= 99 and 0 <= r2 <= 99
-    assert int(g[14]) == r2 == int(g[16])
+    assert int(g[14]) == r2 == int(g[15])
     return r2
 
 
@@ -72,9 +72,9 @@ def test_wrong_routes_are_carried_out_faithfully(seed, op):
     route = (op, p["route"][1])
     if demo_task.run_route(route, tuple(p["numbers"])) is None:
         with pytest.raises(ValueError):
-            demo_task.render_solution(route, tuple(p["numbers"]), p["name"], p["item"])
+            demo_task.render_solution(route, tuple(p["numbers"]), p["name"])
         return
-    text = demo_task.render_solution(route, tuple(p["numbers"]), p["name"], p["item"])
+    text = demo_task.render_solution(route, tuple(p["numbers"]), p["name"])
     check_solution(text, p["numbers"], list(route))
     # the base's favourite reading is always executable, so its corpus never needs to skip a problem
     assert demo_task.run_route(("add", p["route"][1]), tuple(p["numbers"])) is not None

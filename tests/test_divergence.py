@@ -55,6 +55,44 @@ def test_every_metric_matches_float64_reference(c: int, v: int, scale: float) ->
         assert got[name].dtype.kind == "i", name
 
 
+@pytest.mark.parametrize(("c", "v"), [(70, 6000), (40, 32000)])
+def test_large_vocabulary_blocks_and_near_top_targets(c: int, v: int) -> None:
+    """More rows than one inner block, a vocabulary tail past the top-k blocks, targets at ranks 0..20
+    (read off the top-k) and far down (counted), against the reference."""
+    a, b, y = random_block(seed=c, c=c, v=v, scale=5.0)
+    order = np.argsort(-a, axis=-1, kind="stable")
+    y[: c // 2] = order[np.arange(c // 2), np.arange(c // 2) % 21]
+    y[-1] = v - 1  # in the tail
+    got = run(a, b, y, k=10)
+    ref = reference_metrics(a.astype(np.float64), b.astype(np.float64), y)
+    for name in METRICS:
+        np.testing.assert_allclose(got[name].astype(np.float64), ref[name], atol=1e-5, rtol=0, err_msg=name)
+    for side, logits in (("base", a), ("reason", b)):
+        expected = np.argsort(-logits, axis=-1, kind="stable")[:, :10]
+        np.testing.assert_array_equal(got[f"topk_{side}_ids"], expected)
+        np.testing.assert_allclose(got[f"topk_{side}_probs"], ref[f"topk_{side}_probs"], atol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(5300, 7000), st.integers(1, 40), st.integers(0, 2**32 - 1), st.integers(1, 12))
+def test_topk_and_ranks_with_many_ties(v: int, c: int, seed: int, k: int) -> None:
+    """Integer logits tie massively: top-k must still be a valid top-k and ranks count strictly larger ones."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-4, 3, size=(c, v)).astype(np.float32)
+    b = rng.integers(-4, 3, size=(c, v)).astype(np.float32)
+    y = rng.integers(0, v, size=c)
+    got = run(a, b, y, k=k)
+    for i in range(c):
+        for side, logits in (("base", a[i]), ("reason", b[i])):
+            ids, probs = got[f"topk_{side}_ids"][i], got[f"topk_{side}_probs"][i]
+            assert len(set(ids.tolist())) == k
+            np.testing.assert_array_equal(logits[ids], np.sort(logits)[::-1][:k])
+            assert (np.diff(probs) <= 0).all()
+        assert got["rank_base"][i] == np.sum(a[i] > a[i][y[i]])
+        assert got["rank_reason"][i] == np.sum(b[i] > b[i][y[i]])
+        assert got["reason_top_rank_in_base"][i] == np.sum(a[i] > a[i][np.argmax(b[i])])
+
+
 def test_hand_computed_values() -> None:
     """Two-token distributions worked out by hand: p = (1/2, 1/2), q = (1/4, 3/4)."""
     a = np.zeros((1, 2), dtype=np.float64)
@@ -178,11 +216,15 @@ def test_ranks_agree_with_sorting(block) -> None:
         return int(np.sum(x > x[token] + eps)), int(np.sum(x > x[token] - eps))
 
     for i in range(len(a)):
-        top_q = int(np.argmax(b[i]))
-        for logits, token, rank in ((a[i], y[i], got["rank_base"][i]), (b[i], y[i], got["rank_reason"][i]),
-                                    (a[i], top_q, got["reason_top_rank_in_base"][i])):
+        for logits, token, rank in ((a[i], y[i], got["rank_base"][i]), (b[i], y[i], got["rank_reason"][i])):
             clearly_above, above_or_tied = bounds(logits, token)
             assert clearly_above <= rank <= above_or_tied
+        # argmax q: any token whose logit ties the maximum up to rounding may be the one chosen
+        eps = 1e-5 * (1.0 + np.abs(b[i]).max())
+        candidates = np.flatnonzero(b[i] >= b[i].max() - eps)
+        low = min(bounds(a[i], t)[0] for t in candidates)
+        high = max(bounds(a[i], t)[1] for t in candidates)
+        assert low <= got["reason_top_rank_in_base"][i] <= high
         if y[i] == np.argmax(a[i]):
             assert got["rank_base"][i] == 0
 
@@ -231,6 +273,21 @@ def test_extreme_and_masked_logits_stay_finite() -> None:
     ref = reference_metrics(a.astype(np.float64), b.astype(np.float64), y)
     for name in METRICS:
         np.testing.assert_allclose(got[name], ref[name], atol=1e-5, rtol=1e-6, err_msg=name)
+
+
+def test_masked_rows_among_many() -> None:
+    """-inf logits in a few rows of a large block: those rows take the exact masked path, the rest not."""
+    a, b, y = random_block(seed=9, c=45, v=6000, scale=3.0)
+    masked = np.arange(0, 6000, 7)
+    masked = masked[~np.isin(masked, y)]
+    for row in (3, 40):
+        a[row, masked] = -np.inf
+        b[row, masked] = -np.inf
+    got = run(a, b, y)
+    ref = reference_metrics(a.astype(np.float64), b.astype(np.float64), y)
+    for name in METRICS:
+        assert np.isfinite(got[name].astype(np.float64)).all(), name
+        np.testing.assert_allclose(got[name].astype(np.float64), ref[name], atol=1e-5, rtol=0, err_msg=name)
 
 
 def test_support_mismatch_gives_infinite_kl_only() -> None:

@@ -138,9 +138,8 @@ def test_csv_long_format(tmp_path, traces):
     assert len(frame) == sum(len(t) for t in traces)
     expected_cols = ["trace_key", "pos", "token_id", "token", *METRICS, "source"]
     assert list(frame.columns[: len(expected_cols)]) == expected_cols
-    assert {"tag", "segment", "spike", "topk_base_ids", "topk_base_probs", "topk_reason_ids", "topk_reason_probs"} <= set(
-        frame.columns
-    )
+    topk_cols = {"topk_base_ids", "topk_base_probs", "topk_reason_ids", "topk_reason_probs"}
+    assert {"tag", "segment", "spike", *topk_cols} <= set(frame.columns)
     for trace in traces:
         rows = frame[frame["trace_key"] == trace.key].reset_index(drop=True)
         ref = trace.frame()

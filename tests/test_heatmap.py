@@ -137,9 +137,11 @@ def test_markers_match_annotations():
         i for i, s in enumerate(trace.source) if s == "reason"
     ]
     assert [i for i, c in enumerate(classes) if "src-forced" in c] == [20]  # make_trace forces n // 3
-    planning = [i for i, t in enumerate(trace.annotations["tags"]) if t == "planning"]
+    planning = [i for i, t in enumerate(trace.annotations["tags"]) if t != "execute"]
     assert planning and [i for i, c in enumerate(classes) if "tag" in c] == planning
-    assert all(s["data-tag"] == "planning" for s in spans if "data-tag" in s)
+    assert [s["data-tag"] for s in spans if "data-tag" in s] == [trace.annotations["tags"][i] for i in planning]
+    colours = {tag_colour(t) for t in ("plan", "reflect", "verify", "conclude")}
+    assert {s["style"].split("--tag:")[1] for s in spans if "data-tag" in s} <= colours
     # explicit arguments override the layers; show_source=False hides the markers
     spans = parse(tokens_html(trace, spikes=[1, 2], tags=[""] * 60, show_source=False)).spans
     classes = [set(s["class"].split()) for s in spans]
@@ -205,11 +207,13 @@ def test_payload_is_json_ready():
 
 
 def test_legend_and_tag_colours():
-    legend = legend_html(["planning", "", None, "<b>odd</b>", "planning"])
+    legend = legend_html(["plan", "", None, "<b>odd</b>", "plan", "execute", "reflect"])
     assert "<b>odd</b>" not in legend and html.escape("<b>odd</b>") in legend
-    assert legend.count("planning") == 1 and "spike" in legend and "reasoner" in legend
-    assert tag_colour("execution") is None and tag_colour(None) is None
-    assert tag_colour("planning") == tag_colour("Planning") and tag_colour("weird") == tag_colour("weird")
+    assert legend.count(">plan<") == 1 and ">reflect<" in legend and "execute" not in legend
+    assert "spike" in legend and "reasoner" in legend
+    assert tag_colour("execute") is None and tag_colour(None) is None
+    assert tag_colour("plan") == tag_colour("Plan") and tag_colour("weird") == tag_colour("weird")
+    assert len({tag_colour(c) for c in ("plan", "reflect", "verify", "conclude")}) == 4
     assert ".fp-heatmap" in heatmap_css() and "url(" not in heatmap_css()
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from core.tiny import CORPUS
 from core.tokens import REPLACEMENT, display_tokens
 from core.trace import request_key
 
+ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("base", "reason")
 PROBLEM = "Tom has 3 boxes of 4 apples. How many apples?"
 RESPONSE = "First, 3 * 4 = 12. Wait, let's check: 12. The answer is \\boxed{12}."
@@ -300,3 +304,13 @@ def test_each_model_conditions_on_its_own_prompt(qwen_pair) -> None:
     assert not np.allclose(new_reason.metrics["entropy_reason"], reference.metrics["entropy_reason"])
     assert not np.allclose(new_reason.metrics["logp_reason"], reference.metrics["logp_reason"])
     np.testing.assert_array_equal(new_reason.topk["base"][0], reference.topk["base"][0])
+
+
+@pytest.mark.slow
+def test_scoring_benchmark_runs() -> None:
+    """benchmarks/bench_scoring.py still runs against the scoring API (tiny shape, seconds)."""
+    cmd = [sys.executable, "benchmarks/bench_scoring.py", "--shape", "tiny-qwen3", "--T", "64", "--repeats", "1",
+           "--related", "--base-targets"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ratio b/a" in out.stdout

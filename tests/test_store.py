@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import multiprocessing
 import time
@@ -178,6 +179,8 @@ def test_truncated_garbage_and_schema_bump(tmp_path, monkeypatch):
     for i in range(200, 260):
         raw[i] ^= 0xFF
     path2.write_bytes(bytes(raw))
+    # a good file under another key's name (copied by hand)
+    shutil.copy(store.traces_dir / f"{good[3]}.parquet", store.traces_dir / "renamed01.parquet")
     # a trace from a newer schema
     monkeypatch.setattr(store_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     newer = store.put(make_trace(30, seed=50, meta={"schema": SCHEMA_VERSION + 1}))
@@ -185,15 +188,18 @@ def test_truncated_garbage_and_schema_bump(tmp_path, monkeypatch):
 
     fresh = TraceStore(tmp_path)
     bad = dict((p.name, reason) for p, reason in fresh.unreadable())
-    assert set(bad) == {f"{good[0]}.parquet", "garbage01.parquet", f"{good[1]}.parquet", f"{newer}.parquet"}
+    assert set(bad) == {
+        f"{good[0]}.parquet", "garbage01.parquet", f"{good[1]}.parquet", f"{newer}.parquet", "renamed01.parquet"
+    }  # fmt: skip
+    assert "holds key" in bad["renamed01.parquet"]
     assert "newer" in bad[f"{newer}.parquet"]
     listed = set(fresh.summaries()["key"])
-    assert listed >= {good[2], good[3]} and not listed & {good[0], newer, "garbage01"}
+    assert listed >= {good[2], good[3]} and not listed & {good[0], newer, "garbage01", "renamed01"}
     assert fresh.get(good[2]) == make_trace(30, seed=2)
     for key, pattern in [(good[0], "unreadable"), ("garbage01", "unreadable"), (newer, "newer")]:
         with pytest.raises(StoreError, match=pattern):
             fresh.get(key)
-    assert len(fresh.keys()) == 6  # nothing deleted
+    assert len(fresh.keys()) == 7  # nothing deleted
     with pytest.raises(StoreError, match="newer"):
         fresh.put(make_trace(5, meta={"schema": SCHEMA_VERSION + 1}))
 

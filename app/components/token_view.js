@@ -18,6 +18,12 @@ function fmt(v) {
   return Number(v).toFixed(3);
 }
 
+function fmtP(p) {
+  if (p === null || p === undefined) return "–";
+  if (p > 0 && p < 0.001) return "<0.001";
+  return Number(p).toFixed(3);
+}
+
 function visible(s) {
   return JSON.stringify(String(s).replace(/\r/g, "␍").replace(/\n/g, "↵").replace(/\t/g, "⇥"));
 }
@@ -28,7 +34,7 @@ function buildCard(card, hover, pos) {
   card.appendChild(el("div", "fp-card-title", `#${pos}  ${visible(hover.tokens[pos])}  · ${src}`));
   const score = el("div", "fp-card-score", `${hover.score_name}: ${fmt(hover.score[pos])}`);
   card.appendChild(score);
-  if (hover.tags && hover.tags[pos] && !["", "none", "execution", "other"].includes(hover.tags[pos])) {
+  if (hover.tags && hover.tags[pos] && !["", "none", "execute", "execution", "other"].includes(hover.tags[pos])) {
     card.appendChild(el("div", "fp-card-tag", `tag: ${hover.tags[pos]}`));
   }
   const grid = el("div", "fp-card-metrics");
@@ -48,7 +54,7 @@ function buildCard(card, hover, pos) {
     hover.top[side][pos].forEach((id, j) => {
       const row = el("tr", id === emitted ? "emitted" : null);
       row.appendChild(el("td", "fp-top-tok", visible(hover.vocab[String(id)] ?? `#${id}`)));
-      row.appendChild(el("td", "fp-top-p", fmt(hover.prob[side][pos][j])));
+      row.appendChild(el("td", "fp-top-p", fmtP(hover.prob[side][pos][j])));
       col.appendChild(row);
     });
     tops.appendChild(col);

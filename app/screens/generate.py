@@ -83,7 +83,8 @@ def main() -> None:
     chosen = _choose_problems(problems)
     req = _policy_form(ctx.settings.score)
     c = st.columns(5)
-    max_new = int(c[0].number_input("max new tokens", 1, 32768, 256, 32, key="gen_max_new"))
+    max_new = int(c[0].number_input("max new tokens", 1, 32768, st.session_state["config"].max_new_tokens, 32,
+                                    key="gen_max_new"))
     temperature = float(c[1].number_input("temperature", 0.0, 2.0, 0.0, 0.1, key="gen_temp"))
     top_p = float(c[2].number_input("top-p", 0.01, 1.0, 1.0, 0.05, key="gen_top_p"))
     seed = int(c[3].number_input("seed", 0, 2**31 - 1, 0, key="gen_seed"))
@@ -94,7 +95,8 @@ def main() -> None:
         return
     slot = st.empty()
     with slot.container(border=True):
-        st.button("Cancel", key="gen_cancel", help="Stops the run; traces finished so far stay stored.")
+        st.button("Cancel", key="gen_cancel", help="Stops the run; traces finished so far stay stored.",
+                  on_click=state.notice, args=("info", "Generation cancelled; traces finished before that stay stored."))
         bar = st.progress(0.0, text="starting")
 
         def progress(done: int, total: int) -> None:

@@ -68,12 +68,16 @@ def problems_tab(ctx) -> None:
         st.error(f"Could not read the problems: {err}")
         return
     df = ctx.store.summaries()
-    counts = df.groupby(df["problem"].astype("string")).agg(traces=("key", "size"), correct=("correct", "mean")) \
-        if not df.empty else pd.DataFrame(columns=["traces", "correct"])
+    if df.empty:
+        counts = pd.DataFrame(columns=["traces", "correct"])
+    else:
+        graded = df.assign(correct=df["correct"].map({True: 1.0, False: 0.0}).astype("float64"))
+        counts = graded.groupby(graded["problem"].astype("string")).agg(traces=("key", "size"), correct=("correct", "mean"))
     table = pd.DataFrame({"id": [p.id for p in problems], "prompt": [p.prompt for p in problems],
                           "gold": [p.gold for p in problems]})
     table["traces"] = [int(counts["traces"].get(p.id, 0)) if p.id in counts.index else 0 for p in problems]
     table["share correct"] = [counts["correct"].get(p.id) if p.id in counts.index else None for p in problems]
+    table["share correct"] = pd.to_numeric(table["share correct"], errors="coerce")
     st.caption(f"{len(table)} problems. Choose one to open its first trace (a greedy BaseOnly one is made if none).")
     st.dataframe(table, key="problems_set", on_select=lambda: _open_selected_problem(table),
                  selection_mode="single-row", hide_index=True, width="stretch",
@@ -115,7 +119,7 @@ def _first_trace_of(ctx, problem_id: str) -> str | None:
         return None
     try:
         with st.spinner(f"Generating a BaseOnly trace for {problem_id} …"):
-            return actions.first_trace(ctx.pair, ctx.store, problem).key
+            return actions.first_trace(ctx.pair, ctx.store, problem, st.session_state["config"].max_new_tokens).key
     except ForkpointError as err:
         st.error(f"Could not generate a trace: {err}")
         return None

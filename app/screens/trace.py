@@ -7,16 +7,16 @@ import streamlit as st
 from app import actions, resources, state
 from app.context import Context, get_context
 from app.trace_panels import header, run_pending, trace_panel
-from core.errors import ForkpointError
+from core.errors import ForkpointError, InvalidInputError
 
 
 def _first_problem(ctx: Context):
-    """The problem to open when nothing is chosen: the URL's problem, else the first of the set."""
-    problems = resources.problem_set(ctx.settings.problems_path)
-    if not problems:
-        return None
+    """The URL's problem (InvalidInputError if the set has no such id)."""
     wanted = st.session_state.get("problem_id")
-    return next((p for p in problems if p.id == wanted), problems[0])
+    found = next((p for p in resources.problem_set(ctx.settings.problems_path) if p.id == wanted), None)
+    if found is None:
+        raise InvalidInputError(f"No problem {wanted!r} in the problem set")
+    return found
 
 
 def _trace_for_problem(ctx: Context, problem_id: str) -> str | None:
@@ -46,16 +46,20 @@ def ensure_trace(ctx: Context) -> str | None:
     ss["first_view"] = False
     if ctx.pair is None:
         return None
+    limit = ss["config"].max_new_tokens
     try:
-        problem = _first_problem(ctx)
-        if problem is None:
-            return None
-        with st.spinner(f"Generating a first trace for problem {problem.id} …"):
-            trace = actions.first_trace(ctx.pair, ctx.store, problem)
+        if ss.get("problem_id"):  # a link to a problem with no trace yet
+            problem = _first_problem(ctx)
+            with st.spinner(f"Generating a first trace for problem {problem.id} …"):
+                trace = actions.first_trace(ctx.pair, ctx.store, problem, limit)
+        else:
+            problems = resources.problem_set(ctx.settings.problems_path)
+            with st.spinner("Generating first traces (greedy, base model alone) …"):
+                trace = actions.showcase_trace(ctx.pair, ctx.store, problems, max_new_tokens=limit)
     except ForkpointError as err:
         st.error(f"Could not generate a first trace: {err}")
         return None
-    state.open_trace(trace.key, problem.id)
+    state.open_trace(trace.key, (trace.meta.get("problem") or {}).get("id"))
     return trace.key
 
 

@@ -2,36 +2,20 @@
 
 from __future__ import annotations
 
-import io
-import tempfile
-import zipfile
-from pathlib import Path
-
 import streamlit as st
 
 from app import resources, state
 from app.context import get_context
+from app.downloads import MIME, export_file_bytes, file_name
 from app.view import filter_table, trace_table
 from core.errors import ForkpointError
-from core.export import FORMATS, export, sidecar_path
-
-MIME = {"jsonl": "application/jsonl", "csv": "application/zip", "parquet": "application/vnd.apache.parquet",
-        "html": "text/html"}
+from core.export import FORMATS
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def export_bytes(path: str, keys: tuple[str, ...], fmt: str, score: str, pair_tag: str, _decode=None) -> bytes:
-    """The exported file's bytes (CSV: a zip of the CSV and its .meta.json record)."""
-    traces = [resources.load_trace(path, k) for k in keys]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = export(traces, Path(tmp) / f"traces.{fmt}", fmt, score=score, decode=_decode, overwrite=True)
-        if fmt != "csv":
-            return out.read_bytes()
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-            zf.write(out, out.name)
-            zf.write(sidecar_path(out), sidecar_path(out).name)
-        return buf.getvalue()
+    """The exported file's bytes for stored traces (cached by keys and settings)."""
+    return export_file_bytes([resources.load_trace(path, k) for k in keys], fmt, score, _decode)
 
 
 def _filtered_keys(ctx) -> tuple[str, ...]:
@@ -71,7 +55,7 @@ def main() -> None:
                    format_func={"jsonl": "JSONL (lossless)", "csv": "CSV (+ record, zipped)", "parquet": "Parquet",
                                 "html": "HTML (self-contained)"}.get)
     s = ctx.settings
-    name = f"forkpoint-{keys[0][:8] if len(keys) == 1 else f'{len(keys)}-traces'}.{'zip' if fmt == 'csv' else fmt}"
+    name = file_name(keys, fmt)
     decode = resources.decoder(ctx.pair)
     tag = "none" if ctx.pair is None else repr(ctx.pair.fingerprint())
     try:

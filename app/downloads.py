@@ -1,0 +1,36 @@
+"""Export bytes for download buttons: core.export writes the file, this returns its bytes."""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import zipfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from core.divergence import DEFAULT_SCORE
+from core.export import export, sidecar_path
+from core.trace import Trace
+
+MIME = {"jsonl": "application/jsonl", "csv": "application/zip", "parquet": "application/vnd.apache.parquet",
+        "html": "text/html"}
+
+
+def file_name(keys: Sequence[str], fmt: str) -> str:
+    """forkpoint-<key8>.<ext> for one trace, forkpoint-<n>-traces.<ext> for several (CSV comes zipped)."""
+    stem = keys[0][:8] if len(keys) == 1 else f"{len(keys)}-traces"
+    return f"forkpoint-{stem}.{'zip' if fmt == 'csv' else fmt}"
+
+
+def export_file_bytes(traces: Sequence[Trace], fmt: str, score: str = DEFAULT_SCORE,
+                      decode: Callable[[int], str] | None = None) -> bytes:
+    """The bytes of `core.export.export(traces, ..., fmt)`; CSV as a zip of the CSV and its .meta.json record."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = export(list(traces), Path(tmp) / f"traces.{fmt}", fmt, score=score, decode=decode, overwrite=True)
+        if fmt != "csv":
+            return out.read_bytes()
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.write(out, out.name)
+            zf.write(sidecar_path(out), sidecar_path(out).name)
+        return buf.getvalue()

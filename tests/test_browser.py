@@ -1,0 +1,228 @@
+"""A real browser on the real app: Playwright drives Debian's chromium against `streamlit run app/main.py`.
+
+Flow: first view on the demo pair -> hover a token (both top-k lists) -> click a spike -> n jumps to
+the next spike -> the reasoning model takes over -> the branch appears beside the original with a
+differing continuation -> export the trace as JSONL and read it back. Screenshots go to
+test-output/browser/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("FORKPOINT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+OUT = ROOT / "test-output" / "browser"
+START_TIMEOUT_S = 120
+STEP_TIMEOUT_MS = 90_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"streamlit not healthy after {START_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
+
+
+def _pair_args(tmp_path_factory) -> list[str]:
+    """The demo pair (the default: no arguments); a tiny random pair only while the demo is not built."""
+    from core.demo import DEMO_DIR
+
+    if (DEMO_DIR / "pair.json").exists():
+        return []
+    from core.tiny import build_tiny_pair
+
+    base, reason = build_tiny_pair(tmp_path_factory.mktemp("browser_pair"))
+    return ["--base", str(base), "--reason", str(reason), "--max-new-tokens", "48", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no chromium at {CHROMIUM} (.ci/run installs it)")
+    pytest.importorskip("playwright.sync_api")
+    OUT.mkdir(parents=True, exist_ok=True)
+    store = tmp_path_factory.mktemp("browser_store")
+    port = _free_port()
+    log = OUT / "streamlit.log"
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), "--server.headless", "true",
+           "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+           "--", "--store", str(store), *_pair_args(tmp_path_factory)]
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        _wait_healthy(port, proc, log)
+        yield f"http://127.0.0.1:{port}/", store
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def page(app_url, tmp_path_factory):
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium_profile")
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1440, "height": 1600}, accept_downloads=True,
+        )
+        page = context.new_page()
+        page.set_default_timeout(STEP_TIMEOUT_MS)
+        try:
+            yield page
+        finally:
+            context.close()
+
+
+def _screenshot_page(page, path: Path, width: int = 1440) -> None:
+    """The whole page in one picture: Streamlit scrolls inside its own container, so grow the viewport
+    to the content's height, then clip to it."""
+    page.mouse.move(0, 0)  # no hover card in the picture
+    page.set_viewport_size({"width": width, "height": 3000})
+    page.wait_for_timeout(800)
+    box = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
+    height = int(min(3000, box["y"] + box["height"] + 24)) if box else 3000
+    page.screenshot(path=str(path), clip={"x": 0, "y": 0, "width": width, "height": height})
+    page.set_viewport_size({"width": width, "height": 1600})
+
+
+def _wait_selected(page, pos: int) -> None:
+    """Wait until the selection panel shows token `pos` (exactly: #1 is not #15)."""
+    page.get_by_text(re.compile(rf"^Token #{pos}$")).first.wait_for()
+
+
+def _selected_pos(page) -> int:
+    """The token number the selection panel shows ("Token #12 · emitted by ...")."""
+    text = page.get_by_text(re.compile(r"Token #\d+")).first.inner_text()
+    return int(re.search(r"Token #(\d+)", text).group(1))
+
+
+def test_hover_click_take_over_and_export(app_url, page):
+    url, store_dir = app_url
+    page.goto(url)
+    tokens = page.locator(".fp-scroll [data-pos]")
+    tokens.first.wait_for()
+    n = tokens.count()
+    assert n > 5
+    assert page.locator(".fp-scroll [data-pos].spike").count() >= 1  # spikes are outlined on the first view
+
+    # hover: both models' top-k with probabilities
+    tokens.nth(min(3, n - 1)).hover()
+    card = page.locator(".fp-card")
+    card.wait_for(state="visible")
+    text = card.inner_text()
+    assert "base top-" in text and "reason top-" in text and "H base" in text and "KL(b‖r)" in text
+    assert re.search(r"0\.\d{3}", text)
+    page.screenshot(path=str(OUT / "hover.png"))
+
+    # click a spike: the selection panel follows, and the URL records it
+    spikes = [int(p) for p in page.locator(".fp-scroll [data-pos].spike").evaluate_all(
+        "els => els.map(e => e.dataset.pos)")]
+    page.locator(f'.fp-scroll [data-pos="{spikes[0]}"]').click()
+    _wait_selected(page, spikes[0])
+    page.wait_for_function(f"() => window.location.search.includes('pos={spikes[0]}')")
+    parent = re.search(r"trace=([0-9a-f]+)", page.url).group(1)
+
+    # the score plot: clicking a point selects that token
+    points = page.locator(".js-plotly-plot .scatterlayer .trace").first.locator(".points path")
+    points.nth(2).wait_for(state="attached")
+    points.nth(2).click(force=True)
+    _wait_selected(page, 2)
+    page.locator(f'.fp-scroll [data-pos="{spikes[0]}"]').click()
+    _wait_selected(page, spikes[0])
+
+    # keyboard: n / p jump to the next / previous spike
+    if len(spikes) > 1:
+        page.locator("body").press("n")
+        _wait_selected(page, spikes[1])
+        page.locator("body").press("p")
+        _wait_selected(page, spikes[0])
+
+    # choose a spike where the reasoner's favourite differs from the emitted token, so that the
+    # takeover must change the continuation
+    from core.store import TraceStore
+
+    store = TraceStore(store_dir)
+    trace = store.get(parent)
+    differs = [p for p in spikes if int(trace.topk["reason"][0][p][0]) != int(trace.token_ids[p])]
+    pos = differs[0] if differs else spikes[0]
+    if pos != spikes[0]:
+        page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
+        _wait_selected(page, pos)
+    assert _selected_pos(page) == pos
+
+    # take over: the branch appears beside the original, continuing differently
+    page.get_by_role("button", name="Reasoning model takes over here").click()
+    branch = page.locator('.fp-compare[data-side="branch"]')
+    branch.wait_for()
+    original = page.locator('.fp-compare[data-side="original"]')
+    assert page.get_by_text(f"Branch at token #{pos}").first.is_visible()
+    if differs:
+        assert page.get_by_text(f"First difference at #{pos}").first.is_visible()
+        assert branch.inner_text() != original.inner_text()
+    _screenshot_page(page, OUT / "trace.png")  # the README's screenshot (copied to assets/screenshot.png)
+
+    # the branch is stored as a child of the open trace
+    kids = store.children(parent)
+    assert len(kids) == 1 and store.get(kids[0]).meta["branch_pos"] == pos
+
+    # export the open trace as JSONL and read it back
+    page.get_by_role("link", name="Export").click()
+    button = page.get_by_role("button", name=re.compile(r"Download forkpoint-.*\.jsonl"))
+    button.wait_for()
+    with page.expect_download() as info:
+        button.click()
+    saved = OUT / info.value.suggested_filename
+    info.value.save_as(saved)
+    from core.export import read_jsonl
+
+    traces = read_jsonl(saved)
+    assert [t.key for t in traces] == [parent] and traces[0] == store.get(parent)
+    page.screenshot(path=str(OUT / "export.png"))
+
+
+def test_copied_link_reopens_the_view(app_url, page):
+    url, store_dir = app_url
+    from core.store import TraceStore
+
+    keys = [k for k in TraceStore(store_dir).keys()]
+    if not keys:
+        pytest.skip("needs the trace made by the first test")
+    key = TraceStore(store_dir).summaries().iloc[0]["key"]
+    page.goto(f"{url}trace?trace={key}&pos=1")
+    _wait_selected(page, 1)
+    page.locator('.fp-scroll [data-pos="1"].sel').wait_for()  # the component marks the linked token
+    assert page.locator(".fp-scroll .tok.sel").count() == 1
+
