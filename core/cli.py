@@ -60,8 +60,11 @@ def _pair(opts: dict[str, Any]):
     from core.models import load_pair
 
     if not opts.get("base") and not opts.get("reason"):
+        import torch
+
         from core.demo import demo_pair
 
+        torch.set_num_threads(1)  # the demo models are tiny: more threads only add overhead
         return demo_pair(device=opts.get("device", "auto"))
     if not (opts.get("base") and opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
@@ -379,7 +382,8 @@ def app(port: int, address: str, app_args: tuple[str, ...]) -> None:
 
     main_py = Path(__file__).resolve().parent.parent / "app" / "main.py"
     cmd = [sys.executable, "-m", "streamlit", "run", str(main_py), "--server.address", address,
-           "--server.port", str(port), "--", *app_args]
+           "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+           "--", *app_args]
     raise SystemExit(subprocess.call(cmd))
 
 

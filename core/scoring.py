@@ -40,7 +40,8 @@ def problem_record(problem: Any) -> dict[str, Any]:
     prompt = get("prompt") or get("question") or get("problem")
     if not isinstance(prompt, str):
         raise InvalidInputError(f"A problem needs a prompt text; got {type(problem).__name__}")
-    return {"id": get("id"), "prompt": prompt, "gold": get("gold")}
+    gold = get("gold")
+    return {"id": get("id"), "prompt": prompt, "gold": gold if gold is not None else get("answer")}
 
 
 @functools.cache

@@ -1,0 +1,49 @@
+"""Measuring the demo pair and writing its card (on a tiny, freshly trained pair: fast, not meaningful)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+
+from core import demo_card, demo_train
+
+
+def test_bars_compare_in_the_right_direction():
+    assert demo_card.passes("base_acc_greedy", 0.60) and not demo_card.passes("base_acc_greedy", 0.61)
+    assert demo_card.passes("guided_recovery_greedy", 0.8) and not demo_card.passes("guided_recovery_greedy", 0.79)
+    assert demo_card.passes("median_u_top1", 0.3) and not demo_card.passes("median_u_top1", 0.31)
+    assert not demo_card.passes("plan_enrichment_taken", float("nan"))
+    assert not demo_card.passes("early_recovery_greedy", float("nan"))
+
+
+@pytest.fixture(scope="module")
+def tiny_demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo_card")
+    demo_train.train_demo_pair(out, size="tiny", progress=False)
+    return out
+
+
+def test_write_card_on_a_tiny_pair(tiny_demo, monkeypatch):
+    from core import demo
+
+    monkeypatch.setattr(demo, "PROBLEMS_DIR", demo.PROBLEMS_DIR)  # the committed problem files
+    result = demo_card.write_card(tiny_demo, n=3, samples=2, command="pytest", max_new_tokens=12)
+    assert set(result["values"]) == set(demo_card.BARS)
+    assert result["settings"]["problems"] == 3 and result["settings"]["samples"] == 2
+    card = (tiny_demo / "CARD.md").read_text()
+    assert card.startswith("# forkpoint demo pair")
+    assert "Measured with `pytest`" in card
+    for desc, _, _ in demo_card.BARS.values():
+        assert desc in card
+    saved = json.loads((tiny_demo / "measure.json").read_text())
+    assert saved["values"].keys() == result["values"].keys()
+    # sampled rows carry pass@2 and both ends of the gap are present
+    policies = [r["policy"] for r in result["sampled"]]
+    assert policies == ["base", "reason", "guided", "random_positions", "early_only"]
+    assert all(r["k"] == 2 for r in result["sampled"])
+    rho = {r["policy"]: r["rho"] for r in result["greedy"]}
+    assert rho["base"] == 0.0 and rho["reason"] == 1.0
+    assert all(0.0 <= v <= 1.0 or math.isnan(v) for v in rho.values())
