@@ -249,13 +249,17 @@ def _tags(trace: Trace) -> np.ndarray:
     return tags
 
 
+PLANNING = "planning"  # pooled pseudo-category in `enrichment`
+
+
 def enrichment(
     traces: Trace | Sequence[Trace], score: str = DEFAULT_SCORE, top: float = 0.01, segment: str | None = None
 ) -> pd.DataFrame:
     """Share of each tag category among all tokens, top-`top` score tokens, top entropy tokens and
     tokens taken over (source != "base"); enrichment = share / share among all tokens.
 
-    Columns set, category, share, enrichment, n (category count in the set), size (set size).
+    Columns set, category, share, enrichment, n (category count in the set), size (set size). Besides
+    each tag, category "planning" pools every non-execute tag (the paper's planning share).
     """
     items = _prepare(traces, score, segment)
     pools: dict[str, list[np.ndarray]] = {"all": [], "top_score": [], "top_entropy": [], "taken_over": []}
@@ -270,11 +274,17 @@ def enrichment(
         pools["taken_over"].append(tags[source != TAKEN_SOURCES_EXCLUDE])
     sets = {name: np.concatenate(parts) if parts else np.zeros(0, dtype=object) for name, parts in pools.items()}
     categories = sorted({str(c) for c in sets["all"]})
-    base_share = {c: float(np.mean(sets["all"] == c)) for c in categories} if sets["all"].size else {}
+    if "execute" in categories and len(categories) > 1:
+        categories.append(PLANNING)  # the paper's single planning share: every non-execute category
+
+    def members(tags: np.ndarray, c: str) -> np.ndarray:
+        return tags != "execute" if c == PLANNING else tags == c
+
+    base_share = {c: float(np.mean(members(sets["all"], c))) for c in categories} if sets["all"].size else {}
     rows = []
     for name, tags in sets.items():
         for c in categories:
-            n = int((tags == c).sum())
+            n = int(members(tags, c).sum())
             share = n / tags.size if tags.size else float("nan")
             enr = share / base_share[c] if base_share.get(c) else float("nan")
             rows.append({"set": name, "category": c, "share": share, "enrichment": enr, "n": n, "size": int(tags.size)})

@@ -58,7 +58,7 @@ def _one_setting(pair: Any, problems: Sequence[Any], gate: Any, *, budget: float
     rho, mean_tokens = float(summary.loc["guided", "rho"]), float(summary.loc["base", "mean_tokens"])
     # the baselines at the realised rate Guided reached (EarlyOnly's rate is a share of max_new_tokens)
     baselines = {"random_positions": RandomPositions(rate=rho, seed=seed),
-                 "early_only": EarlyOnly(rate=min(1.0, rho * mean_tokens / max_new_tokens))}
+                 "early_only": EarlyOnly(rate=ev.early_rate_for(rho, mean_tokens, max_new_tokens))}
     second = ev.run_records(pair, problems, baselines, **common)
     import pandas as pd
 
@@ -90,7 +90,10 @@ def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
     u = np.concatenate([np.arange(len(t)) / len(t) for t in base_traces])
     pooled_top = ce >= np.quantile(ce, 0.99)
     enr = enrichment(guided_traces).set_index(["set", "category"])
-    plan_share_all = float(enr.loc[("all", "plan"), "share"])
+
+    def plan(where: str, column: str) -> float:
+        return float(enr.loc[(where, "plan"), column]) if (where, "plan") in enr.index else float("nan")
+
     values = {}
     for mode, frame in (("greedy", greedy), ("sampled", sampled)):
         f = frame.set_index("policy")
@@ -102,14 +105,14 @@ def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
         values[f"early_recovery_{mode}"] = float(f.loc["early_only", "recovery"])
     values["gini_ce"] = pooled_gini
     values["median_u_top1"] = float(density.attrs["median_u"])
-    values["plan_enrichment_taken"] = float(enr.loc[("taken_over", "plan"), "enrichment"])
+    values["plan_enrichment_taken"] = plan("taken_over", "enrichment")
     extra = {
         "gini_ce_mean_per_response": per_trace_gini,
         "median_u_pooled_top1": float(np.median(u[pooled_top])),
-        "plan_share_all_tokens": plan_share_all,
-        "plan_share_taken_over": float(enr.loc[("taken_over", "plan"), "share"]),
-        "plan_enrichment_top1_score": float(enr.loc[("top_score", "plan"), "enrichment"]),
-        "taken_over_tokens": int(enr.loc[("taken_over", "plan"), "size"]),
+        "plan_share_all_tokens": plan("all", "share"),
+        "plan_share_taken_over": plan("taken_over", "share"),
+        "plan_enrichment_top1_score": plan("top_score", "enrichment"),
+        "taken_over_tokens": int(sum(np.sum(np.asarray(t.source) != "base") for t in guided_traces)),
     }
     return {
         "settings": {"problems": len(problems), "calibration": len(calibration), "ratio": ratio, "window": window,

@@ -41,6 +41,13 @@ def recovery(p_policy: float, p_base: float, p_reference: float) -> float:
     return float((p_policy - p_base) / gap) if gap > 0 else float("nan")
 
 
+def early_rate_for(rho: float, mean_tokens: float, max_new_tokens: int) -> float:
+    """EarlyOnly's `rate` whose prefix (ceil(rate · max_new_tokens) tokens) is the whole number of
+    tokens closest to a realised rate `rho` on responses of `mean_tokens` tokens (at least one)."""
+    n = max(1, round(rho * mean_tokens))
+    return min(1.0, n / max_new_tokens)
+
+
 def shard_of(items: Sequence[Any], shard: tuple[int, int] | None) -> list[Any]:
     """The items of shard (i, n): every n-th item starting at i (deterministic, disjoint, covering)."""
     if shard is None:
@@ -229,7 +236,7 @@ def budget_sweep(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
         if baselines and rho > 0:
             # EarlyOnly hands over the first ceil(rate · max_new_tokens) tokens: match ρ on mean length
             others = {"random_positions": RandomPositions(rate=min(1.0, rho), seed=seed),
-                      "early_only": EarlyOnly(rate=min(1.0, rho * mean_tokens / max_new_tokens))}
+                      "early_only": EarlyOnly(rate=early_rate_for(rho, mean_tokens, max_new_tokens))}
             base_summary = summarise(run_records(pair, problems, others, **common))
             found += [{"ratio": ratio, **r} for r in base_summary.to_dict("records")]
         for r in found:

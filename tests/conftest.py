@@ -10,8 +10,12 @@ import copy
 from pathlib import Path
 
 import pytest
+import torch
 
 import core
+
+# Tiny models: one thread is much faster than two (and than two under a busy machine's contention).
+torch.set_num_threads(1)
 from core.tiny import build_tiny_model, train_tokenizer
 
 # Cheap on purpose: hidden 64, 2 layers; the tokenizer has 400 entries.

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-LOG2 = float(np.log(2.0))
-
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
     """(V,) float64 logits (may hold -inf) -> log-probabilities."""
@@ -28,9 +26,7 @@ def _sum_plog(p: np.ndarray, log_ratio: np.ndarray) -> float:
 def rank_by_sorting(logits: np.ndarray, token: int) -> int:
     """Rank of `token` (0 = top): its index in the descending order, ties broken in its favour."""
     order = np.argsort(-np.asarray(logits, dtype=np.float64), kind="stable")
-    value = logits[token]
-    first_equal = int(np.argmax(logits[order] == value))
-    return first_equal
+    return int(np.argmax(logits[order] == logits[token]))
 
 
 def position_metrics(a: np.ndarray, b: np.ndarray, y: int | None, k: int = 10) -> dict[str, object]:

@@ -149,7 +149,7 @@ def test_entropy_iou_hand_case():
 
 def test_enrichment_hand_case():
     t = make_trace(10, 1)
-    tags = ["planning", "planning"] + ["execution"] * 8
+    tags = ["plan", "plan"] + ["execute"] * 8
     source = np.array(["reason", "base", "base", "base", "base", "forced", "base", "base", "base", "base"], dtype=object)
     ce = np.zeros(10)
     ce[0] = 5.0
@@ -157,12 +157,14 @@ def test_enrichment_hand_case():
     h[9] = 5.0
     t = dataclasses.replace(with_metrics(t, cross_entropy=ce, entropy_base=h), source=source).annotate(tags=tags)
     df = A.enrichment([t], top=0.1).set_index(["set", "category"])
-    assert df.loc[("all", "planning"), "share"] == pytest.approx(0.2)
-    assert df.loc[("top_score", "planning"), "share"] == 1.0
+    assert df.loc[("all", "plan"), "share"] == pytest.approx(0.2)
+    assert df.loc[("top_score", "plan"), "share"] == 1.0
+    assert df.loc[("top_score", "plan"), "enrichment"] == pytest.approx(5.0)
+    assert df.loc[("top_entropy", "plan"), "enrichment"] == 0.0
+    assert df.loc[("taken_over", "plan"), "enrichment"] == pytest.approx(2.5)  # 1 of {0, 5}
+    # the pooled "planning" row counts every non-execute tag: here the same tokens as "plan"
     assert df.loc[("top_score", "planning"), "enrichment"] == pytest.approx(5.0)
-    assert df.loc[("top_entropy", "planning"), "enrichment"] == 0.0
-    assert df.loc[("taken_over", "planning"), "enrichment"] == pytest.approx(2.5)  # 1 of {0, 5}
-    assert df.loc[("taken_over", "execution"), "n"] == 1 and df.loc[("taken_over", "execution"), "size"] == 2
+    assert df.loc[("taken_over", "execute"), "n"] == 1 and df.loc[("taken_over", "execute"), "size"] == 2
 
 
 def test_enrichment_rejects_wrong_length_tags():

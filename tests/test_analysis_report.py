@@ -21,7 +21,7 @@ def _traces(n=4, tags=True):
     for s in range(n):
         t = make_trace(60, s)
         if tags:
-            t = t.annotate(tags=["planning" if i % 9 == 0 else "execution" for i in range(len(t))])
+            t = t.annotate(tags=["plan" if i % 9 == 0 else "execute" for i in range(len(t))])
         out.append(t)
     return out
 
@@ -34,7 +34,7 @@ def _evil_trace():
     ce = np.zeros(40)
     ce[5] = 99.0
     metrics = {**t.metrics, "cross_entropy": ce}
-    return dataclasses.replace(t, tokens=tokens, metrics=metrics).annotate(tags=["execution"] * 40)
+    return dataclasses.replace(t, tokens=tokens, metrics=metrics).annotate(tags=["execute"] * 40)
 
 
 def test_figures_build():

@@ -18,8 +18,6 @@ from core.errors import InvalidInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG2 = math.log(2.0)
-TOPK_KEYS = ("topk_base_ids", "topk_base_probs", "topk_reason_ids", "topk_reason_probs")
-FLOAT_METRICS = [name for name in METRICS if name not in INT_METRICS]
 
 
 def run(a: np.ndarray, b: np.ndarray, y: np.ndarray | None, k: int = 10) -> dict[str, np.ndarray]:

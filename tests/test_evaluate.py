@@ -54,6 +54,13 @@ def test_shards_are_disjoint_and_cover(n_items, n):
     assert ev.shard_of(items, None) == items
 
 
+@given(st.floats(0.0, 0.5), st.floats(1.0, 300.0), st.integers(1, 512))
+def test_early_rate_gives_the_nearest_whole_prefix(rho, mean_tokens, limit):
+    rate = ev.early_rate_for(rho, mean_tokens, limit)
+    n = math.ceil(rate * limit - 1e-9)  # what EarlyOnly hands over
+    assert n == min(limit, max(1, round(rho * mean_tokens)))
+
+
 def test_bad_shard_is_rejected():
     with pytest.raises(InvalidInputError, match="shard"):
         ev.shard_of([1, 2], (2, 2))
