@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from benchmarks.results import write_section  # noqa: E402
+
 from fakes import FAKE_VOCAB, make_trace  # noqa: E402
 
 from app.components.token_view import build_view  # noqa: E402
@@ -113,14 +115,6 @@ def report(small: dict, large: dict) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str, path: Path = ROOT / "benchmarks" / "RESULTS.md") -> None:
-    """Replace (or append) this benchmark's section, leaving every other section as it is."""
-    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pattern.sub(lambda _: text + "\n", old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(new, encoding="utf-8")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -135,7 +129,7 @@ def main() -> None:
     text = report(small, large)
     print(text)
     if args.write:
-        write_section(text)
+        write_section(SECTION, text)
     if large["render_s"] >= LIMIT_S:
         raise SystemExit(f"4096-token render took {large['render_s']:.2f} s (limit {LIMIT_S} s)")
 

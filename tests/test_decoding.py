@@ -30,14 +30,6 @@ RAW = "Question: {problem}\nAnswer:"
 ATOL, RTOL = 1e-5, 1e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: thread start-up and spinning cost more than the maths (and other jobs share the cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture()
 def pair(qwen_pair) -> core.ModelPair:

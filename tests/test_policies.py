@@ -33,13 +33,6 @@ PROMPT = "What is 2+3?"  # the tiny random models write no EOS on this one for 4
 PROMPTS = [PROMPT, "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def step(t: int, score=None, entropy=None, history=None, taken=None, limit: int = 100, rows: int = 1) -> Step:
     as_array = lambda v, fill: np.full(rows, fill, dtype=float) if v is None else np.asarray(v, dtype=float)  # noqa: E731
