@@ -330,28 +330,61 @@ def analyze(store_path: str | None, out: str, score_name: str) -> None:
 @main.command(name="eval")
 @pair_options
 @store_option
-@click.option("--problems", "problems_path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--limit", type=int)
-@click.option("--budgets", default="0.05", show_default=True, help="Comma-separated budgets for guided & baselines.")
-@click.option("--samples", default=1, show_default=True)
+@click.option("--problems", "problems_path", type=click.Path(exists=True, dir_okay=False),
+              help="JSONL/CSV problem set (default: the demo test set).")
+@click.option("--calibration", "calibration_path", type=click.Path(exists=True, dir_okay=False),
+              help="Problems whose base rollouts calibrate the gate (default: demo calibration set, "
+                   "or the first quarter of --problems).")
+@click.option("--limit", type=int, help="Use the first N problems.")
+@click.option("--budgets", default="0.05", show_default=True,
+              help="Comma-separated calibration ratios r, e.g. 0.01,0.02,0.05,0.1,0.2.")
+@click.option("--window", default=16, show_default=True)
+@click.option("--samples", default=1, show_default=True, help="Samples per problem (pass@k uses all).")
 @click.option("--temperature", default=0.0, show_default=True)
-@click.option("--shard", help="i/n: run the i-th of n deterministic shards.")
-@click.option("--out", type=click.Path(dir_okay=False), help="Write the table as CSV (and .md beside it).")
+@click.option("--top-p", default=1.0, show_default=True)
+@click.option("--max-new-tokens", default=256, show_default=True)
+@click.option("--shard", help="i/n: run only the i-th of n deterministic shards (rerun without it to summarise).")
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the table as CSV, plus .md and a recovery plot .html.")
 @_fail_cleanly
-def eval_(store_path: str | None, problems_path: str | None, limit: int | None, budgets: str, samples: int,
-          temperature: float, shard: str | None, out: str | None, **opts: Any) -> None:
-    """Accuracy, pass@k, realised rate and recovery per policy on a problem set."""
-    from core.evaluate import run_eval_cli
+def eval_(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
+          budgets: str, window: int, samples: int, temperature: float, top_p: float, max_new_tokens: int,
+          shard: str | None, out: str | None, **opts: Any) -> None:
+    """Accuracy, pass@k, realised rate and recovery: base, reasoner, Guided at each budget, and the
+    random / early baselines at Guided's realised rate. Every trace is stored; reruns resume."""
+    from core.evaluate import budget_sweep, shard_of, to_markdown
 
     pair = _pair(opts)
     problems = _problems(problems_path, limit)
-    shard_t = None
+    if calibration_path:
+        calibration = _problems(calibration_path, None)
+    elif problems_path is None:
+        from core.demo import demo_problems
+
+        calibration = demo_problems("calib")
+    else:
+        calibration, problems = problems[: max(1, len(problems) // 4)], problems[max(1, len(problems) // 4):]
     if shard:
-        i, n = (int(x) for x in shard.split("/"))
-        shard_t = (i, n)
-    table = run_eval_cli(pair, problems, budgets=[float(b) for b in budgets.split(",")], samples=samples,
-                         temperature=temperature, store=_store(store_path), shard=shard_t, out=out)
-    click.echo(table)
+        try:
+            i, n = (int(x) for x in shard.split("/"))
+        except ValueError as err:
+            raise click.BadParameter(f"--shard must look like 0/4, got {shard!r}") from err
+        problems = shard_of(problems, (i, n))
+    ratios = [float(b) for b in budgets.split(",") if b.strip()]
+    bar = _Bar("eval")
+    table = budget_sweep(pair, problems, calibration, ratios, window=window, samples=samples,
+                         store=_store(store_path), temperature=temperature, top_p=top_p,
+                         max_new_tokens=max_new_tokens, progress=bar)
+    bar.close()
+    table = table.assign(policy=[p if r != r else f"{p} (r={r:g})" for p, r in zip(table["policy"], table["ratio"])])
+    markdown = to_markdown(table, columns=["accuracy", "pass@k", "rho", "mean_tokens", "recovery", "recovery@k"])
+    click.echo(markdown)
+    if out:
+        from core.analysis_report import recovery_figure
+
+        table.to_csv(out, index=False)
+        Path(out).with_suffix(".md").write_text(markdown + "\n", encoding="utf-8")
+        curve = table.dropna(subset=["ratio"]).assign(policy=lambda f: f["policy"].str.replace(r" \(r=.*\)", "", regex=True))
+        recovery_figure(curve).write_html(Path(out).with_suffix(".html"), include_plotlyjs=True)
 
 
 @main.group()

@@ -1,0 +1,102 @@
+"""The CLI through click's runner: exit codes, parsed output, and what lands in the store."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from core.cli import main
+from core.export import read_jsonl
+from core.store import TraceStore
+
+PROBLEMS = [
+    {"id": "p1", "question": "Tom has 3 boxes of 4 apples. He gives away 2. How many are left?", "answer": "10"},
+    {"id": "p2", "question": "What is 5 + 7?", "answer": "12"},
+    {"id": "p3", "question": "Ann has 9 pens and finds 3 more. How many pens?", "answer": "12"},
+    {"id": "p4", "question": "What is 6 * 2?", "answer": "12"},
+]
+
+
+@pytest.fixture()
+def env(tmp_path, tiny_dirs):
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
+    pair = ["--base", str(tiny_dirs["qwen_base"]), "--reason", str(tiny_dirs["qwen_reason"]), "--device", "cpu"]
+    return {"pair": pair, "store": str(tmp_path / "store"), "problems": str(problems), "tmp": tmp_path}
+
+
+def run(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_score_prints_the_top_tokens_and_stores(env):
+    out = run("score", *env["pair"], "--store", env["store"], "--prompt", "What is 2+3?",
+              "--response", "2+3 = 5. The answer is 5.", "--top", "3")
+    lines = out.strip().splitlines()
+    assert lines[0].split()[:3] == ["pos", "token", "cross_entropy"]
+    ce = [float(line.split()[-4]) for line in lines[1:4]]
+    assert ce == sorted(ce, reverse=True)
+    assert len(TraceStore(env["store"]).keys()) == 1
+
+
+def test_generate_ls_export_analyze(env):
+    run("generate", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--policy", "early_only",
+        "--budget", "0.25", "--max-new-tokens", "8")
+    store = TraceStore(env["store"])
+    assert len(store.keys()) == len(PROBLEMS)
+    traces = [store.get(k) for k in store.keys()]
+    assert all(t.meta["policy"]["name"] == "early_only" for t in traces)
+    assert all(list(t.source[:2]) == ["reason", "reason"] for t in traces)  # ceil(0.25 * 8) = 2 early takeovers
+    assert all(t.meta["correct"] is not None for t in traces)  # graded against the problems' answers
+
+    table = pd.read_csv(__import__("io").StringIO(run("ls", "--store", env["store"], "--csv")))
+    assert len(table) == len(PROBLEMS) and set(table["policy"]) == {"early_only"}
+
+    out = env["tmp"] / "all.jsonl"
+    run("export", "--store", env["store"], "--format", "jsonl", "--out", str(out))
+    assert sorted(t.key for t in read_jsonl(out)) == sorted(store.keys())
+
+    html = env["tmp"] / "report"
+    run("analyze", "--store", env["store"], "--out", str(html))
+    text = (html / "report.html").read_text()
+    assert "<script src=" not in text and "Plotly" in text
+
+
+def test_calibrate_prints_a_gate_and_generate_guided_uses_it(env):
+    gate = json.loads(run("calibrate", *env["pair"], "--store", env["store"], "--problems", env["problems"],
+                          "--ratio", "0.2", "--max-new-tokens", "8").strip().splitlines()[-1])
+    assert gate["lam"] > 0 and gate["window"] == 16
+    run("generate", *env["pair"], "--store", env["store"], "--prompt", "What is 5 + 7?", "--policy", "guided",
+        "--tau", str(gate["tau"]), "--lam", str(gate["lam"]), "--budget", "0.2", "--max-new-tokens", "8")
+    store = TraceStore(env["store"])
+    guided = [store.get(k) for k in store.keys() if store.get(k).meta["policy"]["name"] == "guided"]
+    assert len(guided) == 1 and guided[0].meta["policy"]["params"]["tau"] == pytest.approx(gate["tau"])
+
+
+def test_import_reports_bad_lines_and_scores_the_rest(env):
+    src = env["tmp"] / "foreign.jsonl"
+    src.write_text(json.dumps({"id": "a", "prompt": "What is 2+3?", "response": "5"}) + "\n" + "{not json\n")
+    out = json.loads(run("import", *env["pair"], "--store", env["store"], str(src)).strip().splitlines()[-1])
+    assert out["stored"] == 1 and out["errors"][0]["line"] == 2
+
+
+def test_eval_table_has_every_policy(env):
+    out = env["tmp"] / "eval.csv"
+    text = run("eval", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--budgets", "0.2",
+               "--max-new-tokens", "6", "--out", str(out))
+    table = pd.read_csv(out)
+    assert {"base", "reason", "guided (r=0.2)"} <= set(table["policy"])
+    assert "| policy |" in text and out.with_suffix(".html").exists()
+
+
+def test_user_errors_are_messages_not_tracebacks(env, tmp_path):
+    result = CliRunner().invoke(main, ["score", "--base", str(tmp_path / "nope"), "--reason", str(tmp_path / "nope"),
+                                       "--prompt", "x", "--response", "y"])
+    assert result.exit_code != 0 and "does not exist" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["score", "--base", "x", "--prompt", "x", "--response", "y"])
+    assert result.exit_code == 2 and "both --base and --reason" in result.output
