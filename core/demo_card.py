@@ -20,6 +20,8 @@ from core.policies import BaseOnly, EarlyOnly, Guided, RandomPositions, ReasonOn
 
 log = logging.getLogger(__name__)
 
+EOS_TEXT = "<|endoftext|>"
+
 # name -> (description, comparison, threshold)
 BARS: dict[str, tuple[str, str, float]] = {
     "base_acc_greedy": ("base accuracy, greedy", "<=", 0.60),
@@ -115,6 +117,7 @@ def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
         "taken_over_tokens": int(sum(np.sum(np.asarray(t.source) != "base") for t in guided_traces)),
     }
     return {
+        "example": _example(pair, base_traces, guided_traces),
         "settings": {"problems": len(problems), "calibration": len(calibration), "ratio": ratio, "window": window,
                      "budget": budget, "temperature": temperature, "top_p": top_p, "samples": samples,
                      "seed": seed, "max_new_tokens": max_new_tokens},
@@ -126,6 +129,24 @@ def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
         "passed": {name: passes(name, v) for name, v in values.items()},
         "seconds": round(time.perf_counter() - t0, 1),
     }
+
+
+def _example(pair: Any, base_traces: list[Any], guided_traces: list[Any]) -> dict[str, Any] | None:
+    """The first problem the base gets wrong and Guided gets right (greedy), with its takeovers."""
+    for b, g in zip(base_traces, guided_traces):
+        if b.meta.get("correct") or not g.meta.get("correct"):
+            continue
+        taken = [int(i) for i in np.flatnonzero(np.asarray(g.source) != "base")]
+
+        def top(trace: Any, side: str, i: int) -> list[tuple[str, float]]:
+            ids, probs = trace.topk[side]
+            return [(pair.token_text(int(t)), round(float(p), 3)) for t, p in zip(ids[i][:3], probs[i][:3])]
+
+        return {"prompt": g.meta["problem"]["prompt"], "gold": g.meta["problem"].get("gold"),
+                "base": b.text, "guided": g.text, "length": len(g),
+                "takeovers": [{"pos": i, "token": g.tokens[i], "cross_entropy": round(float(g.metrics["cross_entropy"][i]), 3),
+                               "base_top3": top(g, "base", i), "reason_top3": top(g, "reason", i)} for i in taken]}
+    return None
 
 
 def render_card(result: dict[str, Any], command: str, train_log: dict[str, Any] | None = None) -> str:
@@ -141,6 +162,15 @@ def render_card(result: dict[str, Any], command: str, train_log: dict[str, Any] 
     for name, value in result["values"].items():
         desc, op, threshold = BARS[name]
         lines.append(f"| {desc} | {value:.3f} | {op} {threshold:g} | {'yes' if result['passed'][name] else 'NO'} |")
+    ex = result.get("example")
+    if ex:
+        lines += ["", f"Example (greedy; gold answer {ex['gold']}). Question: {ex['prompt']}", "",
+                  "    base alone: " + ex["base"].replace(EOS_TEXT, ""),
+                  "    guided:     " + ex["guided"].replace(EOS_TEXT, ""), "",
+                  "Guided took over " + "; ".join(
+                      f"token {t['pos']} of {ex['length']} ({t['token']!r}, cross-entropy {t['cross_entropy']:.2f} nats; "
+                      f"base top-3 {_pairs(t['base_top3'])}, reasoner top-3 {_pairs(t['reason_top3'])})"
+                      for t in ex["takeovers"]) + "."]
     lines += ["", f"Greedy (temperature 0), one sample per problem:", "",
               ev.to_markdown(pd.DataFrame(result["greedy"]), columns=["accuracy", "rho", "mean_tokens", "recovery"]),
               "", f"Sampled (temperature {s['temperature']}, top-p {s['top_p']}, {s['samples']} samples per problem; "
@@ -207,11 +237,15 @@ BPE tokenizer of {vocab} tokens trained on the task corpus (digits split one by 
 
 ## Reproduce
 
-    forkpoint demo train --out assets/demo          # ~1.9k optimizer steps; see train_log.json
+    forkpoint demo train --out assets/demo     # 1,500 base + 300 reasoning steps; see train_log.json
     {command}
 
 Training uses 2 CPU threads by default and is seeded (same seed, same thread count -> same weights).
 """
+
+
+def _pairs(items: list[Any]) -> str:
+    return ", ".join(f"{tok!r} {p:.3f}" for tok, p in items)
 
 
 def write_card(demo_dir: Any, n: int = 500, samples: int = 8, command: str = "forkpoint demo measure",
