@@ -59,8 +59,11 @@ def _one_setting(pair: Any, problems: Sequence[Any], gate: Any, *, budget: float
     summary = ev.summarise(first).set_index("policy")
     rho, mean_tokens = float(summary.loc["guided", "rho"]), float(summary.loc["base", "mean_tokens"])
     # the baselines at the realised rate Guided reached (EarlyOnly's rate is a share of max_new_tokens)
+    # and at the bar's ceiling ρ = budget, where a blind baseline has its best chance
     baselines = {"random_positions": RandomPositions(rate=rho, seed=seed),
-                 "early_only": EarlyOnly(rate=ev.early_rate_for(rho, mean_tokens, max_new_tokens))}
+                 "early_only": EarlyOnly(rate=ev.early_rate_for(rho, mean_tokens, max_new_tokens)),
+                 f"random_positions@{budget:g}": RandomPositions(rate=budget, seed=seed),
+                 f"early_only@{budget:g}": EarlyOnly(rate=ev.early_rate_for(budget, mean_tokens, max_new_tokens))}
     second = ev.run_records(pair, problems, baselines, **common)
     import pandas as pd
 
@@ -96,7 +99,8 @@ def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
     def plan(where: str, column: str) -> float:
         return float(enr.loc[(where, "plan"), column]) if (where, "plan") in enr.index else float("nan")
 
-    values = {}
+    values: dict[str, float] = {}
+    extra: dict[str, Any] = {}
     for mode, frame in (("greedy", greedy), ("sampled", sampled)):
         f = frame.set_index("policy")
         values[f"base_acc_{mode}"] = float(f.loc["base", "accuracy"])
@@ -105,10 +109,12 @@ def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
         values[f"guided_recovery_{mode}"] = float(f.loc["guided", "recovery"])
         values[f"random_recovery_{mode}"] = float(f.loc["random_positions", "recovery"])
         values[f"early_recovery_{mode}"] = float(f.loc["early_only", "recovery"])
+        extra[f"random_recovery_at_{budget:g}_{mode}"] = float(f.loc[f"random_positions@{budget:g}", "recovery"])
+        extra[f"early_recovery_at_{budget:g}_{mode}"] = float(f.loc[f"early_only@{budget:g}", "recovery"])
     values["gini_ce"] = pooled_gini
     values["median_u_top1"] = float(density.attrs["median_u"])
     values["plan_enrichment_taken"] = plan("taken_over", "enrichment")
-    extra = {
+    extra |= {
         "gini_ce_mean_per_response": per_trace_gini,
         "median_u_pooled_top1": float(np.median(u[pooled_top])),
         "plan_share_all_tokens": plan("all", "share"),
@@ -202,7 +208,7 @@ plan that decides the route, and routine execution that follows the plan:
 
     Question: Mia buys 6 bags of 5 pens. Then she gives away 3. How many pens does Mia have now?
     Answer: The numbers are 6, 5 and 3. First, we multiply, then we subtract. 6 * 5 = 30. 30 - 3 = 27.
-    So Mia has 27 now. The answer is \\boxed{27}.
+    So Mia has 27 now. The answer is \\boxed{{27}}.
 
 All numbers and results stay in 0..99 (exact division), so execution is easy; the difficulty is in
 the plan. The held-out set is `assets/problems/demo_test.jsonl` (500 problems) and the gate's

@@ -10,12 +10,13 @@ format (config + safetensors + tokenizer), loadable like any other pair.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -64,7 +65,7 @@ class DemoConfig:
     weight_decay: float = 0.01
     seed: int = 0
     tokenizer_corpus: int = 4000  # problems used to train the tokenizer
-    dtype: str = "float32"
+    dtype: str = "float32"  # dtype of the saved weights (training is always float32)
 
 
 SIZES: dict[str, DemoConfig] = {
@@ -119,19 +120,19 @@ def corpus(kind: str, seed: int, cfg: DemoConfig, exclude: set[str]) -> Iterator
             route, tuple(p["numbers"]), p["name"])
 
 
-def test_problems(n: int = N_TEST) -> list[dict]:
+def held_out_problems(n: int = N_TEST) -> list[dict]:
     """The held-out problems (ids "demo-<TEST_SEED>-<i>"), the same on every machine."""
     return demo_task.make_problems(n, TEST_SEED)
 
 
 def calibration_problems(n: int = N_CALIB) -> list[dict]:
     """Problems for calibrating the takeover gate: disjoint from the test set, also held out of training."""
-    return demo_task.make_problems(n, CALIB_SEED, exclude={p["question"] for p in test_problems()})
+    return demo_task.make_problems(n, CALIB_SEED, exclude={p["question"] for p in held_out_problems()})
 
 
-def held_out_questions() -> set[str]:
+def excluded_questions() -> set[str]:
     """Every question of the test and calibration sets (the training corpora skip them)."""
-    return {p["question"] for p in test_problems() + calibration_problems()}
+    return {p["question"] for p in held_out_problems() + calibration_problems()}
 
 
 # -- tokenizer ---------------------------------------------------------------------------------
@@ -252,7 +253,7 @@ def train_demo_pair(out_dir: str | Path, steps: int | None = None, size: str = "
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
-    exclude = held_out_questions()
+    exclude = excluded_questions()
     tok_stream = corpus("reason", cfg.seed + 1, cfg, exclude)
     tok_texts = [p + r + EOS for p, r in (next(tok_stream) for _ in range(cfg.tokenizer_corpus))]
     tokenizer = train_tokenizer(tok_texts, cfg.vocab_size)
@@ -291,7 +292,9 @@ def train_demo_pair(out_dir: str | Path, steps: int | None = None, size: str = "
 def _save(model, tokenizer, path: Path, cfg: DemoConfig) -> None:
     path.mkdir(parents=True, exist_ok=True)
     model.generation_config.do_sample = False
-    model.save_pretrained(path, safe_serialization=True)
+    dtype = getattr(torch, cfg.dtype)
+    saved = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
+    saved.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     (path / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -125,7 +124,7 @@ def test_base_habit_and_reason_corpus():
 
 
 def test_training_corpora_exclude_the_held_out_set():
-    held = demo_train.test_problems()
+    held = demo_train.held_out_problems()
     assert len(held) >= 300
     questions = {p["question"] for p in held}
     first = [demo_train.PROMPT_FORMAT.format(problem=q) for q in list(questions)[:50]]
@@ -140,7 +139,7 @@ def test_training_corpora_exclude_the_held_out_set():
 
 def test_committed_problem_file_matches_generator():
     rows = [json.loads(line) for line in (demo.PROBLEMS_DIR / "demo_test.jsonl").read_text().splitlines()]
-    want = [{"id": p["id"], "question": p["question"], "answer": p["answer"]} for p in demo_train.test_problems()]
+    want = [{"id": p["id"], "question": p["question"], "answer": p["answer"]} for p in demo_train.held_out_problems()]
     assert rows == want
     problems = demo.demo_problems(limit=5)
     assert [p.prompt for p in problems] == [r["question"] for r in rows[:5]]
@@ -216,7 +215,7 @@ def test_committed_pair_is_small_and_shows_the_effect():
     files = [p for p in demo.DEMO_DIR.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) < 12 * 2**20
     pair = demo.demo_pair()
-    held = demo_train.test_problems(120)
+    held = demo_train.held_out_problems(120)
     tricky = [p for p in held if p["tricky"] and p["route"][0] != "add"][:12]
     prompts = [{"id": p["id"], "prompt": p["question"], "gold": p["answer"]} for p in tricky]
     base = core.generate(pair, prompts, core.BaseOnly(), max_new_tokens=80)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 
@@ -26,10 +25,7 @@ def tiny_demo(tmp_path_factory):
     return out
 
 
-def test_write_card_on_a_tiny_pair(tiny_demo, monkeypatch):
-    from core import demo
-
-    monkeypatch.setattr(demo, "PROBLEMS_DIR", demo.PROBLEMS_DIR)  # the committed problem files
+def test_write_card_on_a_tiny_pair(tiny_demo):
     result = demo_card.write_card(tiny_demo, n=3, samples=2, command="pytest", max_new_tokens=12)
     assert set(result["values"]) == set(demo_card.BARS)
     assert result["settings"]["problems"] == 3 and result["settings"]["samples"] == 2
@@ -42,7 +38,8 @@ def test_write_card_on_a_tiny_pair(tiny_demo, monkeypatch):
     assert saved["values"].keys() == result["values"].keys()
     # sampled rows carry pass@2 and both ends of the gap are present
     policies = [r["policy"] for r in result["sampled"]]
-    assert policies == ["base", "reason", "guided", "random_positions", "early_only"]
+    assert policies == ["base", "reason", "guided", "random_positions", "early_only", "random_positions@0.1",
+                        "early_only@0.1"]
     assert all(r["k"] == 2 for r in result["sampled"])
     rho = {r["policy"]: r["rho"] for r in result["greedy"]}
     assert rho["base"] == 0.0 and rho["reason"] == 1.0
