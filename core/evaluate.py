@@ -125,14 +125,16 @@ def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Itera
     if samples > 1 and temperature == 0.0:
         log.warning("%d samples at temperature 0 are identical; pass@k equals accuracy", samples)
     named = _named(policies)
-    benches = {name: shard_of(ps, shard) for name, ps in _benchmarks(problems).items()}
+    # (global index in its benchmark, problem): indices stay unique when shards are concatenated
+    benches = {name: shard_of(list(enumerate(ps)), shard) for name, ps in _benchmarks(problems).items()}
     grading = _GradingStore(store)
     total = sum(len(ps) for ps in benches.values()) * len(named)
     done, rows = 0, []
     for bench, ps in benches.items():
         for label, policy in named.items():
             for start in range(0, len(ps), batch_size):
-                chunk = ps[start:start + batch_size]
+                indices = [i for i, _ in ps[start:start + batch_size]]
+                chunk = [p for _, p in ps[start:start + batch_size]]
                 traces = generate(pair, chunk, policy, max_new_tokens=max_new_tokens, temperature=temperature,
                                   top_p=top_p, seed=seed, samples=samples, store=grading)
                 traces = traces if isinstance(traces, list) else [traces]
@@ -143,7 +145,7 @@ def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Itera
                     src = np.asarray(trace.source)
                     rows.append({
                         "benchmark": bench, "policy": label, "problem": trace.meta["problem"].get("id"),
-                        "index": start + j // samples, "sample": j % samples,
+                        "index": indices[j // samples], "sample": j % samples,
                         "correct": bool(trace.meta.get("correct")), "tokens": len(trace),
                         "taken": int((src != "base").sum()), "key": trace.key,
                     })

@@ -153,7 +153,11 @@ def test_evaluate_runs_stores_and_reuses(qwen_pair):
     pd.testing.assert_frame_equal(first, again)
     parts = [ev.run_records(qwen_pair, PROBLEMS, {"random": policies["random"]}, store=store, max_new_tokens=8,
                             shard=(i, 2)) for i in range(2)]
-    assert sorted(pd.concat(parts)["problem"]) == sorted(p["id"] for p in PROBLEMS)
+    merged = pd.concat(parts)
+    assert sorted(merged["problem"]) == sorted(p["id"] for p in PROBLEMS)
+    assert sorted(merged["index"]) == list(range(len(PROBLEMS)))  # global indices, unique across shards
+    whole = ev.run_records(qwen_pair, PROBLEMS, {"random": policies["random"]}, store=store, max_new_tokens=8)
+    pd.testing.assert_frame_equal(ev.summarise(merged), ev.summarise(whole))
     assert store.puts == 4 * len(PROBLEMS)
 
 
@@ -167,3 +171,23 @@ def test_grades_match_an_independent_check(qwen_pair):
                          max_new_tokens=len(ids))
     assert list(rec["correct"]) == [True, False]
     assert extract_answer(" \\boxed{4}") == "4"
+
+
+def test_budget_sweep_rows_and_matched_baselines(qwen_pair):
+    store = CountingStore()
+    sweep = ev.budget_sweep(qwen_pair, PROBLEMS, PROBLEMS[:3], ratios=(0.2, 0.5), store=store, max_new_tokens=8)
+    ends = sweep[sweep["ratio"].isna()]
+    assert list(ends["policy"]) == ["base", "reason"]
+    for ratio in (0.2, 0.5):
+        rows = sweep[sweep["ratio"] == ratio].set_index("policy")
+        assert "guided" in rows.index and rows.loc["guided", "tau"] >= 0 and rows.loc["guided", "window"] == 16
+        rho = rows.loc["guided", "rho"]
+        assert 0.0 <= rho <= 1.0
+        if rho > 0:
+            assert rows.loc["random_positions", "rho"] >= 0.0
+            early_tokens = math.ceil(ev.early_rate_for(rho, float(ends.set_index("policy").loc["base", "mean_tokens"]), 8) * 8 - 1e-9)
+            assert early_tokens >= 1
+    # everything generated once is reused: a second sweep writes nothing new
+    puts = store.puts
+    ev.budget_sweep(qwen_pair, PROBLEMS, PROBLEMS[:3], ratios=(0.2, 0.5), store=store, max_new_tokens=8)
+    assert store.puts == puts
