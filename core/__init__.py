@@ -18,6 +18,8 @@ from core.errors import (
 from core import analysis
 from core.annotate import Gate, calibrate_gate, spikes
 from core.decoding import CACHES, GenerationCancelled, branch, calibrate, generate
+from core.demo import DEMO_DIR, demo_pair, demo_problems
+from core.evaluate import evaluate
 from core.export import export, import_jsonl, read_jsonl
 from core.models import ModelPair, PromptFormat, load_pair
 from core.policies import BaseOnly, EarlyOnly, EntropyGated, Forced, Guided, RandomPositions, ReasonOnly
@@ -27,6 +29,10 @@ from core.store import TraceStore
 from core.trace import Trace
 
 __all__ = [
+    "DEMO_DIR",
+    "demo_pair",
+    "demo_problems",
+    "evaluate",
     "TraceStore",
     "export",
     "import_jsonl",

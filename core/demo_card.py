@@ -249,7 +249,8 @@ the base knows every route (the right one is still in its top few tokens) but ha
 habit, and it fails greedy *and* sampled on those phrasings.
 
 **Reasoning model.** The base, further trained on correct plans only (like post-training that
-sharpens decisions and leaves execution alone).
+sharpens decisions and leaves execution alone). Both are trained on the response tokens only (the
+prompt is masked out of the loss).
 
 **Sizes.** {params:,} parameters per model ({layers} layers, hidden {hidden}, {heads} heads), a byte-level
 BPE tokenizer of {vocab} tokens trained on the task corpus (digits split one by one), float32 weights.
@@ -265,6 +266,9 @@ BPE tokenizer of {vocab} tokens trained on the task corpus (digits split one by 
   real base / reasoning pairs have one. The seed paper's numbers are about Qwen3 models.
 - The reasoner was not trained with RL and does not think longer; it differs from the base only in
   its plan choices (and a little in confidence elsewhere).
+- Not every takeover is a plan token: about a third of Guided's takeovers land on digits where the
+  two models disagree, mostly inside the arithmetic and sometimes in the restated numbers (see
+  plan_share_taken_over below); they rarely change the answer here.
 - The planning lexicon (`assets/planning_lexicon.json`) lists the operation verbs (add, multiply, ...)
   so that the plan tokens of this task are tagged "plan"; the enrichment below depends on that.
 
@@ -273,7 +277,9 @@ BPE tokenizer of {vocab} tokens trained on the task corpus (digits split one by 
     forkpoint demo train --out assets/demo     # 1,500 base + 300 reasoning steps; see train_log.json
     {command}
 
-Training uses 2 CPU threads by default and is seeded (same seed, same thread count -> same weights).
+Training uses 2 CPU threads by default and is seeded: the same seed, thread count, machine and library
+versions give the same weights (other CPUs may differ in the last bits). The committed pair took
+{train_s:.0f} s to train on 2 threads of a machine shared with other jobs.
 """
 
 
@@ -304,7 +310,8 @@ def write_card(demo_dir: Any, n: int = 500, samples: int = 8, command: str = "fo
     cfg = train_log.get("config", {})
     head = CARD_HEAD.format(habit=cfg.get("habit_rate", float("nan")), noise=cfg.get("noise_rate", float("nan")),
                             params=train_log.get("parameters", 0), layers=cfg.get("layers"), hidden=cfg.get("hidden"),
-                            heads=cfg.get("heads"), vocab=train_log.get("vocab"), command=command)
+                            heads=cfg.get("heads"), vocab=train_log.get("vocab"), command=command,
+                            train_s=train_log.get("timings_s", {}).get("total", float("nan")))
     text = head + "\n## Measured properties\n\n" + render_card(result, command, train_log)
     (demo_dir / "CARD.md").write_text(text)
     (demo_dir / "measure.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
