@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from core import evaluate as ev
+import importlib
+
+ev = importlib.import_module("core.evaluate")  # the module; `core.evaluate` is the function
 from core.policies import BaseOnly, EarlyOnly, Guided, RandomPositions, ReasonOnly
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import core
-from core import evaluate as ev
+import importlib
+
+ev = importlib.import_module("core.evaluate")  # the module; `core.evaluate` is the function
 from core.errors import InvalidInputError
 
 
