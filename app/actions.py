@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import core
-from core.decoding import branch, generate
+from core.decoding.engine import branch, generate
 from core.errors import InvalidInputError
-from core.grading import extract_answer, grade
-from core.policies import BaseOnly, EarlyOnly, EntropyGated, Guided, Policy, RandomPositions, ReasonOnly
-from core.problems import Problem
-from core.store import TraceStore
+from core.evaluation.grading import extract_answer, grade
+from core.decoding.policies import BaseOnly, EarlyOnly, EntropyGated, Guided, Policy, RandomPositions, ReasonOnly
+from core.evaluation.problems import Problem
+from core.io.store import TraceStore
 from core.trace import Trace
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ import streamlit as st
 
 import core
 from app.sidebar import Settings
-from core.store import TraceStore
+from core.io.store import TraceStore
 
 _KEY = "_context"
 

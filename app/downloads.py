@@ -8,8 +8,8 @@ import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from core.divergence import DEFAULT_SCORE
-from core.export import export, sidecar_path
+from core.metrics import DEFAULT_SCORE
+from core.io.exports import export, sidecar_path
 from core.trace import Trace
 
 MIME = {"jsonl": "application/jsonl", "csv": "application/zip", "parquet": "application/vnd.apache.parquet",

@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from app.view import SCORE_LABELS, spike_list
-from core.divergence import score_values
+from core.metrics import score_values
 from core.trace import Trace
 
 

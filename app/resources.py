@@ -15,10 +15,10 @@ import streamlit as st
 import core
 from app.config import PairSpec
 from app.view import SpikeRule, annotate_view, as_problems
-from core.annotate import Gate, calibrate_gate
-from core.divergence import score_values
-from core.problems import Problem
-from core.store import TraceStore, default_store_path
+from core.spike_rules import Gate, calibrate_gate
+from core.metrics import score_values
+from core.evaluation.problems import Problem
+from core.io.store import TraceStore, default_store_path
 from core.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def load_pair(spec: PairSpec) -> core.ModelPair:
     if spec.demo:
         import torch
 
-        from core.demo import demo_pair
+        from core.demo.pair import demo_pair
 
         # The demo models are tiny: per-step overhead dominates, and a second intra-op thread only adds
         # spin-waiting (on a busy 2-core machine a 60-token greedy run took 64 s with 2 threads, 0.7 s with 1).
@@ -97,10 +97,10 @@ def render_data(path: str, key: str, score: str, scale: str, rule_key: str, pair
 def problem_set(path: str | None) -> list[Problem]:
     """The problems the app offers: a problem file, or the demo problems."""
     if path:
-        from core.problems import load_problems
+        from core.evaluation.problems import load_problems
 
         return load_problems(path)
-    from core.demo import demo_problems
+    from core.demo.pair import demo_problems
 
     return as_problems(demo_problems())
 

@@ -14,8 +14,8 @@ from app import resources
 from app.config import PairSpec
 from app.state import DEFAULTS
 from app.view import SCORE_LABELS, SpikeRule
-from core.annotate import Gate
-from core.divergence import SCORES
+from core.spike_rules import Gate
+from core.metrics import SCORES
 from core.errors import ForkpointError
 from core.heatmap import SCALES
 

@@ -13,7 +13,7 @@ import streamlit as st
 
 from app.config import AppConfig, PairSpec, parse_args
 from app.view import DEFAULT_TOP
-from core.divergence import DEFAULT_SCORE, SCORES
+from core.metrics import DEFAULT_SCORE, SCORES
 from core.errors import ForkpointError
 from core.heatmap import SCALES
 

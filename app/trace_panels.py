@@ -13,7 +13,7 @@ from app.components.token_view import token_view
 from app.context import Context, get_context
 from app.figures import trace_figure
 from app.view import first_difference, md_code, spike_list, tail, takeover_choices, tree_label, tree_rows
-from core.divergence import score_values
+from core.metrics import score_values
 from core.errors import ForkpointError
 from core.heatmap import heatmap_css, tokens_html
 from core.trace import Trace

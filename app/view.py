@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.annotate import Gate, spikes, top_count
-from core.divergence import DEFAULT_SCORE, SCORES, score_values
+from core.spike_rules import Gate, spikes, top_count
+from core.metrics import DEFAULT_SCORE, SCORES, score_values
 from core.errors import InvalidInputError
 from core.planning import annotate_tags
-from core.problems import Problem
+from core.evaluation.problems import Problem
 from core.trace import SIDES, Trace
 
 # Metrics shown on hover, in order (name, label).

@@ -30,11 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import core  # noqa: E402
-from core.annotate import calibrate_gate  # noqa: E402
-from core.decoding import CACHES  # noqa: E402
-from core.divergence import chunk_metrics  # noqa: E402
-from core.forward import backbone, head  # noqa: E402
-from core.tiny import CORPUS, build_tiny_model, train_tokenizer  # noqa: E402
+from core.spike_rules import calibrate_gate  # noqa: E402
+from core.decoding.engine import CACHES  # noqa: E402
+from core.metrics import chunk_metrics  # noqa: E402
+from core.pair.forward import backbone, head  # noqa: E402
+from core.demo.tiny import CORPUS, build_tiny_model, train_tokenizer  # noqa: E402
 
 PROMPT = "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left? Explain each step."
 

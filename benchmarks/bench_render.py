@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import statistics
 import sys
 import time
@@ -64,7 +63,7 @@ def measure_page(n: int, repeat: int, tmp: Path) -> float:
 
     from streamlit.testing.v1 import AppTest
 
-    from core.store import TraceStore
+    from core.io.store import TraceStore
 
     root = tmp / f"store{n}"
     store = TraceStore(root)

@@ -27,8 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.forward import backbone  # noqa: E402
-from core.models import ModelPair, ModelSpec, PromptFormat  # noqa: E402
+from core.pair.forward import backbone  # noqa: E402
+from core.pair.loading import ModelPair, ModelSpec, PromptFormat  # noqa: E402
 from core.scoring import DEFAULT_CHUNK, DEFAULT_K, metrics_from_hidden  # noqa: E402
 
 
@@ -129,7 +129,7 @@ def scored(pair: ModelPair, ids: torch.Tensor, chunk: int, k: int, targets: torc
 @torch.inference_mode()
 def naive_scored(pair: ModelPair, ids: torch.Tensor, k: int) -> dict:
     """The memory-hungry way: full (T, V) float32 logits of both models at once, metrics in one block."""
-    from core.divergence import chunk_metrics
+    from core.metrics import chunk_metrics
 
     logits = [model(ids).logits[0, :, : pair.vocab_size].float() for model in (pair.base, pair.reason)]
     targets = torch.cat([ids[0, 1:], ids[0, :1]])

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from benchmarks.results import write_section  # noqa: E402
 
 from fakes import make_trace  # noqa: E402
 
-from core.store import TraceStore  # noqa: E402
+from core.io.store import TraceStore  # noqa: E402
 from core.trace import request_key  # noqa: E402
 
 SECTION = "## Store"

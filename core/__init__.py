@@ -6,26 +6,28 @@
     trace.frame()
 """
 
-from core.divergence import DEFAULT_SCORE, METRICS, SCORES
+from core.metrics import DEFAULT_SCORE, METRICS, SCORES
 from core.errors import (
     ForkpointError,
+    GenerationCancelled,
     InvalidInputError,
     ModelLoadError,
     PairMismatchError,
     StoreError,
     VocabularyMismatchError,
 )
-from core import analysis
-from core.annotate import Gate, calibrate_gate, spikes
-from core.decoding import CACHES, GenerationCancelled, branch, calibrate, generate
-from core.demo import DEMO_DIR, demo_pair, demo_problems
-from core.evaluate import evaluate
-from core.export import export, import_jsonl, read_jsonl
-from core.models import ModelPair, PromptFormat, load_pair
-from core.policies import BaseOnly, EarlyOnly, EntropyGated, Forced, Guided, RandomPositions, ReasonOnly
-from core.problems import Problem, load_problems
+from core.analysis import tables as analysis
+from core.spike_rules import Gate, calibrate_gate, spikes
+from core.decoding.engine import CACHES, branch, calibrate, generate
+from core.demo.pair import DEMO_DIR, demo_pair, demo_problems
+from core.evaluation.harness import evaluate
+from core.io.exports import export, read_jsonl
+from core.io.imports import import_jsonl
+from core.pair.loading import ModelPair, PromptFormat, load_pair
+from core.decoding.policies import BaseOnly, EarlyOnly, EntropyGated, Forced, Guided, RandomPositions, ReasonOnly
+from core.evaluation.problems import Problem, load_problems
 from core.scoring import score, score_batch
-from core.store import TraceStore
+from core.io.store import TraceStore
 from core.trace import Trace
 
 __all__ = [
@@ -85,8 +87,8 @@ _LAZY = {
     "annotate_tags": "core.planning",
     "segment_tokens": "core.planning",
     "tag_planning": "core.planning",
-    "extract_answer": "core.grading",
-    "grade": "core.grading",
+    "extract_answer": "core.evaluation.grading",
+    "grade": "core.evaluation.grading",
 }
 
 

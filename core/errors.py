@@ -26,3 +26,7 @@ class PairMismatchError(ForkpointError):
 
 class StoreError(ForkpointError):
     """A trace store problem (unreadable file, newer schema, missing key)."""
+
+
+class GenerationCancelled(ForkpointError):
+    """The caller's `should_stop` asked to stop; nothing was stored."""

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.divergence import DEFAULT_SCORE, score_values
+from core.metrics import DEFAULT_SCORE, score_values
 from core.errors import InvalidInputError
 from core.trace import Trace
 

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.divergence import INT_METRICS, METRICS, chunk_metrics
+from core.metrics import INT_METRICS, METRICS, chunk_metrics
 from core.errors import InvalidInputError
-from core.forward import backbone, head
-from core.models import SIDES, ModelPair
+from core.pair.forward import backbone, head
+from core.pair.loading import SIDES, ModelPair
 from core.trace import SCHEMA_VERSION, Trace, request_key
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.divergence import METRICS
+from core.metrics import METRICS
 
 SCHEMA_VERSION = 1
 SOURCES = ("base", "reason", "forced")

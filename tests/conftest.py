@@ -16,7 +16,7 @@ import core
 
 # Tiny models: one thread is much faster than two (and than two under a busy machine's contention).
 torch.set_num_threads(1)
-from core.tiny import build_tiny_model, train_tokenizer
+from core.demo.tiny import build_tiny_model, train_tokenizer
 
 # Cheap on purpose: hidden 64, 2 layers; the tokenizer has 400 entries.
 TINY = {"hidden": 64, "layers": 2}

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.divergence import INT_METRICS, METRICS, chunk_metrics
+from core.metrics import INT_METRICS, METRICS, chunk_metrics
 from core.trace import SCHEMA_VERSION, Trace, request_key
 
 # A tiny vocabulary; token id i displays as FAKE_VOCAB[i]. Includes markup and newlines on purpose.

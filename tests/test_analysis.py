@@ -13,7 +13,7 @@ from fakes import fake_decode, make_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import analysis as A
+from core.analysis import tables as A
 from core.errors import ForkpointError, InvalidInputError
 
 

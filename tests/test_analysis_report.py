@@ -11,8 +11,8 @@ import plotly.graph_objects as go
 import pytest
 from fakes import make_trace
 
-from core import analysis as A
-from core import analysis_report as R
+from core.analysis import tables as A
+from core.analysis import report as R
 from core.errors import ForkpointError, InvalidInputError
 
 

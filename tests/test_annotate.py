@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.annotate import (
+from core.spike_rules import (
     Gate,
     calibrate_gate,
     gate_fires,

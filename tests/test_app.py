@@ -11,8 +11,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.downloads import export_file_bytes
-from core.export import read_jsonl
-from core.store import TraceStore
+from core.io.exports import read_jsonl
+from core.io.store import TraceStore
 
 MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"
 PROBLEMS = [
@@ -226,7 +226,7 @@ def test_loading_a_bad_pair_from_the_sidebar_is_a_message(env, tmp_path):
 
 
 def test_vocabulary_mismatch_is_a_message(env, tmp_path, tiny_dirs):
-    from core.tiny import build_tiny_model, train_tokenizer
+    from core.demo.tiny import build_tiny_model, train_tokenizer
 
     other = build_tiny_model(tmp_path / "other_vocab", train_tokenizer(vocab_size=300), "qwen3", seed=5, hidden=32,
                              layers=1)
@@ -240,7 +240,7 @@ def test_vocabulary_mismatch_is_a_message(env, tmp_path, tiny_dirs):
 
 
 def test_no_arguments_opens_a_demo_trace(env, tmp_path, monkeypatch):
-    from core.demo import DEMO_DIR
+    from core.demo.pair import DEMO_DIR
 
     if not (DEMO_DIR / "pair.json").exists():
         pytest.skip("the bundled demo pair is not built (forkpoint demo train)")

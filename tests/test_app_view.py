@@ -18,9 +18,9 @@ from app.view import (
     takeover_choices,
     trace_table, tree_label, tree_rows,
 )
-from core.annotate import Gate, top_count
+from core.spike_rules import Gate, top_count
 from core.errors import InvalidInputError
-from core.store import TraceStore
+from core.io.store import TraceStore
 from fakes import fake_decode, make_trace
 
 

@@ -52,11 +52,11 @@ def _wait_healthy(port: int, proc: subprocess.Popen, log: Path) -> None:
 
 def _pair_args(tmp_path_factory) -> list[str]:
     """The demo pair (the default: no arguments); a tiny random pair only while the demo is not built."""
-    from core.demo import DEMO_DIR
+    from core.demo.pair import DEMO_DIR
 
     if (DEMO_DIR / "pair.json").exists():
         return []
-    from core.tiny import build_tiny_pair
+    from core.demo.tiny import build_tiny_pair
 
     base, reason = build_tiny_pair(tmp_path_factory.mktemp("browser_pair"))
     return ["--base", str(base), "--reason", str(reason), "--max-new-tokens", "48", "--device", "cpu"]
@@ -172,7 +172,7 @@ def test_hover_click_take_over_and_export(app_url, page):
 
     # choose a spike where the reasoner's favourite differs from the emitted token, so that the
     # takeover must change the continuation
-    from core.store import TraceStore
+    from core.io.store import TraceStore
 
     store = TraceStore(store_dir)
     trace = store.get(parent)
@@ -206,7 +206,7 @@ def test_hover_click_take_over_and_export(app_url, page):
         button.click()
     saved = OUT / info.value.suggested_filename
     info.value.save_as(saved)
-    from core.export import read_jsonl
+    from core.io.exports import read_jsonl
 
     traces = read_jsonl(saved)
     assert [t.key for t in traces] == [parent] and traces[0] == store.get(parent)
@@ -215,7 +215,7 @@ def test_hover_click_take_over_and_export(app_url, page):
 
 def test_copied_link_reopens_the_view(app_url, page):
     url, store_dir = app_url
-    from core.store import TraceStore
+    from core.io.store import TraceStore
 
     keys = [k for k in TraceStore(store_dir).keys()]
     if not keys:

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from core.cli import main
-from core.export import read_jsonl
-from core.store import TraceStore
+from core.io.exports import read_jsonl
+from core.io.store import TraceStore
 
 PROBLEMS = [
     {"id": "p1", "question": "Tom has 3 boxes of 4 apples. He gives away 2. How many are left?", "answer": "10"},

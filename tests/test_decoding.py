@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import core
-import core.decoding as decoding
-from core.decoding import CACHES, CacheLRU, GenerationCancelled, HeldCaches, Sampling, sample_token
-from core.divergence import INT_METRICS, METRICS
+import core.decoding.engine as decoding
+from core.errors import GenerationCancelled
+from core.decoding.engine import CACHES, CacheLRU, HeldCaches, Sampling, sample_token
+from core.metrics import INT_METRICS, METRICS
 
 SIDES = ("base", "reason")
 PROMPTS = ["What is 2+3?", "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?", "x"]

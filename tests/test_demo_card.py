@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from core import demo_card, demo_train
+from core.demo import card as demo_card, train as demo_train
 
 
 def test_bars_compare_in_the_right_direction():

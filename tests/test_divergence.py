@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from refmetrics import reference_metrics
 
-from core.divergence import DEFAULT_SCORE, INT_METRICS, METRICS, SCORES, check_score, chunk_metrics, score_values
+from core.metrics import DEFAULT_SCORE, INT_METRICS, METRICS, SCORES, check_score, chunk_metrics, score_values
 from core.errors import InvalidInputError
 
 ROOT = Path(__file__).resolve().parents[1]

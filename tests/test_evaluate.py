@@ -12,9 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import core
-import importlib
 
-ev = importlib.import_module("core.evaluate")  # the module; `core.evaluate` is the function
+from core.evaluation import harness as ev
 from core.errors import InvalidInputError
 
 
@@ -164,7 +163,7 @@ def test_evaluate_runs_stores_and_reuses(qwen_pair):
 
 
 def test_grades_match_an_independent_check(qwen_pair):
-    from core.grading import extract_answer
+    from core.evaluation.grading import extract_answer
 
     forced_right = {"id": "f", "prompt": "Say four.", "gold": "4"}
     ids = qwen_pair.encode(" \\boxed{4}")

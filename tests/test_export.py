@@ -13,18 +13,17 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from core.divergence import METRICS
+from core.metrics import METRICS
 from core.errors import InvalidInputError, ModelLoadError
-from core.export import (
+from core.io.exports import (
     FORMATS,
     export,
     forkpoint_version,
-    import_jsonl,
-    read_foreign_jsonl,
     read_jsonl,
     sidecar_path,
 )
-from core.store import TraceStore
+from core.io.imports import import_jsonl, read_foreign_jsonl
+from core.io.store import TraceStore
 from fakes import fake_decode, make_trace
 
 EVIL = "Sure <script>alert(1)</script> and <img src=x onerror=alert(1)> done\n</pre></details><b>x"

@@ -154,7 +154,7 @@ def test_background_follows_score():
     for score in ("cross_entropy", "jsd", "delta_logp"):
         spans = parse(tokens_html(trace, score=score, tips=False)).spans
         backgrounds = [s["style"].split(";")[0].removeprefix("background:") for s in spans]
-        from core.divergence import score_values
+        from core.metrics import score_values
 
         assert backgrounds == colour_scale(score_values(trace.metrics, score))
     with pytest.raises(InvalidInputError, match="cross_entropy"):

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import core
-from core.forward import head
-from core.models import DEFAULT_BASE_FORMAT, PromptFormat, check_same_vocabulary, resolve_device, resolve_dtype
-from core.tiny import build_tiny_model, train_tokenizer
+from core.pair.forward import head
+from core.pair.loading import DEFAULT_BASE_FORMAT, PromptFormat, check_same_vocabulary, resolve_device, resolve_dtype
+from core.demo.tiny import build_tiny_model, train_tokenizer
 
 PROBLEM = "What is 3 * 4?"
 RESPONSE = "3 * 4 = 12. The answer is 12."

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from spacy.lookups import Lookups
 
 from core import planning
-from core.divergence import METRICS
+from core.metrics import METRICS
 from core.errors import InvalidInputError
 from core.planning import (
     CATEGORIES,

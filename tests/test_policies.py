@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import core
-from core.annotate import Gate, calibrate_gate, gate_fires
-from core.divergence import score_values
-from core.policies import (
+from core.spike_rules import Gate, calibrate_gate, gate_fires
+from core.metrics import score_values
+from core.decoding.policies import (
     POLICIES,
     BaseOnly,
     EarlyOnly,

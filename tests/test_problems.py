@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from core.errors import InvalidInputError
-from core.grading import grade
-from core.problems import Problem, load_problems
+from core.evaluation.grading import grade
+from core.evaluation.problems import Problem, load_problems
 
 BUNDLED = Path(__file__).resolve().parent.parent / "assets" / "problems" / "wordproblems.jsonl"
 
@@ -101,7 +101,7 @@ def test_bad_lines_name_their_line(tmp_path: Path, row: str, problem: str, caplo
     with pytest.raises(InvalidInputError) as err:
         load_problems(path)
     assert "p.jsonl:3: " in str(err.value) and problem in str(err.value)
-    with caplog.at_level(logging.WARNING, logger="core.problems"):
+    with caplog.at_level(logging.WARNING, logger="core.evaluation.problems"):
         got = load_problems(path, skip_bad=True)
     assert [p.prompt for p in got] == ["fine", "also fine"]
     assert [p.id for p in got] == ["p-0", "p-2"]  # ids stay tied to the row index past a bad row

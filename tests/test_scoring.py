@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from refmetrics import reference_metrics
 
 import core
-from core.divergence import METRICS
-from core.models import PromptFormat
-from core.tiny import CORPUS
-from core.tokens import REPLACEMENT, display_tokens
+from core.metrics import METRICS
+from core.pair.loading import PromptFormat
+from core.demo.tiny import CORPUS
+from core.pair.tokens import REPLACEMENT, display_tokens
 from core.trace import request_key
 
 ROOT = Path(__file__).resolve().parents[1]

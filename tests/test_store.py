@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import core.store as store_mod
+import core.io.store as store_mod
 from core.errors import InvalidInputError, StoreError
-from core.store import SUMMARY_COLUMNS, TraceStore, content_key, default_store_path
+from core.io.store import SUMMARY_COLUMNS, TraceStore, content_key, default_store_path
 from core.trace import SCHEMA_VERSION
 from fakes import make_trace
 

@@ -16,7 +16,7 @@ from typing import Any
 import streamlit as st
 
 from app.view import hover_data, spike_list
-from core.divergence import DEFAULT_SCORE, score_values
+from core.metrics import DEFAULT_SCORE, score_values
 from core.heatmap import heatmap_css, legend_html, tokens_html
 from core.trace import Trace
 

@@ -10,10 +10,10 @@ import streamlit as st
 from app import resources, state
 from app.context import get_context
 from app.view import DEFAULT_TOP
-from core import analysis as A
-from core import analysis_report as R
+from core.analysis import tables as A
+from core.analysis import report as R
 from core.errors import ForkpointError
-from core.evaluate import summarise
+from core.evaluation.harness import summarise
 
 MAX_TRACES = 2000
 

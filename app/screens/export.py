@@ -9,7 +9,7 @@ from app.context import get_context
 from app.downloads import MIME, export_file_bytes, file_name
 from app.view import filter_table, trace_table
 from core.errors import ForkpointError
-from core.export import FORMATS
+from core.io.exports import FORMATS
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

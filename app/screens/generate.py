@@ -16,7 +16,7 @@ from app import actions, resources, state
 from app.actions import POLICY_CHOICES, PolicyRequest
 from app.context import get_context
 from core.errors import ForkpointError
-from core.problems import Problem
+from core.evaluation.problems import Problem
 
 TRACE_PAGE = Path(__file__).resolve().parent / "trace.py"
 

@@ -18,20 +18,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.annotate import Gate, calibrate_gate
-from core.divergence import check_score, chunk_metrics, entropy, score_values, target_metrics
-from core.errors import ForkpointError, InvalidInputError, PairMismatchError
-from core.forward import backbone, head
-from core.models import SIDES, ModelPair
-from core.policies import REASON, BaseOnly, Policy, Step
+from core.spike_rules import Gate, calibrate_gate
+from core.metrics import check_score, chunk_metrics, entropy, score_values, target_metrics
+from core.errors import GenerationCancelled, InvalidInputError, PairMismatchError
+from core.pair.forward import backbone, head
+from core.pair.loading import SIDES, ModelPair
+from core.decoding.policies import REASON, BaseOnly, Policy, Step
 from core.scoring import DEFAULT_K, assemble, empty_metrics, make_meta, metrics_from_hidden, problem_record
 from core.trace import Trace
 
 log = logging.getLogger(__name__)
-
-
-class GenerationCancelled(ForkpointError):
-    """The caller's `should_stop` asked to stop; nothing was stored."""
 
 
 # -- sampling ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import InvalidInputError
-from core.policies import BaseOnly, EarlyOnly, Guided, Policy, RandomPositions, ReasonOnly
+from core.decoding.policies import BaseOnly, EarlyOnly, Guided, Policy, RandomPositions, ReasonOnly
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class _GradingStore:
 
 
 def _grade_trace(trace: Any) -> None:
-    from core.grading import extract_answer, grade
+    from core.evaluation.grading import extract_answer, grade
 
     gold = (trace.meta.get("problem") or {}).get("gold")
     if gold is None or trace.meta.get("correct") is not None:
@@ -118,7 +118,7 @@ def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Itera
     `problems` is a list (one benchmark) or {benchmark: list}. Rows come from the store when present.
     With `keep` (a dict), the traces are also collected there, keep[policy label] -> list of Trace.
     """
-    from core.decoding import generate
+    from core.decoding.engine import generate
 
     if samples < 1:
         raise InvalidInputError(f"samples must be ≥ 1, got {samples}")
@@ -220,7 +220,7 @@ def budget_sweep(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
     """Recovery vs realised ρ: for each calibration ratio r, a Guided policy calibrated on base
     rollouts of `calibration`, and (with `baselines`) RandomPositions and EarlyOnly at the realised ρ
     Guided reached. Columns: ratio, policy, rho, accuracy, pass@k, recovery, recovery@k (+ gate)."""
-    from core.decoding import calibrate
+    from core.decoding.engine import calibrate
 
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
                   max_new_tokens=max_new_tokens, batch_size=batch_size)

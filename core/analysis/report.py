@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from core import analysis as A
-from core.divergence import DEFAULT_SCORE
+from core.analysis import tables as A
+from core.metrics import DEFAULT_SCORE
 from core.errors import ForkpointError, InvalidInputError
 from core.trace import Trace
 

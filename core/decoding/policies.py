@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from core.annotate import Gate, gate_fires
-from core.divergence import DEFAULT_SCORE, check_score
+from core.spike_rules import Gate, gate_fires
+from core.metrics import DEFAULT_SCORE, check_score
 from core.errors import InvalidInputError
 
 REASON = "reason"  # Forced({pos: REASON}): the reasoning model picks the token at pos

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import torch
 
-from core import demo_task
+from core.demo import task as demo_task
 from core.errors import InvalidInputError
 
 log = logging.getLogger(__name__)

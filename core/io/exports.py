@@ -12,9 +12,7 @@ import importlib.metadata
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,9 +22,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.divergence import DEFAULT_SCORE, check_score
-from core.errors import ForkpointError, InvalidInputError
+from core.metrics import DEFAULT_SCORE, check_score
+from core.errors import InvalidInputError
 from core.heatmap import heatmap_css, legend_html, tokens_html
+from core.io.atomic import write_atomic
 from core.trace import SIDES, Trace, _json_default
 
 log = logging.getLogger(__name__)
@@ -326,19 +325,6 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
-def _write_atomic(path: Path, write: Callable[[Any], None], binary: bool = False) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": ""})) as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def export(
     traces: Trace | Iterable[Trace],
     path: str | os.PathLike[str],
@@ -366,135 +352,22 @@ def export(
         raise InvalidInputError(f"{', '.join(existing)} already exists; pass overwrite=True to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "jsonl":
-        _write_atomic(path, lambda fh: fh.writelines(_dumps(trace_to_record(t)) + "\n" for t in traces))
+        write_atomic(path, lambda fh: fh.writelines(_dumps(trace_to_record(t)) + "\n" for t in traces))
     elif fmt == "html":
         page = html_page(traces, score=score, decode=decode)
-        _write_atomic(path, lambda fh: fh.write(page))
+        write_atomic(path, lambda fh: fh.write(page))
     else:
         frame = long_frame(traces)
         header = _record_header(traces, fmt)
         if fmt == "csv":
             for col in [c for c in frame.columns if c.startswith("topk_")]:
                 frame[col] = [json.dumps(v) for v in frame[col]]
-            _write_atomic(sidecar_path(path), lambda fh: fh.write(_dumps(header, indent=1)))
-            _write_atomic(path, lambda fh: frame.to_csv(fh, index=False))
+            write_atomic(sidecar_path(path), lambda fh: fh.write(_dumps(header, indent=1)))
+            write_atomic(path, lambda fh: frame.to_csv(fh, index=False))
         else:
             table = pa.Table.from_pandas(frame, preserve_index=False)
             metadata = {**(table.schema.metadata or {}), b"forkpoint": _dumps(header).encode("utf-8")}
             table = table.replace_schema_metadata(metadata)
-            _write_atomic(path, lambda fh: pq.write_table(table, fh), binary=True)
+            write_atomic(path, lambda fh: pq.write_table(table, fh), binary=True)
     log.info("exported %d trace(s) to %s (%s)", len(traces), path, fmt)
     return path
-
-
-# -- import of foreign traces -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ForeignRecord:
-    """One `{id, prompt, response[, answer]}` line; `answer` is the reference (gold) answer."""
-
-    line: int
-    id: str
-    prompt: str
-    response: str | list[int]
-    answer: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _parse_foreign(obj: Any) -> tuple[str, str, str | list[int], str | None, dict[str, Any]]:
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    if "id" not in obj or isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)) or obj["id"] == "":
-        raise ValueError("missing or invalid 'id' (a non-empty string or an integer)")
-    prompt = obj.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError("missing or empty 'prompt' (a string)")
-    response = obj.get("response")
-    if isinstance(response, list):
-        if not response or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in response):
-            raise ValueError("'response' as a list must hold non-negative integer token ids")
-    elif not isinstance(response, str) or not response:
-        raise ValueError("missing or empty 'response' (a string or a list of token ids)")
-    answer = obj.get("answer")
-    if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (str, int, float))):
-        raise ValueError("'answer' must be a string or a number")
-    extra = {k: v for k, v in obj.items() if k not in {"id", "prompt", "response", "answer"}}
-    return str(obj["id"]), prompt, response, None if answer is None else str(answer), extra
-
-
-def read_foreign_jsonl(path: str | os.PathLike[str]) -> tuple[list[ForeignRecord], list[tuple[int, str]]]:
-    """Parse `{id, prompt, response[, answer]}` lines: (good records, [(line number, reason)] for the rest)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InvalidInputError(f"No such file: {path}")
-    records: list[ForeignRecord] = []
-    errors: list[tuple[int, str]] = []
-    first_line: dict[str, int] = {}
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                errors.append((lineno, f"not UTF-8 text: {exc}"))
-                continue
-            except ValueError as exc:
-                errors.append((lineno, f"not valid JSON: {exc}"))
-                continue
-            try:
-                rid, prompt, response, answer, extra = _parse_foreign(obj)
-            except ValueError as exc:
-                errors.append((lineno, str(exc)))
-                continue
-            if rid in first_line:
-                errors.append((lineno, f"duplicate id {rid!r} (first on line {first_line[rid]})"))
-                continue
-            first_line[rid] = lineno
-            records.append(ForeignRecord(lineno, rid, prompt, response, answer, extra))
-    return records, errors
-
-
-@dataclass
-class ImportResult:
-    """What an import did: stored keys (in file order) and (line number, reason) for skipped lines."""
-
-    keys: list[str]
-    errors: list[tuple[int, str]]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: {"stored": n, "keys": [...], "errors": [{"line", "reason"}, ...]}."""
-        errors = [{"line": line, "reason": reason} for line, reason in self.errors]
-        return {"stored": len(self.keys), "keys": list(self.keys), "errors": errors}
-
-
-def import_jsonl(
-    pair: Any,
-    path: str | os.PathLike[str],
-    store: Any,
-    score_fn: Callable[..., Trace] | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> ImportResult:
-    """Score each foreign record with `score_fn(pair, {"id", "prompt", "gold"}, response)` (default
-    `core.scoring.score`), mark it kind="import" and put it in `store`; bad lines are skipped and listed."""
-    if score_fn is None:
-        from core.scoring import score as score_fn  # lazily: scoring pulls in the model stack
-    records, errors = read_foreign_jsonl(path)
-    keys: list[str] = []
-    for done, rec in enumerate(records, start=1):
-        problem = {"id": rec.id, "prompt": rec.prompt, "gold": rec.answer}
-        try:
-            trace = score_fn(pair, problem, rec.response)
-        except ForkpointError as exc:
-            errors.append((rec.line, f"{type(exc).__name__}: {exc}"))
-            log.warning("%s, line %d: %s", path, rec.line, exc)
-        else:
-            trace = trace.annotate()  # a copy: the scorer's trace is left alone
-            trace.meta["kind"] = "import"
-            trace.meta["import"] = {"file": Path(path).name, "line": rec.line, "id": rec.id, "extra": rec.extra}
-            keys.append(store.put(trace))
-        if progress is not None:
-            progress(done, len(records))
-    errors.sort()
-    return ImportResult(keys, errors)

@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.divergence import DEFAULT_SCORE, SCORES, score_values
+from core.metrics import DEFAULT_SCORE, SCORES, score_values
 from core.errors import InvalidInputError, StoreError
 from core.trace import SCHEMA_VERSION, SIDES, Trace, _json_default, request_key
 

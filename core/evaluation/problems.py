@@ -165,7 +165,7 @@ def _problem(
         gold = final.strip() or None
         solution = solution or worked.strip() or None
     if gold is None and solution is not None:
-        from core.grading import last_boxed  # local import: grading pulls in math-verify
+        from core.evaluation.grading import last_boxed  # local import: grading pulls in math-verify
 
         gold = last_boxed(solution)
     pid = _text(row[i_name]) if i_name else None

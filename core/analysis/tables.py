@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from core.annotate import spike_positions, top_positions
-from core.divergence import DEFAULT_SCORE, check_score, score_values
+from core.spike_rules import spike_positions, top_positions
+from core.metrics import DEFAULT_SCORE, check_score, score_values
 from core.errors import ForkpointError, InvalidInputError
 from core.trace import Trace
 

@@ -16,7 +16,7 @@ from typing import overload
 
 import numpy as np
 
-from core.divergence import DEFAULT_SCORE, check_score, score_values
+from core.metrics import DEFAULT_SCORE, check_score, score_values
 from core.errors import InvalidInputError
 from core.trace import Trace
 

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from core import mathverify_worker
+from core.evaluation import mathverify_worker
 from core.errors import ForkpointError, InvalidInputError
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,6 @@ strings to the same ids; formats prompts per model. Both models stay resident.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import torch
 
 from core.errors import InvalidInputError, ModelLoadError, VocabularyMismatchError
-from core.tokens import display_tokens
+from core.pair.tokens import display_tokens
 
 log = logging.getLogger(__name__)
 
