@@ -1,4 +1,5 @@
-"""What the app was started with: `streamlit run app/main.py -- --base X --reason Y --store DIR`.
+"""What the app was started with: `forkpoint app --base X --reason Y --store DIR` (which runs
+`streamlit run app/main.py -- --base X ...`).
 
 Everything after `--` reaches the script as `sys.argv[1:]`. No arguments: the bundled demo pair and
 $FORKPOINT_STORE (else ./forkpoint-store). Plain values only; no streamlit here.
@@ -10,6 +11,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from core import settings
 from core.errors import InvalidInputError
 
 
@@ -42,7 +44,7 @@ class AppConfig:
     pair: PairSpec
     store: str | None = None  # None: core.store.default_store_path()
     problems: str | None = None  # None: the demo problems
-    max_new_tokens: int = 256  # default generation length (first view, Generate page, branches)
+    max_new_tokens: int = settings.MAX_NEW_TOKENS  # default generation length (first view, Generate page, branches)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16.")
     p.add_argument("--store", default=None, help="Trace store directory (default: $FORKPOINT_STORE or ./forkpoint-store).")
     p.add_argument("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="Default generation length.")
+    p.add_argument("--max-new-tokens", type=int, default=settings.MAX_NEW_TOKENS, help=settings.SETTINGS["max_new_tokens"].help)
     return p
 
 

@@ -7,6 +7,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from core.metrics import DEFAULT_SCORE
 from core.io.exports import export, sidecar_path
@@ -23,10 +24,13 @@ def file_name(keys: Sequence[str], fmt: str) -> str:
 
 
 def export_file_bytes(traces: Sequence[Trace], fmt: str, score: str = DEFAULT_SCORE,
-                      decode: Callable[[int], str] | None = None) -> bytes:
-    """The bytes of `core.export.export(traces, ..., fmt)`; CSV as a zip of the CSV and its .meta.json record."""
+                      decode: Callable[[int], str] | None = None, top: float | None = None,
+                      gate: Any = None) -> bytes:
+    """The bytes of `core.io.exports.export(traces, ..., fmt)` with the app's spike rule (`top` or `gate`), so
+    the file carries the spikes the user sees; CSV as a zip of the CSV and its .meta.json record."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = export(list(traces), Path(tmp) / f"traces.{fmt}", fmt, score=score, decode=decode, overwrite=True)
+        out = export(list(traces), Path(tmp) / f"traces.{fmt}", fmt, score=score, decode=decode, overwrite=True,
+                     top=top if gate is None else None, gate=gate)
         if fmt != "csv":
             return out.read_bytes()
         buf = io.BytesIO()

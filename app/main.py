@@ -28,7 +28,9 @@ PAGES = [
     ("problems.py", "Problems", ":material/table:", "problems"),
     ("generate.py", "Generate", ":material/play_arrow:", "generate"),
     ("dataset.py", "Dataset", ":material/insights:", "dataset"),
+    ("compare.py", "Compare", ":material/compare:", "compare"),
     ("export.py", "Export", ":material/download:", "export"),
+    ("about.py", "About", ":material/help:", "about"),
 ]
 
 
@@ -45,7 +47,27 @@ def main() -> None:
         st.stop()
     pair = current_pair(settings.pair_spec)
     set_context(Context(settings=settings, pair=pair, store=store))
+    if st.session_state.pop("pending_rollouts", False) and pair is not None:
+        _make_rollouts(pair, store, settings)
     page.run()
+
+
+def _make_rollouts(pair, store, settings) -> None:
+    """BaseOnly rollouts of the problem set (stored), so the calibrated gate has data of THIS pair."""
+    from core import settings as defaults
+    from core.decoding import calibrate
+
+    try:
+        problems = resources.problem_set(settings.problems_path)[: defaults.CALIBRATION_PROBLEMS]
+        with st.spinner(f"Making {len(problems)} base rollouts of this pair …"):
+            calibrate(pair, problems, ratio=float(st.session_state["gate_ratio"]),
+                      window=int(st.session_state["gate_window"]), score=settings.score, store=store,
+                      max_new_tokens=st.session_state["config"].max_new_tokens)
+        resources.calibrated_gate.clear()
+        state.notice("success", f"Stored {len(problems)} base rollouts of this pair; the gate is calibrated on them.")
+    except ForkpointError as err:
+        state.notice("error", f"Could not make base rollouts: {err}")
+    st.rerun()
 
 
 main()

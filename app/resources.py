@@ -15,8 +15,7 @@ import streamlit as st
 import core
 from app.config import PairSpec
 from app.view import SpikeRule, annotate_view, as_problems
-from core.spike_rules import Gate, calibrate_gate
-from core.metrics import score_values
+from core.spike_rules import Gate
 from core.evaluation.problems import Problem
 from core.io.store import TraceStore, default_store_path
 from core.trace import Trace
@@ -85,12 +84,31 @@ def decoder(pair: core.ModelPair | None, trace: Trace | None = None) -> Callable
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def render_data(path: str, key: str, score: str, scale: str, rule_key: str, pair_label: str,
-                _rule: SpikeRule, _pair: Any) -> dict[str, Any]:
-    """The token component's payload for a stored trace (see components.token_view.build_view)."""
+                _rule: SpikeRule, _pair: Any, vmin: float | None = None, vmax: float | None = None,
+                range_tag: str = "trace", _reference: Any = None, start: int = 0,
+                end: int | None = None) -> dict[str, Any]:
+    """The token component's payload for a stored trace (see components.token_view.build_view), coloured
+    on [vmin, vmax] (`range_tag` names that range for the cache; `_reference` pools rank-scale values)."""
     from app.components.token_view import build_view
 
     trace = view_trace(path, key, score, rule_key, _rule)
-    return build_view(trace, score=score, scale=scale, decode=decoder(_pair, trace))
+    return build_view(trace, score=score, scale=scale, decode=decoder(_pair, trace), vmin=vmin, vmax=vmax,
+                      reference=_reference, start=start, end=end)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _vocab(_pair: Any, fingerprint: str) -> tuple[str, ...]:
+    """Every token's display text, by id (once per pair)."""
+    return tuple(_pair.token_text(i) for i in range(_pair.vocab_size))
+
+
+def vocab_search(pair: core.ModelPair, query: str, limit: int) -> list[tuple[int, str]]:
+    """Up to `limit` (id, text) vocabulary entries containing `query` (exact text first, then shortest)."""
+    vocab = _vocab(pair, repr(pair.fingerprint()))
+    needle = query.lower()
+    hits = [(i, t) for i, t in enumerate(vocab) if needle in t.lower()]
+    hits.sort(key=lambda it: (it[1].strip().lower() != needle, len(it[1]), it[0]))
+    return hits[:limit]
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -106,16 +124,17 @@ def problem_set(path: str | None) -> list[Problem]:
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def calibrated_gate(path: str, pair_label: str, score: str, ratio: float, window: int, stamp: int) -> Gate:
-    """Fit the spike gate on the store's BaseOnly rollouts of this pair (InvalidInputError if none)."""
-    store = get_store(path)
-    df = store.summaries()
-    rows = df[(df["policy"] == "base_only") & (df["kind"] == "generate") & (df["pair"] == pair_label)]
-    if rows.empty:
-        rows = df[(df["policy"] == "base_only") & (df["kind"] == "generate")]
-    if rows.empty:
-        raise core.InvalidInputError(
-            "The calibrated gate needs base rollouts in the store: run BaseOnly on some problems (Generate page)"
-        )
-    scores = [score_values(load_trace(path, k).metrics, score) for k in rows["key"].tolist()[:256]]
-    return calibrate_gate(scores, ratio, window)
+def calibrated_gate(path: str, fingerprint: str, score: str, ratio: float, window: int, stamp: int,
+                    _pair: Any) -> Gate:
+    """Fit the spike gate through core on the store's BaseOnly rollouts of THIS pair (keyed by its
+    fingerprint); InvalidInputError when the store has none of this pair (never another pair's)."""
+    from core.decoding import calibrate
+
+    return calibrate(_pair, None, ratio=ratio, window=window, score=score, store=get_store(path))
+
+
+def has_rollouts(pair: core.ModelPair, path: str) -> bool:
+    """Whether the store holds BaseOnly rollouts of this pair (to calibrate the gate on)."""
+    from core.decoding import has_base_rollouts
+
+    return bool(has_base_rollouts(pair, get_store(path)))

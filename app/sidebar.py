@@ -13,11 +13,11 @@ import core
 from app import resources
 from app.config import PairSpec
 from app.state import DEFAULTS
-from app.view import SCORE_LABELS, SpikeRule
-from core.spike_rules import Gate
-from core.metrics import SCORES
+from app.view import PROB_MODES, RANGE_LABELS, RANGES, SpikeRule, md_escape
 from core.errors import ForkpointError
 from core.heatmap import SCALES
+from core.metrics import METRICS, SCORES
+from core.spike_rules import Gate
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -33,6 +33,8 @@ class Settings:
     scale: str
     rule: SpikeRule
     pair_spec: PairSpec
+    crange: str = "trace"  # colour range: "trace" or "pair" (fixed over the pair's stored traces)
+    prob_mode: str = "prob"  # "prob" or "logprob"
 
 
 def _pair_form() -> None:
@@ -77,24 +79,26 @@ def _rule(store_path: str, score: str) -> SpikeRule:
     c1, c2 = st.columns(2)
     c1.number_input("r (takeover ratio)", 0.001, 0.5, key="gate_ratio", step=0.01, format="%.3f")
     c2.number_input("W (window)", 1, 512, key="gate_window", step=1)
+    pair = st.session_state.get("_pair_obj")
+    fallback = SpikeRule(top=float(ss["spike_top_pct"]) / 100.0)
+    if pair is None:
+        st.warning("The calibrated gate needs a loaded model pair. Showing top p% spikes instead.")
+        return fallback
+    if not resources.has_rollouts(pair, store_path):
+        st.warning("The store has no BaseOnly rollouts of this pair to calibrate the gate on (rollouts of "
+                   "other pairs are never used). Showing top p% spikes instead.")
+        if st.button("Make base rollouts of the problem set", key="make_rollouts"):
+            ss["pending_rollouts"] = True
+        return fallback
     store = resources.get_store(store_path)
     try:
-        gate: Gate = resources.calibrated_gate(store_path, _pair_label(), score, float(ss["gate_ratio"]),
-                                               int(ss["gate_window"]), len(store.keys()))
+        gate: Gate = resources.calibrated_gate(store_path, repr(pair.fingerprint()), score, float(ss["gate_ratio"]),
+                                               int(ss["gate_window"]), len(store.keys()), pair)
     except ForkpointError as err:
         st.warning(f"{err}. Showing top p% spikes instead.")
-        return SpikeRule(top=float(ss["spike_top_pct"]) / 100.0)
-    st.caption(f"τ = {gate.tau:.3g}, λ = {gate.lam:.3g}, W = {gate.window} (fit on the store's base rollouts)")
+        return fallback
+    st.caption(f"τ = {gate.tau:.3g}, λ = {gate.lam:.3g}, W = {gate.window} (fit on this pair's base rollouts)")
     return SpikeRule(top=None, gate=gate)
-
-
-def _pair_label() -> str:
-    """The pair column value the store's summaries use ("<base>|<reason>" short names)."""
-    pair = st.session_state.get("_pair_obj")
-    if pair is None:
-        return ""
-    spec = pair.spec()
-    return "|".join(str((spec[s] or {}).get("id") or "?").rstrip("/").rsplit("/", 1)[-1] for s in ("base", "reason"))
 
 
 def sidebar() -> Settings:
@@ -107,13 +111,19 @@ def sidebar() -> Settings:
                       help="Directory of stored traces ($FORKPOINT_STORE or ./forkpoint-store by default).")
         st.text_input("Problem file", key="problems_path", placeholder="demo problems",
                       help=".jsonl / .json / .csv with question and answer fields.")
-        st.selectbox("Score metric", SCORES, key="score", format_func=lambda s: SCORE_LABELS.get(s, s),
+        st.selectbox("Score metric", SCORES, key="score", format_func=lambda s: METRICS[s].score_label,
                      help="The per-token disagreement that colours tokens and picks spikes.")
-        st.selectbox("Colour scale", SCALES, key="scale")
+        c1, c2 = st.columns(2)
+        c1.selectbox("Colour scale", SCALES, key="scale", help="linear; log spreads the low end; rank = percentiles.")
+        c2.selectbox("Colour range", RANGES, key="crange", format_func=RANGE_LABELS.get,
+                     help="Fixed across this pair's traces makes heat comparable between two traces.")
+        st.radio("Probabilities", PROB_MODES, key="prob_mode", horizontal=True,
+                 format_func={"prob": "p", "logprob": "log p (nats)"}.get)
         path = resources.store_path(ss["store_path"] or None)
         rule = _rule(path, ss["score"])
     return Settings(store_path=path, problems_path=ss["problems_path"].strip() or None, score=ss["score"],
-                    scale=ss["scale"], rule=rule, pair_spec=ss["pair_spec"])
+                    scale=ss["scale"], rule=rule, pair_spec=ss["pair_spec"], crange=ss["crange"],
+                    prob_mode=ss["prob_mode"])
 
 
 def current_pair(spec: PairSpec) -> core.ModelPair | None:
@@ -126,4 +136,7 @@ def current_pair(spec: PairSpec) -> core.ModelPair | None:
         st.session_state["_pair_obj"] = None
         return None
     st.session_state["_pair_obj"] = pair
+    if getattr(pair, "vocab_notes", None):
+        with st.sidebar:
+            st.caption("Vocabulary differences tolerated: " + "; ".join(md_escape(n) for n in pair.vocab_notes))
     return pair

@@ -1,7 +1,11 @@
-"""Session state in one place: `init_state()` sets every key once; the URL mirrors what is on screen.
+"""Session state in one place: `init_state()` sets every key it owns (on every run, not only the first),
+and the URL mirrors what is on screen.
 
-The query parameters `problem`, `trace` and `pos` hold the open problem, trace and selected token,
-so a copied link opens the same view.
+Every key of `DEFAULTS` is (re)set with `setdefault` on each run: Streamlit drops a widget's key when a
+run ends without drawing that widget (e.g. a page switch from a selection callback), and a page that
+then read `st.session_state["score"]` crashed with a KeyError. The query parameters hold the open
+problem, trace, token, metric, colour scale and range, spike rule and the open branch comparison, so a
+copied link opens the same view.
 """
 
 from __future__ import annotations
@@ -12,18 +16,21 @@ from typing import Any
 import streamlit as st
 
 from app.config import AppConfig, PairSpec, parse_args
-from app.view import DEFAULT_TOP
-from core.metrics import DEFAULT_SCORE, SCORES
+from app.view import DEFAULT_TOP, PROB_MODES, RANGES
+from core import settings
 from core.errors import ForkpointError
 from core.heatmap import SCALES
+from core.metrics import DEFAULT_SCORE, SCORES
 
 DEFAULTS: dict[str, Any] = {
     "score": DEFAULT_SCORE,  # the disagreement score that colours tokens and picks spikes
     "scale": "linear",  # colour scale: linear, log, rank
+    "crange": "trace",  # colour range: "trace" (each trace's own min..max) or "pair" (fixed over the pair's traces)
+    "prob_mode": "prob",  # how probabilities are shown: "prob" or "logprob"
     "spike_kind": "top",  # "top" (top-p% per trace) or "gate" (calibrated on base rollouts)
     "spike_top_pct": 100 * DEFAULT_TOP,  # p, in percent
-    "gate_ratio": 0.05,  # r: share of tokens the gate should fire on
-    "gate_window": 16,  # W: running-mean window
+    "gate_ratio": settings.RATIO,  # r: share of tokens the gate should fire on
+    "gate_window": settings.WINDOW,  # W: running-mean window
     "trace_key": None,  # the open trace
     "problem_id": None,  # its problem
     "sel_pos": None,  # the selected token
@@ -32,6 +39,8 @@ DEFAULTS: dict[str, Any] = {
     "notice": None,  # (kind, message) to show once after a rerun
     "first_view": True,  # the very first render of the session (opens a demo trace)
 }
+# URL parameter -> session key, for the view settings (written only when they differ from the default).
+VIEW_PARAMS = {"metric": "score", "scale": "scale", "range": "crange", "prob": "prob_mode"}
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -41,31 +50,75 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
+def _float_or_none(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if out == out and abs(out) != float("inf") else None
+
+
 def init_state(argv: list[str] | None = None) -> AppConfig:
-    """Set every session key once (start-up args, then the URL's query parameters); returns the config."""
+    """Set every session key this app reads (start-up args and the URL once, defaults on every run)."""
     ss = st.session_state
-    if "config" not in ss:
+    first = "config" not in ss
+    if first:
         try:
             config = parse_args(sys.argv[1:] if argv is None else argv)
         except ForkpointError as err:
             ss["notice"] = ("error", f"{err}. Using the demo pair.")
             config = AppConfig(pair=PairSpec())
         ss["config"] = config
-        ss["pair_spec"] = config.pair
-        ss["store_path"] = config.store or ""
-        ss["problems_path"] = config.problems or ""
-        for name, value in DEFAULTS.items():
-            ss.setdefault(name, value)
+        ss.setdefault("pair_spec", config.pair)
+        ss.setdefault("store_path", config.store or "")
+        ss.setdefault("problems_path", config.problems or "")
+    for name in ("store_path", "problems_path"):  # text widgets: their keys vanish like the others
+        ss.setdefault(name, "")
+    ss.setdefault("pair_spec", ss["config"].pair)
+    for name, value in DEFAULTS.items():
+        ss.setdefault(name, value)
+    if first:
         read_query_params()
-    if ss["score"] not in SCORES:
-        ss["score"] = DEFAULT_SCORE
-    if ss["scale"] not in SCALES:
-        ss["scale"] = "linear"
+    _repair()
     return ss["config"]
 
 
+def _repair() -> None:
+    """Replace values no widget can show (a hand-edited URL, a metric that left the registry)."""
+    ss = st.session_state
+    choices = {"score": SCORES, "scale": SCALES, "crange": RANGES, "prob_mode": PROB_MODES,
+               "spike_kind": ("top", "gate")}
+    for name, valid in choices.items():
+        if ss.get(name) not in valid:
+            ss[name] = DEFAULTS[name]
+    pct = _float_or_none(ss.get("spike_top_pct"))
+    ss["spike_top_pct"] = pct if pct is not None and 0.1 <= pct <= 20.0 else DEFAULTS["spike_top_pct"]
+    ratio = _float_or_none(ss.get("gate_ratio"))
+    ss["gate_ratio"] = ratio if ratio is not None and 0.001 <= ratio <= 0.5 else DEFAULTS["gate_ratio"]
+    window = _int_or_none(ss.get("gate_window"))
+    ss["gate_window"] = window if window is not None and 1 <= window <= 512 else DEFAULTS["gate_window"]
+
+
+def parse_spike(text: str) -> dict[str, Any] | None:
+    """`top:5` (top 5% per trace) or `gate:0.05:16` (calibrated gate, r and W) -> session values, else None."""
+    parts = str(text).split(":")
+    if parts[0] == "top" and len(parts) == 2 and _float_or_none(parts[1]) is not None:
+        return {"spike_kind": "top", "spike_top_pct": _float_or_none(parts[1])}
+    if parts[0] == "gate" and len(parts) == 3 and _float_or_none(parts[1]) is not None and _int_or_none(parts[2]):
+        return {"spike_kind": "gate", "gate_ratio": _float_or_none(parts[1]), "gate_window": _int_or_none(parts[2])}
+    return None
+
+
+def spike_param() -> str:
+    """The spike rule as the URL writes it (see parse_spike)."""
+    ss = st.session_state
+    if ss.get("spike_kind") == "gate":
+        return f"gate:{float(ss['gate_ratio']):g}:{int(ss['gate_window'])}"
+    return f"top:{float(ss['spike_top_pct']):g}"
+
+
 def read_query_params() -> None:
-    """Adopt problem / trace / pos from the URL (a shared link)."""
+    """Adopt the view a shared link describes: problem, trace, pos, metric, scale, range, spikes, compare."""
     qp = st.query_params
     ss = st.session_state
     if qp.get("trace"):
@@ -75,18 +128,39 @@ def read_query_params() -> None:
         ss["problem_id"] = str(qp["problem"])
     if qp.get("pos") is not None:
         ss["sel_pos"] = _int_or_none(qp.get("pos"))
+    for param, name in VIEW_PARAMS.items():
+        if qp.get(param):
+            ss[name] = str(qp[param])
+    if qp.get("spikes") and (rule := parse_spike(qp["spikes"])):
+        ss.update(rule)
+    cmp = str(qp.get("compare") or "")
+    child, _, at = cmp.partition("@")
+    if child and ss.get("trace_key") and _int_or_none(at) is not None:
+        ss["compare"] = {"parent": ss["trace_key"], "child": child, "pos": _int_or_none(at)}
+
+
+def wanted_query_params() -> dict[str, str | None]:
+    """What the URL should hold now (None: leave the parameter out)."""
+    ss = st.session_state
+    job = ss.get("compare") or {}
+    compare = f"{job['child']}@{job['pos']}" if job and job.get("parent") == ss.get("trace_key") else None
+    wanted: dict[str, Any] = {"problem": ss.get("problem_id"), "trace": ss.get("trace_key"), "pos": ss.get("sel_pos")}
+    for param, name in VIEW_PARAMS.items():
+        wanted[param] = ss.get(name) if ss.get(name) != DEFAULTS[name] else None
+    spikes = spike_param()
+    wanted["spikes"] = None if spikes == f"top:{DEFAULTS['spike_top_pct']:g}" else spikes
+    wanted["compare"] = compare
+    return {k: (None if v is None or v == "" else str(v)) for k, v in wanted.items()}
 
 
 def write_query_params() -> None:
-    """Mirror the open problem, trace and selected token into the URL."""
-    ss = st.session_state
-    wanted = {"problem": ss.get("problem_id"), "trace": ss.get("trace_key"), "pos": ss.get("sel_pos")}
-    for name, value in wanted.items():
-        if value is None or value == "":
+    """Mirror the open view into the URL."""
+    for name, value in wanted_query_params().items():
+        if value is None:
             if name in st.query_params:
                 del st.query_params[name]
-        elif st.query_params.get(name) != str(value):
-            st.query_params[name] = str(value)
+        elif st.query_params.get(name) != value:
+            st.query_params[name] = value
 
 
 def open_trace(key: str | None, problem_id: str | None = None, pos: int | None = None) -> None:
@@ -98,6 +172,11 @@ def open_trace(key: str | None, problem_id: str | None = None, pos: int | None =
     ss["problem_id"] = problem_id
     ss["sel_pos"] = pos
     ss["first_view"] = False
+
+
+def trace_link_params() -> dict[str, str]:
+    """Query parameters for st.switch_page to the Trace page (the open trace plus the view settings)."""
+    return {k: v for k, v in wanted_query_params().items() if v is not None}
 
 
 def notice(kind: str, message: str) -> None:

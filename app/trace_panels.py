@@ -12,11 +12,15 @@ from app import actions, resources, state
 from app.components.token_view import token_view
 from app.context import Context, get_context
 from app.figures import trace_figure
-from app.view import first_difference, md_code, spike_list, tail, takeover_choices, tree_label, tree_rows
-from core.metrics import score_values
+from app.notes_panel import trace_notes_panel
+from app.view import PAGE_TOKENS, first_difference, md_code, md_escape, page_bounds, tail, token_diff
+from core.presentation import branch_token_text, fmt_num, fmt_prob, prob_at, spike_list, takeover_choices, tree_label, tree_rows
 from core.errors import ForkpointError
-from core.heatmap import heatmap_css, tokens_html
-from core.trace import Trace
+from core.heatmap import heatmap_css, legend_html, metric_label, tokens_html, value_range
+from core.metrics import score_values
+from core.trace import SIDES, Trace
+
+VOCAB_MATCHES = 50  # most vocabulary matches offered by the force-a-token search
 
 VIEW_KEY = "tokview"
 COMPARE_CSS = """
@@ -39,7 +43,7 @@ def header(trace: Trace, rule_text: str) -> None:
     st.markdown(f"#### Problem {md_code(problem.get('id') or '(ad hoc)')}")
     st.text(problem.get("prompt") or "")
     policy = (trace.meta.get("policy") or {}).get("name") or trace.meta.get("kind") or "?"
-    takeovers = int(sum(1 for s in trace.source if s != "base"))
+    takeovers = trace.n_takeovers
     cols = st.columns(5)
     cols[0].metric("Tokens", len(trace))
     cols[1].metric("Policy", policy)
@@ -72,6 +76,33 @@ def _on_plot(plot_key: str) -> None:
             return
 
 
+def colour_range(ctx: Context, trace: Trace) -> tuple[float | None, float | None, str, str]:
+    """(vmin, vmax, what the range is, cache tag) for the main view: with a branch comparison open, the
+    range of both traces (so a token has one colour in both views); else the range the sidebar asks for."""
+    s = ctx.settings
+    job = st.session_state.get("compare")
+    values = score_values(trace.metrics, s.score)
+    if job and job.get("parent") == trace.key:
+        try:
+            child = resources.load_trace(s.store_path, job["child"])
+        except ForkpointError:
+            child = None
+        if child is not None:
+            lo, hi = value_range(values, score_values(child.metrics, s.score))
+            return lo, hi, "shared with the branch comparison", f"cmp:{child.key}"
+    if s.crange == "pair":
+        df = ctx.store.summaries()
+        col = f"max_{s.score}"
+        mine = df[df["key"] == trace.key] if not df.empty else df
+        if not mine.empty and col in df.columns:
+            rows = df[df["pair"] == mine.iloc[0]["pair"]]
+            hi = pd.to_numeric(rows[col], errors="coerce").max()
+            if hi == hi:
+                return 0.0, float(hi), f"fixed 0..{float(hi):.3g} over {len(rows)} traces of this pair", f"pair:{hi}"
+    lo, hi = value_range(values)
+    return lo, hi, "this trace's own range", "trace"
+
+
 @st.fragment
 def trace_panel(key: str) -> None:
     """Token view, score plot and selection panel; a click reruns only this fragment."""
@@ -82,29 +113,76 @@ def trace_panel(key: str) -> None:
     s = ctx.settings
     try:
         trace = resources.view_trace(s.store_path, key, s.score, s.rule.key(), s.rule)
-        data = resources.render_data(s.store_path, key, s.score, s.scale, s.rule.key(), _pair_tag(ctx), s.rule, ctx.pair)
+        lo, hi, note, tag = colour_range(ctx, trace)
+        reference = _reference(ctx, trace) if s.scale == "rank" and tag.startswith("cmp:") else None
+        sel = ss.get("sel_pos")
+        if sel is not None and not 0 <= sel < len(trace):
+            sel = ss["sel_pos"] = None
+        start, end = _page(len(trace), sel)
+        data = resources.render_data(s.store_path, key, s.score, s.scale, s.rule.key(), _pair_tag(ctx), s.rule,
+                                     ctx.pair, lo, hi, tag, reference, start, end)
     except ForkpointError as err:
-        st.error(str(err))
+        st.error(md_escape(err, 400))
         return
-    sel = ss.get("sel_pos")
-    if sel is not None and not 0 <= sel < len(trace):
-        sel = ss["sel_pos"] = None
-    st.html(f"<style>{heatmap_css()}</style>{data['legend']}")
+    legend = legend_html(trace.annotations.get("tags"), score=s.score, vmin=lo, vmax=hi, scale=s.scale,
+                         spike_rule=s.rule.describe(), range_note=note)
+    st.html(f"<style>{heatmap_css()}</style>{legend}")
     left, right = st.columns([3, 2], gap="medium")
     with left:
-        token_view(data, selected=sel, key=VIEW_KEY, on_click=_on_click)
+        token_view(data, selected=sel, key=VIEW_KEY, on_click=_on_click, prob_mode=s.prob_mode)
         plot_key = _plot_key(trace, s.score)
         st.plotly_chart(trace_figure(trace, s.score), key=plot_key, on_select=lambda: _on_plot(plot_key),
                         selection_mode="points", config={"displayModeBar": False})
     with right:
         selection_panel(ctx, trace, sel)
-    compare_panel(ctx, trace)
+    compare_panel(ctx, trace, lo, hi, reference)
     tree_panel(ctx, trace)
+    trace_notes_panel(ctx.store, trace, sel)  # notes and bookmarks (app/notes_panel.py)
     state.write_query_params()
+
+
+def _page(n: int, sel: int | None) -> tuple[int, int]:
+    """The token view's page of a long trace (PAGE_TOKENS per page): the selected token's page, else the
+    one chosen; a slider appears only when there is more than one page."""
+    ss = st.session_state
+    pages = -(-n // PAGE_TOKENS)
+    if pages <= 1:
+        return 0, n
+    ss.setdefault("tok_page", 1)
+    ss["tok_page"] = max(1, min(int(ss["tok_page"]), pages))
+    if sel is not None and sel // PAGE_TOKENS + 1 != ss["tok_page"]:  # a selection (plot click, n/p, URL) leads
+        ss["tok_page"] = sel // PAGE_TOKENS + 1
+    st.select_slider(f"Tokens shown ({PAGE_TOKENS} per page; the plot shows all {n})", range(1, pages + 1),
+                     key="tok_page", format_func=lambda p: f"{(p - 1) * PAGE_TOKENS}–{min(n, p * PAGE_TOKENS) - 1}",
+                     on_change=lambda: ss.update(sel_pos=None))
+    return page_bounds(n, int(ss["tok_page"]) - 1)
+
+
+def _reference(ctx: Context, trace: Trace):
+    """Both traces' scores pooled: the rank scale's reference while a comparison is open."""
+    import numpy as np
+
+    job = st.session_state.get("compare") or {}
+    child = resources.load_trace(ctx.settings.store_path, job["child"])
+    return tuple(np.concatenate([np.asarray(score_values(t.metrics, ctx.settings.score), dtype=float)
+                                 for t in (trace, child)]).tolist())
 
 
 def _pair_tag(ctx: Context) -> str:
     return "none" if ctx.pair is None else repr(ctx.pair.fingerprint())
+
+
+def _topk_table(trace: Trace, sel: int, side: str, decode, mode: str) -> pd.DataFrame:
+    """One model's top-k at `sel` with its own p and the other model's p (blank: outside its top-k)."""
+    other = "reason" if side == "base" else "base"
+    ids, probs = trace.topk[side]
+    head = "log p" if mode == "logprob" else "p"
+    return pd.DataFrame({
+        f"{side} top-{len(ids[sel])}": [repr(decode(int(i))) if decode else f"#{int(i)}" for i in ids[sel]],
+        f"{head} {side}": [fmt_prob(float(p), mode) for p in probs[sel]],
+        f"{head} {other}": [fmt_prob(prob_at(trace, other, sel, int(i)), mode) if prob_at(trace, other, sel, int(i))
+                            is not None else "" for i in ids[sel]],
+    })
 
 
 def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
@@ -114,40 +192,87 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
                 "then let the reasoning model take over there.")
         return
     decode = resources.decoder(ctx.pair, trace)
+    mode = ctx.settings.prob_mode
     m = trace.metrics
     st.markdown(f"**Token #{sel}** · emitted by **{trace.source[sel]}**")
     st.code(repr(trace.tokens[sel]), language=None)
     c = st.columns(3)
-    c[0].metric("score", f"{float(score_values(trace.metrics, ctx.settings.score)[sel]):.3f}")
-    c[1].metric("H base", f"{float(m['entropy_base'][sel]):.3f}")
-    c[2].metric("KL(b‖r)", f"{float(m['kl_base_reason'][sel]):.3f}")
-    tops = st.columns(2)
-    for col, side in zip(tops, ("base", "reason")):
-        ids, probs = trace.topk[side]
-        col.dataframe(pd.DataFrame({
-            f"{side} top-k": [repr(decode(int(i))) if decode else f"#{int(i)}" for i in ids[sel]],
-            "p": [round(float(p), 4) for p in probs[sel]],
-        }), hide_index=True, width="stretch")
+    c[0].metric(metric_label(ctx.settings.score), fmt_num(score_values(trace.metrics, ctx.settings.score)[sel]))
+    c[1].metric(metric_label("entropy_base"), fmt_num(m["entropy_base"][sel]))
+    c[2].metric(metric_label("kl_base_reason"), fmt_num(m["kl_base_reason"][sel]))
+    for side in SIDES:  # stacked: the right column is too narrow for two tables of three columns
+        st.dataframe(_topk_table(trace, sel, side, decode, mode), hide_index=True, width="stretch",
+                     height=min(400, 35 * (trace.k + 1) + 3))
     disabled = ctx.pair is None
     limit_default = int((trace.meta.get("sampling") or {}).get("max_new_tokens") or max(len(trace) + 64, 64))
     max_new = st.number_input("Max tokens of the branch (prefix included)", min_value=sel + 1,
                               value=max(limit_default, sel + 1), step=16, key=f"branch_limit_{sel}")
+    sampling = _branch_sampling(trace)
     if st.button("Reasoning model takes over here", type="primary", disabled=disabled, key="takeover_reason",
                  width="stretch"):
-        _queue_branch(trace, sel, None, int(max_new))
-    choices = takeover_choices(trace, sel, decode)
+        _queue_branch(trace, sel, None, int(max_new), sampling)
+    choices = takeover_choices(trace, sel, decode, mode)
     pick = st.selectbox("… or force a token from either model's top-k", range(1, len(choices)),
                         format_func=lambda i: choices[i].label, key=f"takeover_pick_{trace.key}_{sel}")
     if st.button("Branch with this token", disabled=disabled or pick is None, key="takeover_token",
                  width="stretch"):
-        _queue_branch(trace, sel, choices[pick].token, int(max_new))
-    if disabled:
+        _queue_branch(trace, sel, choices[pick].token, int(max_new), sampling)
+    if not disabled:
+        _force_any(ctx, trace, sel, int(max_new), sampling)
+    else:
         st.caption("Load a model pair (sidebar) to branch.")
 
 
-def _queue_branch(trace: Trace, pos: int, token: int | None, max_new_tokens: int) -> None:
+def _branch_sampling(trace: Trace) -> dict:
+    """Per-branch temperature and seed (default: the parent's)."""
+    parent = trace.meta.get("sampling") or {}
+    with st.expander("Branch sampling (temperature, seed)", expanded=False):
+        c1, c2 = st.columns(2)
+        temperature = c1.number_input("temperature", 0.0, 2.0, float(parent.get("temperature", 0.0)), 0.1,
+                                      key="branch_temperature", help="0 = greedy; the parent's by default.")
+        seed = c2.number_input("seed", 0, 2**31 - 1, int(parent.get("seed", 0)), key="branch_seed")
+    out = {}
+    if float(temperature) != float(parent.get("temperature", 0.0)):
+        out["temperature"] = float(temperature)
+    if int(seed) != int(parent.get("seed", 0)):
+        out["seed"] = int(seed)
+    return out
+
+
+def _force_any(ctx: Context, trace: Trace, sel: int, max_new: int, sampling: dict) -> None:
+    """Force any vocabulary token (search by text) or a typed string (its tokens, in order)."""
+    pair = ctx.pair
+    with st.expander("Force any token or a typed string", expanded=False):
+        query = st.text_input("Search the vocabulary", key="vocab_query", placeholder="e.g. subtract")
+        if query:
+            matches = resources.vocab_search(pair, query, VOCAB_MATCHES)
+            if not matches:
+                st.caption(f"No token contains {md_code(query)}.")
+            else:
+                tok = st.selectbox(f"{len(matches)} matching tokens", [i for i, _ in matches], key="vocab_pick",
+                                   format_func=lambda i: f"{dict(matches)[i]!r} (id {i}) · "
+                                                         f"{_both(trace, sel, i, ctx.settings.prob_mode)}")
+                if st.button("Branch with this vocabulary token", key="takeover_vocab", width="stretch"):
+                    _queue_branch(trace, sel, int(tok), max_new, sampling)
+        typed = st.text_input("… or type a string to force (tokenised by the pair)", key="typed_force")
+        if typed:
+            ids = pair.encode(typed)
+            st.caption(f"{len(ids)} token(s): " + " ".join(md_code(pair.token_text(i), 24) for i in ids[:12]))
+            if ids and st.button("Branch with this string", key="takeover_typed", width="stretch"):
+                _queue_branch(trace, sel, int(ids[0]), max(max_new, sel + len(ids)), sampling, rest=ids[1:])
+
+
+def _both(trace: Trace, sel: int, tok: int, mode: str) -> str:
+    from core.presentation import both_probs
+
+    return both_probs(trace, sel, tok, mode)
+
+
+def _queue_branch(trace: Trace, pos: int, token: int | None, max_new_tokens: int, sampling: dict | None = None,
+                  rest: list[int] | None = None) -> None:
     st.session_state["pending"] = {"kind": "branch", "parent": trace.key, "pos": int(pos), "token": token,
-                                   "max_new_tokens": max_new_tokens}
+                                   "max_new_tokens": max_new_tokens, "sampling": dict(sampling or {}),
+                                   "rest": [int(i) for i in rest or []]}
     st.rerun()  # a full run: the branch is generated outside the fragment, where Cancel can interrupt it
 
 
@@ -169,16 +294,16 @@ def run_pending(ctx: Context) -> None:
         ss["pending"] = None
         box.error("No model pair is loaded; load one in the sidebar to branch.")
         return
-    bar = box.progress(0.0, text="starting")
+    bar = box.progress(0.0, text="Generating the branch: starting")
 
     def progress(done: int, total: int) -> None:
-        bar.progress(min(1.0, done / max(total, 1)), text=f"{done} / {total} tokens")
+        bar.progress(min(1.0, done / max(total, 1)), text=f"Generating the branch: {done} / {total} tokens")
 
     s = ctx.settings
     try:
         parent = resources.load_trace(s.store_path, job["parent"])
         child = actions.run_branch(ctx.pair, ctx.store, parent, job["pos"], job["token"], job["max_new_tokens"],
-                                   progress=progress)
+                                   progress=progress, rest=job.get("rest") or (), **(job.get("sampling") or {}))
     except ForkpointError as err:
         ss["pending"] = None
         box.error(f"Could not branch: {err}")
@@ -190,15 +315,18 @@ def run_pending(ctx: Context) -> None:
     state.notice("success", f"Branch stored ({len(child)} tokens, {_grade_text(child)}).")
 
 
-def _html_block(trace: Trace, side: str, start: int, diff: int | None) -> str:
+def _html_block(trace: Trace, side: str, start: int, diff: int | None, score: str, scale: str,
+                lo: float | None, hi: float | None, reference) -> str:
     part = tail(trace, start)
-    body = tokens_html(part, selected=None if diff is None else diff - start, tips=False, css_tips=False)
+    body = tokens_html(part, score=score, scale=scale, vmin=lo, vmax=hi, reference=reference, offset=start,
+                       selected=None if diff is None else diff - start, tips=False, css_tips=False)
     return (f'<div class="fp-compare" data-side="{html.escape(side)}" data-key="{html.escape(str(trace.key))}">'
             f"{body}</div>")
 
 
-def compare_panel(ctx: Context, trace: Trace) -> None:
-    """The last branch of this trace beside the original, from the branch point, first difference ringed."""
+def compare_panel(ctx: Context, trace: Trace, lo: float | None, hi: float | None, reference=None) -> None:
+    """The last branch of this trace beside the original, from the branch point, first difference ringed,
+    both coloured on the main view's range (one legend), and a token-aligned diff with score deltas."""
     job = st.session_state.get("compare")
     if not job or job.get("parent") != trace.key:
         return
@@ -206,20 +334,31 @@ def compare_panel(ctx: Context, trace: Trace) -> None:
     try:
         child = resources.view_trace(s.store_path, job["child"], s.score, s.rule.key(), s.rule)
     except ForkpointError as err:
-        st.error(str(err))
+        st.error(md_escape(err, 400))
         return
     pos = int(job["pos"])
     diff = first_difference(trace, child, pos)
-    st.markdown(f"#### Branch at token #{pos}")
+    what = branch_token_text(child, resources.decoder(ctx.pair, child))
+    st.markdown(f"#### Branch at token #{pos}" + (f" · {md_code(what)}" if what else ""))
     st.caption(f"Shared prefix: {pos} tokens. " + ("The continuations are identical." if diff is None else
                f"First difference at #{diff} (ringed)."))
+    st.html(f"<style>{heatmap_css()}</style>" + legend_html(
+        list(trace.annotations.get("tags") or []) + list(child.annotations.get("tags") or []), score=s.score,
+        vmin=lo, vmax=hi, scale=s.scale, spike_rule=s.rule.describe(), range_note="one range for both sides"))
     with st.expander("Shared prefix", expanded=False):
         st.text("".join(trace.tokens[:pos]))
     cols = st.columns(2)
     for col, t, side in ((cols[0], trace, "original"), (cols[1], child, "branch")):
         with col:
             st.markdown(f"**{side.capitalize()}** · {len(t)} tokens · {_grade_text(t)}")
-            st.html(f"<style>{heatmap_css()}{COMPARE_CSS}</style>{_html_block(t, side, pos, diff)}")
+            st.html(f"<style>{heatmap_css()}{COMPARE_CSS}</style>"
+                    f"{_html_block(t, side, pos, diff, s.score, s.scale, lo, hi, reference)}")
+    with st.expander("Token-aligned diff with score deltas", expanded=False):
+        table = token_diff(trace, child, pos, s.score)
+        st.caption(f"Aligned on equal tokens (difflib); delta = branch − original {metric_label(s.score)}.")
+        st.dataframe(table, hide_index=True, width="stretch", key="diff_table",
+                     column_config={c: st.column_config.NumberColumn(format="%.4f")
+                                    for c in ("score_original", "score_branch", "delta")})
     if st.button("Open the branch", key="open_branch"):
         state.open_trace(child.key, (child.meta.get("problem") or {}).get("id"), pos)
         st.rerun()
@@ -235,7 +374,7 @@ def tree_panel(ctx: Context, trace: Trace) -> None:
     if len(rows) < 2:
         return
     keys = [node["key"] for _, node in rows]
-    labels = {node["key"]: tree_label(depth, node) for depth, node in rows}
+    labels = {node["key"]: tree_label(depth, node, _branch_what(ctx, node)) for depth, node in rows}
     with st.expander(f"Branch tree ({len(rows)} traces)", expanded=True):
         chosen = st.radio("Open", keys, index=keys.index(trace.key) if trace.key in keys else 0,
                           format_func=lambda k: labels[k] + ("  ← open" if k == trace.key else ""),
@@ -243,3 +382,14 @@ def tree_panel(ctx: Context, trace: Trace) -> None:
     if chosen != trace.key:
         state.open_trace(chosen, (trace.meta.get("problem") or {}).get("id"))
         st.rerun()
+
+
+def _branch_what(ctx: Context, node: dict) -> str:
+    """What a branch node put at its branch position ("forced ' x'"), so siblings are told apart."""
+    if node.get("branch_pos") is None:
+        return ""
+    try:
+        child = resources.load_trace(ctx.settings.store_path, node["key"])
+    except ForkpointError:
+        return ""
+    return branch_token_text(child, resources.decoder(ctx.pair, child))

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,24 +21,22 @@ from core.metrics import DEFAULT_SCORE, SCORES, score_values
 from core.errors import InvalidInputError
 from core.planning import annotate_tags
 from core.evaluation.problems import Problem
-from core.trace import SIDES, Trace
+from core.trace import Trace
 
-# Metrics shown on hover, in order (name, label).
-HOVER_METRICS: tuple[tuple[str, str], ...] = (
-    ("cross_entropy", "CE"), ("kl_base_reason", "KL(b‖r)"), ("kl_reason_base", "KL(r‖b)"), ("jsd", "JSD"),
-    ("entropy_base", "H base"), ("entropy_reason", "H reason"), ("delta_logp", "Δlogp"),
-    ("logp_base", "log p base"), ("logp_reason", "log p reason"), ("rank_base", "rank base"),
-    ("rank_reason", "rank reason"), ("reason_top_rank_in_base", "reasoner's top in base"),
-)  # fmt: skip
-SCORE_LABELS = {
-    "cross_entropy": "cross-entropy  −Σ p log q",
-    "kl_base_reason": "KL(base ‖ reason)",
-    "kl_reason_base": "KL(reason ‖ base)",
-    "jsd": "Jensen-Shannon",
-    "entropy_base": "base entropy",
-    "delta_logp": "Δ log p (reason − base), negated",
-}
-DEFAULT_TOP = 0.05  # spikes: top 5% of a trace's tokens (demo traces are short; the paper's 1% gives ~1)
+DEFAULT_TOP = 0.05  # spikes: top 5% of a trace's tokens (demo traces are short; settings.SPIKE_TOP's 1% gives ~1)
+PROB_MODES = ("prob", "logprob")  # how probabilities are shown
+RANGES = ("trace", "pair")  # colour range: each trace's own min..max, or one range over the pair's stored traces
+RANGE_LABELS = {"trace": "per trace (own min..max)", "pair": "fixed across this pair's traces"}
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~:$&\"'=/@])")
+
+
+def md_escape(value: object, limit: int = 200) -> str:
+    """Any text (e.g. a URL parameter) as Markdown that shows literally: every ASCII punctuation mark is
+    backslash-escaped, so no link, image, autolink, emphasis or `:colour[...]` directive can form."""
+    text = " ".join(str(value).split())
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return _MD_SPECIAL.sub(r"\\\1", text)
 
 
 def md_code(value: object, limit: int = 80) -> str:
@@ -80,81 +79,11 @@ def annotate_view(trace: Trace, score: str = DEFAULT_SCORE, rule: SpikeRule | No
     return out
 
 
-def spike_list(trace: Trace) -> list[int]:
-    """Annotated spike positions (sorted ints), [] when the trace has none."""
-    return [int(p) for p in (trace.annotations.get("spikes") or {}).get("positions", [])]
-
-
 def spike_count(n_tokens: int, rule: SpikeRule) -> int | None:
     """Spikes a trace of `n_tokens` gets under a top-p rule (None for a gate: it depends on the scores)."""
     if rule.gate is not None:
         return None
     return top_count(rule.top or DEFAULT_TOP, int(n_tokens))
-
-
-# -- hover data -----------------------------------------------------------------------------------
-
-
-def _clean(values: Any, digits: int = 3) -> list[float | None]:
-    """Floats rounded for JSON, non-finite values as None (JSON has no NaN)."""
-    arr = np.round(np.asarray(values, dtype=np.float64), digits)
-    return [None if not math.isfinite(v) else v for v in arr.tolist()]
-
-
-def hover_data(trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int], str] | None = None,
-               k: int | None = None) -> dict[str, Any]:
-    """Compact, JSON-ready per-token data for the hover card: tokens, sources, metrics, both top-k.
-
-    Top-k ids refer into `vocab` (id -> text, raw model text: the browser sets it as text, never HTML).
-    """
-    k = trace.k if k is None else min(k, trace.k)
-    ids = {side: np.asarray(trace.topk[side][0])[:, :k] for side in SIDES}
-    probs = {side: np.asarray(trace.topk[side][1], dtype=np.float64)[:, :k] for side in SIDES}
-    used = np.unique(np.concatenate([ids["base"].reshape(-1), ids["reason"].reshape(-1), trace.token_ids]))
-    vocab = {str(int(i)): (decode(int(i)) if decode is not None else f"#{int(i)}") for i in used.tolist()}
-    metrics = {name: _clean(trace.metrics[name]) for name, _ in HOVER_METRICS if name in trace.metrics}
-    return {
-        "tokens": list(trace.tokens),
-        "ids": trace.token_ids.tolist(),
-        "source": [str(s) for s in trace.source],
-        "score_name": score,
-        "score": _clean(score_values(trace.metrics, score)),
-        "metrics": metrics,
-        "labels": {name: label for name, label in HOVER_METRICS},
-        "top": {side: ids[side].tolist() for side in SIDES},
-        "prob": {side: np.round(probs[side], 4).tolist() for side in SIDES},
-        "vocab": vocab,
-        "tags": [str(t) if t is not None else "" for t in trace.annotations.get("tags", [""] * len(trace))],
-    }
-
-
-# -- takeover choices -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One way to take over at a position: the reasoner's own pick (token None) or a fixed token id."""
-
-    label: str
-    token: int | None
-
-
-def takeover_choices(trace: Trace, pos: int, decode: Callable[[int], str] | None = None) -> list[Choice]:
-    """"Reasoning model takes over here" first, then each distinct token of either model's top-k at `pos`."""
-    if not 0 <= pos < len(trace):
-        raise InvalidInputError(f"Position {pos} is outside the trace (0..{len(trace) - 1})")
-    show = (lambda i: repr(decode(i))) if decode is not None else (lambda i: f"#{i}")
-    out = [Choice("reasoning model takes over here (its own choice)", None)]
-    seen: set[int] = set()
-    for side in ("reason", "base"):
-        ids, probs = trace.topk[side]
-        for rank, (tok, p) in enumerate(zip(np.asarray(ids[pos]).tolist(), np.asarray(probs[pos]).tolist())):
-            if tok in seen:
-                continue
-            seen.add(tok)
-            emitted = " (emitted)" if tok == int(trace.token_ids[pos]) else ""
-            out.append(Choice(f"{side} #{rank + 1}: {show(tok)}  p={p:.3f}{emitted}", int(tok)))
-    return out
 
 
 # -- branches -------------------------------------------------------------------------------------
@@ -171,36 +100,81 @@ def first_difference(a: Trace, b: Trace, start: int = 0) -> int | None:
     return max(n, start) if len(a) != len(b) and max(n, start) < longest else None
 
 
-def tail(trace: Trace, start: int) -> Trace:
-    """The tokens from `start` on as a new trace (metrics, top-k, sources and token layers cut alike)."""
-    start = max(0, min(int(start), len(trace)))
+def tail(trace: Trace, start: int, end: int | None = None) -> Trace:
+    """Tokens start..end-1 (default: to the end) as a new trace (metrics, top-k, sources and token layers cut
+    alike; spike positions shifted to the slice)."""
+    n = len(trace)
+    start = max(0, min(int(start), n))
+    end = n if end is None else max(start, min(int(end), n))
     cut = {}
     for name, layer in trace.annotations.items():
-        if isinstance(layer, (list, tuple)) and len(layer) == len(trace):
-            cut[name] = list(layer[start:])
+        if isinstance(layer, (list, tuple)) and len(layer) == n:
+            cut[name] = list(layer[start:end])
     spikes_layer = trace.annotations.get("spikes")
     if isinstance(spikes_layer, dict):
-        cut["spikes"] = {**spikes_layer, "positions": [p - start for p in spikes_layer.get("positions", []) if p >= start]}
+        cut["spikes"] = {**spikes_layer,
+                         "positions": [p - start for p in spikes_layer.get("positions", []) if start <= p < end]}
     return Trace(
-        token_ids=trace.token_ids[start:], tokens=trace.tokens[start:], prompt_ids=trace.prompt_ids,
-        metrics={name: np.asarray(v)[start:] for name, v in trace.metrics.items()},
-        topk={side: (ids[start:], probs[start:]) for side, (ids, probs) in trace.topk.items()},
-        source=trace.source[start:], meta=trace.meta, annotations=cut,
+        token_ids=trace.token_ids[start:end], tokens=trace.tokens[start:end], prompt_ids=trace.prompt_ids,
+        metrics={name: np.asarray(v)[start:end] for name, v in trace.metrics.items()},
+        topk={side: (ids[start:end], probs[start:end]) for side, (ids, probs) in trace.topk.items()},
+        source=trace.source[start:end], meta=trace.meta, annotations=cut,
     )
 
 
-def tree_rows(tree: dict[str, Any], depth: int = 0) -> list[tuple[int, dict[str, Any]]]:
-    """A branch tree (TraceStore.tree) flattened depth-first as (depth, node) rows."""
-    rows = [(depth, tree)]
-    for child in tree.get("children", []):
-        rows.extend(tree_rows(child, depth + 1))
-    return rows
+PAGE_TOKENS = 4096  # the token view shows at most this many tokens at once (a 16k-token trace: 4 pages)
 
 
-def tree_label(depth: int, node: dict[str, Any]) -> str:
-    """One line of the branch tree: indentation, where it branched, length and a short key."""
-    where = "root" if node.get("branch_pos") is None else f"branch @ {node['branch_pos']}"
-    return f"{'　' * depth}{'└ ' if depth else ''}{where} · {node.get('n_tokens')} tokens · {str(node['key'])[:8]}"
+def page_bounds(n_tokens: int, page: int, size: int = PAGE_TOKENS) -> tuple[int, int]:
+    """[start, end) of page `page` (clamped) of a trace of `n_tokens`."""
+    pages = max(1, -(-int(n_tokens) // size))
+    page = max(0, min(int(page), pages - 1))
+    return page * size, min(int(n_tokens), (page + 1) * size)
+
+
+DIFF_COLUMNS = ["op", "pos_original", "pos_branch", "original", "branch", "score_original", "score_branch", "delta"]
+
+
+def token_diff(original: Trace, branch: Trace, start: int, score: str = DEFAULT_SCORE) -> pd.DataFrame:
+    """Original vs branch from `start` on, aligned token by token (difflib over token ids): one row per
+    aligned pair (op equal / replace) or unpaired token (insert / delete), with both scores and
+    delta = branch - original (NaN where a side is missing)."""
+    import difflib
+
+    a = original.token_ids[start:].tolist()
+    b = branch.token_ids[start:].tolist()
+    sa = np.asarray(score_values(original.metrics, score), dtype=np.float64)
+    sb = np.asarray(score_values(branch.metrics, score), dtype=np.float64)
+    rows: list[dict[str, Any]] = []
+
+    def row(op: str, i: int | None, j: int | None) -> None:
+        va = float(sa[start + i]) if i is not None else math.nan
+        vb = float(sb[start + j]) if j is not None else math.nan
+        rows.append({"op": op, "pos_original": None if i is None else start + i,
+                     "pos_branch": None if j is None else start + j,
+                     "original": "" if i is None else original.tokens[start + i],
+                     "branch": "" if j is None else branch.tokens[start + j],
+                     "score_original": va, "score_branch": vb, "delta": vb - va})
+
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op == "equal" or op == "replace":
+            pairs = list(zip(range(i1, i2), range(j1, j2)))
+            for i, j in pairs:
+                row(op, i, j)
+            for i in range(i1 + len(pairs), i2):
+                row("delete", i, None)
+            for j in range(j1 + len(pairs), j2):
+                row("insert", None, j)
+        elif op == "delete":
+            for i in range(i1, i2):
+                row(op, i, None)
+        else:
+            for j in range(j1, j2):
+                row(op, None, j)
+    df = pd.DataFrame(rows, columns=DIFF_COLUMNS)
+    for col in ("pos_original", "pos_branch"):
+        df[col] = df[col].astype("Int64")
+    return df
 
 
 # -- problems and the Problems table --------------------------------------------------------------
@@ -274,3 +248,19 @@ def filter_table(df: pd.DataFrame, text: str = "", policies: Sequence[str] = (),
     elif correct != "any":
         raise InvalidInputError(f"Unknown correct filter {correct!r}; choose one of: any, yes, no, ungraded")
     return df[keep].reset_index(drop=True)
+
+
+# -- the Dataset page's trace selection ----------------------------------------------------------
+
+
+def with_policy_labels(summaries: pd.DataFrame) -> pd.DataFrame:
+    """Summaries whose missing policy (scored and imported traces) reads "(score)" / "(import)", so a
+    Policy filter lists them and keeps them (they were dropped when the policy was None)."""
+    labels = summaries["policy"].where(summaries["policy"].notna(), "(" + summaries["kind"].astype(str) + ")")
+    return summaries.assign(policy=labels)
+
+
+def select_rows(df: pd.DataFrame, pairs: Sequence[str], policies: Sequence[str], kinds: Sequence[str]) -> pd.DataFrame:
+    """Non-empty traces of the chosen pairs, policies (as `with_policy_labels` names them) and kinds."""
+    keep = df["pair"].isin(list(pairs)) & df["policy"].isin(list(policies)) & df["kind"].isin(list(kinds))
+    return df[keep & (df["n_tokens"] > 0)]

@@ -53,12 +53,29 @@ def timed(fn: Callable[[], object]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def _import_read_timing(n: int = 100_000) -> str:
+    """Reading a foreign JSONL (the importer's limits and checks, no scoring): records per second."""
+    import json
+
+    from core.io.foreign import iter_foreign
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "f.jsonl"
+        with open(path, "w", encoding="utf-8") as fh:
+            for i in range(n):
+                fh.write(json.dumps({"id": i, "prompt": f"What is {i} + {i}?", "response": f"It is {2 * i}. " * 8,
+                                     "answer": str(2 * i)}) + "\n")  # fmt: skip
+        wall, cpu = timed(lambda: sum(1 for _ in iter_foreign(path)))
+    return f"import: reading + checking {n} foreign JSONL records: {wall:.2f} s wall ({n / wall:,.0f} records/s)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=10_000, help="number of traces")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per trace")
     parser.add_argument("--dir", type=Path, default=None, help="store directory (default: a temp dir)")
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    parser.add_argument("--rebuild", action="store_true", help="also time a listing after deleting the index")
     args = parser.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-store-"))
     store = TraceStore(root)
@@ -76,17 +93,28 @@ def main() -> None:
     warm = min((timed(warm_store.summaries) for _ in range(3)), key=lambda t: t[1])
     reader = TraceStore(root)
     full = timed(lambda: [reader.get(key) for key in reader.keys()])
+    check = timed(lambda: TraceStore(root).verify())
+    some = TraceStore(root).keys()[:200]
+    again = timed(lambda: [reader.put(reader.get(key)) for key in some])
     lines += [
         f"summaries(), new TraceStore (parses index.jsonl): {cold[0]:.3f} s wall, {cold[1]:.3f} s CPU",
         f"summaries(), same TraceStore (index cached):      {warm[0]:.3f} s wall, {warm[1]:.3f} s CPU",
         f"get() of every trace:                             {full[0]:.2f} s wall, {full[1]:.2f} s CPU",
+        f"verify() (deep check of every file):              {check[0]:.2f} s wall, {check[1]:.2f} s CPU",
+        f"put() of an already stored trace:                 {1e3 * again[0] / len(some):.2f} ms wall each",
         f"ratio full read / summaries(): {full[1] / cold[1]:.0f}x cold, {full[1] / warm[1]:.0f}x warm (CPU time)",
     ]
+    if args.rebuild:  # the index lost: every file is read in full (checksums) before it is listed again
+        reader.index_path.unlink()
+        rebuild = timed(lambda: TraceStore(root).summaries())
+        lines.append(f"summaries() with the index deleted (rebuilds it): {rebuild[0]:.2f} s wall, {rebuild[1]:.2f} s CPU")
+    lines.append(_import_read_timing())
     text = "\n".join(
         [
             SECTION,
             "",
-            f"`.venv/bin/python benchmarks/bench_store.py --n {args.n} --tokens {args.tokens}` "
+            f"`.venv/bin/python benchmarks/bench_store.py --n {args.n} --tokens {args.tokens}"
+            f"{' --rebuild' if args.rebuild else ''}` "
             f"({n} traces of {args.tokens} tokens, top-5, annotated; Python {platform.python_version()}, "
             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} while measuring)",
             "",
@@ -94,9 +122,9 @@ def main() -> None:
             *lines,
             "```",
             "",
-            "summaries() reads only the append-only index (one short JSON line per write, checked against",
-            "each file's inode/size/mtime) and never a token column; a file the index does not describe",
-            "costs one Parquet footer read (about 1 ms).",
+            "summaries() reads only the append-only index (one short JSON line per write with a CRC, checked",
+            "against each file's inode/size/mtime) and never a token column; a file the index does not",
+            "describe is read in full (page and footer checksums) before it is listed, once.",
         ]
     )
     print(text)

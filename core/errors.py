@@ -28,5 +28,21 @@ class StoreError(ForkpointError):
     """A trace store problem (unreadable file, newer schema, missing key)."""
 
 
+class WriteError(ForkpointError, OSError):
+    """A file could not be written (disk full, file-size limit, no permission); names the file and what was kept."""
+
+
+class OutputExistsError(ForkpointError, FileExistsError):
+    """An output file already exists and replacing it was not asked for (names the file and the flag to pass)."""
+
+
+class GradingError(ForkpointError):
+    """The answer checker could not run (e.g. the math-verify worker process did not start)."""
+
+
 class GenerationCancelled(ForkpointError):
     """The caller's `should_stop` asked to stop; nothing was stored."""
+
+
+class ExecutorError(ForkpointError):
+    """A scale-out back-end problem: Ray missing or unreachable, or a batch that failed on every retry."""

@@ -19,7 +19,7 @@ from core.metrics import DEFAULT_SCORE, score_values
 from core.errors import InvalidInputError
 from core.trace import Trace
 
-SCALES = ("linear", "log", "rank")
+SCALES = ("linear", "log", "rank", "rank_shift")  # rank_shift: categorical colours (core/rank_shift.py), not the score
 # White -> yellow -> orange -> red; dark enough at the top to see, light enough for black text.
 _STOPS = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
 _RGB = np.array([[255, 255, 255], [254, 240, 170], [253, 186, 116], [248, 113, 113], [220, 38, 38]], dtype=float)
@@ -32,8 +32,9 @@ NAN_COLOUR = "transparent"
 TIP_K = 5  # top-k rows in hover text by default (the paper's "promoted token is in the base top-5")
 UNTAGGED = frozenset({"", "none", "execute", "execution", "other", "o"})  # tags that get no underline
 # core.planning's categories first; other names get a stable colour from _PALETTE.
-TAG_COLOURS = {"plan": "#059669", "reflect": "#db2777", "verify": "#d97706", "conclude": "#0891b2",
-               "planning": "#059669", "check": "#d97706"}  # fmt: skip
+# "plan" green and "conclude" blue differ in hue and lightness (the old teal "conclude" read as "plan").
+TAG_COLOURS = {"plan": "#16a34a", "reflect": "#db2777", "verify": "#d97706", "conclude": "#1d4ed8",
+               "planning": "#16a34a", "check": "#d97706"}  # fmt: skip
 _PALETTE = ("#059669", "#d97706", "#db2777", "#7c3aed", "#0891b2", "#65a30d", "#b91c1c", "#4338ca")
 _METRIC_LINES = (
     (("cross_entropy", "CE"), ("kl_base_reason", "KL(b‖r)"), ("kl_reason_base", "KL(r‖b)"), ("jsd", "JSD")),
@@ -45,6 +46,8 @@ HEATMAP_CSS = """
   line-height: 1.9; white-space: pre-wrap; word-break: break-word; color: #111; }
 .fp-heatmap .tok { position: relative; border-radius: 2px; padding: 1px 0; cursor: pointer; }
 .fp-heatmap .tok.empty { padding: 1px 2px; }
+.fp-heatmap .gph { white-space: nowrap; }
+.fp-heatmap .gph .tok.empty { padding: 1px 1px; }
 .fp-heatmap .tok.tag { border-bottom: 3px solid var(--tag); }
 .fp-heatmap .tok.spike { outline: 2px solid #7c3aed; outline-offset: -1px; }
 .fp-heatmap .tok.sel { box-shadow: 0 0 0 3px #2563eb; }
@@ -81,9 +84,12 @@ def check_scale(scale: str) -> str:
     return scale
 
 
-def normalise(values: Any, vmin: float | None = None, vmax: float | None = None, scale: str = "linear") -> np.ndarray:
+def normalise(values: Any, vmin: float | None = None, vmax: float | None = None, scale: str = "linear",
+              reference: Any = None) -> np.ndarray:
     """(T,) values -> (T,) in [0, 1] (NaN where not finite). vmin/vmax default to the finite range;
-    "log" spreads the low end (log1p(99 u) / log 100), "rank" uses percentile ranks and ignores them."""
+    "log" spreads the low end (log1p(99 u) / log 100), "rank" uses percentile ranks and ignores them.
+    With `reference` (e.g. two traces pooled), "rank" ranks each value among the reference values, so
+    views that share a reference give the same value the same colour."""
     check_scale(scale)
     x = np.asarray(values, dtype=np.float64).reshape(-1)
     finite = np.isfinite(x)
@@ -91,8 +97,18 @@ def normalise(values: Any, vmin: float | None = None, vmax: float | None = None,
     if not finite.any():
         return out
     if scale == "rank":
-        ranks = pd.Series(x[finite]).rank(method="average").to_numpy() - 1.0
-        out[finite] = ranks / max(finite.sum() - 1, 1)
+        if reference is None:
+            ranks = pd.Series(x[finite]).rank(method="average").to_numpy() - 1.0
+            out[finite] = ranks / max(finite.sum() - 1, 1)
+            return out
+        ref = np.sort(np.asarray(reference, dtype=np.float64).reshape(-1))
+        ref = ref[np.isfinite(ref)]
+        if ref.size == 0:
+            out[finite] = 0.0
+            return out
+        below = np.searchsorted(ref, x[finite], side="left")
+        upto = np.searchsorted(ref, x[finite], side="right")
+        out[finite] = np.clip(((below + upto - 1) / 2.0) / max(ref.size - 1, 1), 0.0, 1.0)  # average rank
         return out
     lo = float(np.min(x[finite])) if vmin is None else float(vmin)
     hi = float(np.max(x[finite])) if vmax is None else float(vmax)
@@ -103,11 +119,58 @@ def normalise(values: Any, vmin: float | None = None, vmax: float | None = None,
     return out
 
 
-def colour_scale(values: Any, vmin: float | None = None, vmax: float | None = None, scale: str = "linear") -> list[str]:
+def colour_scale(values: Any, vmin: float | None = None, vmax: float | None = None, scale: str = "linear",
+                 reference: Any = None) -> list[str]:
     """(T,) values -> T css colours on a white-to-red scale; non-finite values are transparent."""
-    u = normalise(values, vmin, vmax, scale)
+    u = normalise(values, vmin, vmax, scale, reference)
     idx = np.where(np.isfinite(u), np.rint(np.nan_to_num(u) * (_LUT_SIZE - 1)), -1).astype(np.int64)
     return [_LUT[i] if i >= 0 else NAN_COLOUR for i in idx.tolist()]
+
+
+def value_range(*arrays: Any) -> tuple[float | None, float | None]:
+    """The finite (min, max) over all `arrays` pooled ((None, None) when none is finite): one colour range
+    for several views, so the same value gets the same colour in each."""
+    lo, hi = None, None
+    for values in arrays:
+        x = np.asarray(values, dtype=np.float64).reshape(-1)
+        x = x[np.isfinite(x)]
+        if x.size:
+            lo = float(x.min()) if lo is None else min(lo, float(x.min()))
+            hi = float(x.max()) if hi is None else max(hi, float(x.max()))
+    return lo, hi
+
+
+def metric_label(name: str) -> str:
+    """The human label of a metric from core.metrics' registry (its name when the spec has no label)."""
+    from core.metrics import METRICS
+
+    spec = METRICS.get(name)
+    return str(getattr(spec, "label", None) or name)
+
+
+def grapheme_groups(tokens: Sequence[str]) -> list[int]:
+    """Per token, the index of the first token of its group: tokens that together draw one user-perceived
+    character (an emoji with a skin-tone modifier, a character split over byte pieces) share a group.
+
+    A token starts a new group iff it begins on a grapheme boundary of the joined text and the token before
+    it is not an empty byte piece (those belong to the character the next token completes)."""
+    import regex
+
+    text = "".join(tokens)
+    bounds = {0, len(text)}
+    pos = 0
+    for m in regex.finditer(r"\X", text):
+        pos = m.end()
+        bounds.add(pos)
+    out: list[int] = []
+    offset, first, prev_empty = 0, 0, False
+    for i, tok in enumerate(tokens):
+        if i == 0 or (offset in bounds and not prev_empty):
+            first = i
+        out.append(first)
+        offset += len(tok)
+        prev_empty = tok == ""
+    return out
 
 
 def tag_colour(tag: str | None) -> str | None:
@@ -235,16 +298,29 @@ def tokens_html(
     segments: Sequence[str | None] | None = None,
     tips: bool = True,
     css_tips: bool = True,
+    offset: int = 0,
+    reference: Any = None,
+    colours: Sequence[str] | None = None,
 ) -> str:
     """The response as one `<span class="tok" data-pos=i data-tip=...>` per token, coloured by `score`.
 
     spikes/tags/segments default to the trace's annotation layers (pass [] to hide spikes); selected
-    positions get a ring; reasoner-emitted tokens are bold with a ▲ marker (◆ when forced).
+    positions get a ring; reasoner-emitted tokens are bold with a ▲ marker (◆ when forced). Tokens that
+    draw one grapheme together are wrapped in `<span class="gph">` with the whole grapheme on the last
+    of them (the others stay clickable, empty). `offset` is added to data-pos (a page of a longer trace);
+    vmin/vmax/reference fix the colour range across views (see `normalise`). `colours` (T css colours)
+    replaces the score's colour scale, e.g. core.rank_shift.colours(trace) for the categorical rank-shift mode.
     css_tips adds a pure-CSS hover tooltip; turn it off when the page brings its own (JS) tooltip.
     """
     n = len(trace)
     values = score_values(trace.metrics, score)
-    colours = colour_scale(values, vmin, vmax, scale)
+    if colours is None and scale == "rank_shift":
+        from core.rank_shift import colours as rank_shift_colours
+
+        colours = rank_shift_colours(trace)
+    colours = colour_scale(values, vmin, vmax, scale, reference) if colours is None else list(colours)
+    if len(colours) != n:
+        raise InvalidInputError(f"colours has {len(colours)} entries for {n} tokens")
     if spikes is None:
         spikes = (trace.annotations.get("spikes") or {}).get("positions", ())
     spike_set = _positions(spikes)
@@ -257,6 +333,13 @@ def tokens_html(
         if layer is not None and len(layer) != n:
             raise InvalidInputError(f"{name} has {len(layer)} entries for {n} tokens")
     tip_text = token_tips(trace, score, decode, k) if tips else None
+    groups = grapheme_groups(trace.tokens)
+    texts = list(trace.tokens)
+    for i in range(n):  # a grapheme drawn by several tokens: the whole of it on the group's last token
+        if groups[i] != i and (i + 1 == n or groups[i + 1] != groups[i]):
+            texts[i] = "".join(trace.tokens[groups[i] : i + 1])
+            for j in range(groups[i], i):
+                texts[j] = ""
     parts = [f'<div class="fp-heatmap{" css-tips" if tips and css_tips else ""}" data-score="{html.escape(score)}">']
     current_segment: str | None = None
     for i in range(n):
@@ -269,7 +352,10 @@ def tokens_html(
                 f'<div class="seg seg-{_css_name(str(current_segment))}" data-seg="{label}">'
                 f'<div class="seg-label">{label}</div>'
             )
-        text = trace.tokens[i]
+        grouped = (i + 1 < n and groups[i + 1] == groups[i]) or groups[i] != i
+        if grouped and groups[i] == i:
+            parts.append('<span class="gph">')
+        text = texts[i]
         classes = ["tok"]
         style = f"background:{colours[i]}"
         if not text:
@@ -287,7 +373,9 @@ def tokens_html(
         if tip_text is not None:
             attrs += f' data-tip="{_attr(tip_text[i])}"'
         cls = " ".join(classes)
-        parts.append(f'<span class="{cls}" data-pos="{i}" style="{style}"{attrs}>{_token_html(text)}</span>')
+        parts.append(f'<span class="{cls}" data-pos="{i + offset}" style="{style}"{attrs}>{_token_html(text)}</span>')
+        if grouped and (i + 1 == n or groups[i + 1] != groups[i]):
+            parts.append("</span>")
     if current_segment is not None:
         parts.append("</div>")
     parts.append("</div>")
@@ -300,17 +388,30 @@ def legend_html(
     vmin: float | None = None,
     vmax: float | None = None,
     scale: str = "linear",
+    spike_rule: str | None = None,
+    range_note: str = "",
 ) -> str:
-    """A legend: the colour bar for `score`, spike/selection/source markers and the tag categories seen."""
+    """A legend: the colour bar for `score` (its registry label), the spike rule (only when one is given),
+    selection/source markers and the tag categories seen."""
     check_scale(scale)
     stops = ", ".join(_LUT[int(round(x * (_LUT_SIZE - 1)))] for x in np.linspace(0, 1, 9))
     lo = "low" if vmin is None or scale == "rank" else f"{vmin:.3g}"
     hi = "high" if vmax is None or scale == "rank" else f"{vmax:.3g}"
+    scale_text = {"linear": "linear", "log": "log-spread", "rank": "percentile rank", "rank_shift": ""}[scale]
+    note = f" · {range_note}" if range_note else ""
     parts = [
         '<div class="fp-legend">',
-        f'<span>{html.escape(score)} ({html.escape(scale)}): {html.escape(lo)}'
+        f'<span>{html.escape(metric_label(score))} ({html.escape(scale_text)}{html.escape(note)}): {html.escape(lo)}'
         f'<span class="bar" style="background:linear-gradient(to right, {stops})"></span>{html.escape(hi)}</span>',
-        '<span class="fp-heatmap"><span class="tok spike">&nbsp;spike&nbsp;</span></span>',
+    ]
+    if scale == "rank_shift":  # categories, not a colour bar: where the reasoner's top token ranks under the base
+        from core.rank_shift import legend_items
+
+        parts[1] = legend_items()
+    if spike_rule:
+        parts.append(f'<span class="fp-heatmap"><span class="tok spike">&nbsp;spike&nbsp;</span></span>'
+                     f"<span>({html.escape(spike_rule)})</span>")
+    parts += [
         '<span class="fp-heatmap"><span class="tok src-reason">reasoner</span></span>',
         '<span class="fp-heatmap"><span class="tok src-forced">forced</span></span>',
         '<span class="fp-heatmap"><span class="tok sel">selected</span></span>',
@@ -326,3 +427,19 @@ def legend_html(
         )
     parts.append("</div>")
     return "".join(parts)
+
+
+def describe_spike_rule(rule: Any) -> str | None:
+    """A spike rule as recorded in annotations["spikes"]["rule"], in words ("top 5% by cross_entropy per
+    trace", "gate τ=…, λ=…, W=…"); None when there is no rule."""
+    if not isinstance(rule, dict):
+        return None
+    score = metric_label(str(rule.get("score", DEFAULT_SCORE)))
+    gate = rule.get("gate")
+    if isinstance(gate, dict):
+        return f"calibrated gate on {score}: τ={float(gate['tau']):.3g}, λ={float(gate['lam']):.3g}, W={int(gate['window'])}"
+    if rule.get("top") is not None:
+        floor = rule.get("floor")
+        extra = f", score > {float(floor):g}" if floor is not None else ""
+        return f"top {100 * float(rule['top']):g}% by {score} per {rule.get('per', 'trace')}{extra}"
+    return None

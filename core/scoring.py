@@ -16,16 +16,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.metrics import INT_METRICS, METRICS, chunk_metrics
+from core import settings
 from core.errors import InvalidInputError
+from core.metrics import INT_METRICS, METRICS, chunk_metrics
 from core.pair.forward import backbone, head
 from core.pair.loading import SIDES, ModelPair
+from core.pair.tokens import display_tokens
 from core.trace import SCHEMA_VERSION, Trace, request_key
 
 log = logging.getLogger(__name__)
 
-DEFAULT_K = 10
-DEFAULT_CHUNK = 256
+DEFAULT_K = settings.K
+DEFAULT_CHUNK = 256  # positions per head + metrics chunk: bounds the (C, V) float32 logits held at once
 
 
 def problem_record(problem: Any) -> dict[str, Any]:
@@ -76,7 +78,7 @@ def make_meta(pair: ModelPair, *, kind: str, request: dict[str, Any], problem: d
         "timings": {},
         "versions": dict(versions()),
         "schema": SCHEMA_VERSION,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     meta.update(extra)
     return meta
@@ -84,7 +86,15 @@ def make_meta(pair: ModelPair, *, kind: str, request: dict[str, Any], problem: d
 
 def _response_ids(pair: ModelPair, response: str | Sequence[int]) -> list[int]:
     if isinstance(response, str):
+        try:
+            response.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidInputError(f"The response holds a lone surrogate at character {exc.start}; not valid text") from None
         return pair.encode(response)
+    if not isinstance(response, (list, tuple, np.ndarray)) or not all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in response):
+        raise InvalidInputError(f"response must be text or a list of token ids, got {type(response).__name__}: "
+                                f"{str(response)[:80]!r}")
     ids = [int(i) for i in response]
     bad = [i for i in ids if not 0 <= i < pair.vocab_size]
     if bad:
@@ -131,15 +141,34 @@ def empty_metrics(k: int) -> dict[str, np.ndarray]:
 
 
 def assemble(pair: ModelPair, response_ids: list[int], prompt_ids: dict[str, list[int]],
-             arrays: dict[str, np.ndarray], source: Sequence[str], meta: dict[str, Any]) -> Trace:
-    """Build a Trace from flat metric arrays (as returned by `metrics_from_hidden`)."""
+             arrays: dict[str, np.ndarray], source: Sequence[str], meta: dict[str, Any], *,
+             parent: Trace | None = None, keep: int = 0) -> Trace:
+    """Build a Trace from flat metric arrays (as returned by `metrics_from_hidden`).
+
+    A branch passes its `parent` and the `keep` tokens it shares with it: those rows (display strings,
+    metrics, top-k) are the parent's, so assembling costs the same at any branch position. `arrays` then
+    holds either the rows after the prefix or all rows."""
+    n = len(response_ids)
+    if parent is None:
+        keep = 0
+    elif not 0 <= keep <= min(len(parent), n) or not np.array_equal(
+            np.asarray(parent.token_ids[:keep], dtype=np.int64), np.asarray(response_ids[:keep], dtype=np.int64)):
+        raise InvalidInputError(f"The first {keep} tokens are not the parent trace's first {keep} tokens")
+    rows = {name: np.asarray(value) for name, value in arrays.items()}
+    if keep and len(rows["entropy_base"]) == n - keep:  # new rows only: the prefix's come from the parent
+        prefix = {name: np.asarray(parent.metrics[name])[:keep] for name in METRICS}
+        for side in SIDES:
+            prefix[f"topk_{side}_ids"], prefix[f"topk_{side}_probs"] = (a[:keep] for a in parent.topk[side])
+        rows = {name: np.concatenate([prefix[name], value]) for name, value in rows.items()}
+    # a finished parent's last display string may hold an unfinished character's tail: recomputed
+    known = parent.tokens[: min(keep, len(parent) - 1)] if parent is not None else ()
     return Trace(
         token_ids=np.asarray(response_ids, dtype=np.int64),
-        tokens=pair.display_tokens(response_ids),
+        tokens=display_tokens(pair.tokenizer, response_ids, known=known),
         prompt_ids=prompt_ids,
-        metrics={name: np.asarray(arrays[name]) for name in METRICS},
-        topk={side: (np.asarray(arrays[f"topk_{side}_ids"], dtype=np.int64),
-                     np.asarray(arrays[f"topk_{side}_probs"], dtype=np.float32)) for side in SIDES},
+        metrics={name: rows[name] for name in METRICS},
+        topk={side: (np.asarray(rows[f"topk_{side}_ids"], dtype=np.int64),
+                     np.asarray(rows[f"topk_{side}_probs"], dtype=np.float32)) for side in SIDES},
         source=np.asarray(list(source), dtype=object),
         meta=meta,
     )
@@ -165,6 +194,9 @@ def score_batch(pair: ModelPair, items: Sequence[tuple[Any, str | Sequence[int]]
     """
     if k < 1:
         raise InvalidInputError(f"k must be at least 1, got {k}")
+    for name, value in (("chunk", chunk), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInputError(f"{name} must be a whole number ≥ 1, got {value!r}")
     jobs = []
     for prompt, response in items:
         problem = problem_record(prompt)

@@ -44,6 +44,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("calibration_problems", 32, "Problems whose base rollouts calibrate the gate.", 1, None),
         Setting("score", "cross_entropy", "Disagreement score for spikes, gates and colour scales.", None, None),
         Setting("spike_top", 0.01, "Spikes: the top fraction of tokens by score (per trace or dataset).", 0.0, 1.0),
+        Setting("spike_floor", 0.01, "Spikes: a top-p% spike needs a score above this (nats), so ~0 scores never count.", 0.0, None),
     ]
 }
 
@@ -60,8 +61,9 @@ RATIO: float = SETTINGS["ratio"].value
 CALIBRATION_PROBLEMS: int = SETTINGS["calibration_problems"].value
 SCORE: str = SETTINGS["score"].value
 SPIKE_TOP: float = SETTINGS["spike_top"].value
+SPIKE_FLOOR: float = SETTINGS["spike_floor"].value
 
-# The seed paper's settings (REFERENCE.md): 8 samples at T 0.6, top-p 0.95, long chains of thought.
+# The seed paper's settings (docs/REPRODUCE.md): 8 samples at T 0.6, top-p 0.95, long chains of thought.
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {"temperature": 0.6, "top_p": 0.95, "samples": 8, "max_new_tokens": 16384},
 }

@@ -1,7 +1,9 @@
 """Spikes: the positions where the two models disagree most, and the calibrated takeover gate.
 
 Two rules, both pure:
-- top-p%: the ceil(p*T) highest-scoring positions of a trace (or of a whole set of traces pooled);
+- top-p%: the ceil(p*T) highest-scoring positions of a trace (or of a whole set of traces pooled) whose
+  score is above a floor (settings.SPIKE_FLOOR nats): ties at the cut go to the earlier position, and a
+  trace with fewer clearly-scored tokens gets fewer spikes rather than spikes on ~0 scores;
 - the gate (from the seed paper): at step t a spike iff s_t > tau and s_t > lam * mean(s_{t-W..t-1}).
 The decoding policy `Guided` reuses `Gate` and `gate_fires`, so analysis and generation agree.
 """
@@ -16,6 +18,7 @@ from typing import overload
 
 import numpy as np
 
+from core import settings
 from core.metrics import DEFAULT_SCORE, check_score, score_values
 from core.errors import InvalidInputError
 from core.trace import Trace
@@ -139,14 +142,17 @@ def check_top(top: float) -> float:
     return float(top)
 
 
-def top_positions(values: np.ndarray, top: float) -> np.ndarray:
-    """Sorted positions of the top-`top` fraction of `values` (T,) -> (ceil(top*T),).
+def top_positions(values: np.ndarray, top: float, floor: float | None = None) -> np.ndarray:
+    """Sorted positions of the top-`top` fraction of `values` (T,) -> (≤ ceil(top*T),).
 
-    Ties are broken stably by position (the earlier position wins); NaN values are never chosen,
-    so fewer positions come back when fewer non-NaN values exist.
+    Ties are broken stably by position (the earlier position wins, so exactly ceil(top*T) come back
+    even when several values tie at the cut); NaN values are never chosen. With `floor`, only values
+    strictly above it are eligible (a spike means disagreement: a ~0 score is never one), so fewer
+    positions come back when fewer values clear it.
     """
     v = np.asarray(values, dtype=np.float64).reshape(-1)
-    k = min(top_count(top, v.size), int((~np.isnan(v)).sum()))
+    eligible = ~np.isnan(v) if floor is None else (v > float(floor))
+    k = min(top_count(top, v.size), int(eligible.sum()))
     order = _descending(v)
     return np.sort(order[:k]).astype(np.int64)
 
@@ -161,10 +167,12 @@ def _descending(v: np.ndarray) -> np.ndarray:
 
 
 @overload
-def spikes(traces: Trace, score: str = ..., top: float | None = ..., gate: Gate | None = ..., per: str = ...) -> Trace: ...
+def spikes(traces: Trace, score: str = ..., top: float | None = ..., gate: Gate | None = ..., per: str = ...,
+           floor: float | None = ...) -> Trace: ...
 @overload
 def spikes(
-    traces: Sequence[Trace], score: str = ..., top: float | None = ..., gate: Gate | None = ..., per: str = ...
+    traces: Sequence[Trace], score: str = ..., top: float | None = ..., gate: Gate | None = ..., per: str = ...,
+    floor: float | None = ...,
 ) -> list[Trace]: ...
 
 
@@ -174,8 +182,10 @@ def spikes(
     top: float | None = None,
     gate: Gate | None = None,
     per: str = "trace",
+    floor: float | None = None,
 ) -> Trace | list[Trace]:
-    """Annotate spikes: top-`top` positions by `score` (default 1%), or where `gate` fires.
+    """Annotate spikes: top-`top` positions by `score` (default 1%) whose score is above `floor`
+    (default settings.SPIKE_FLOOR; recorded in the rule), or where `gate` fires.
 
     `per="trace"` ranks within each trace; `per="dataset"` ranks the pooled scores of all the traces
     (ceil(top*N) positions over N tokens in all; ties by trace order, then position). Returns new
@@ -197,11 +207,12 @@ def spikes(
         positions = [gate_positions(_scores(t, score), gate) for t in items]
     else:
         top = check_top(0.01 if top is None else top)
-        rule = {"score": score, "top": top, "per": per}
+        floor = settings.SPIKE_FLOOR if floor is None else float(floor)
+        rule = {"score": score, "top": top, "per": per, "floor": floor}
         if per == "trace":
-            positions = [top_positions(_scores(t, score), top) for t in items]
+            positions = [top_positions(_scores(t, score), top, floor) for t in items]
         else:
-            positions = _dataset_positions([_scores(t, score) for t in items], top)
+            positions = _dataset_positions([_scores(t, score) for t in items], top, floor)
     out = [t.annotate(spikes={"rule": dict(rule), "positions": [int(p) for p in pos]}) for t, pos in zip(items, positions)]
     return out[0] if single else out
 
@@ -210,11 +221,11 @@ def _scores(trace: Trace, score: str) -> np.ndarray:
     return np.asarray(score_values(trace.metrics, score), dtype=np.float64).reshape(-1)
 
 
-def _dataset_positions(values: list[np.ndarray], top: float) -> list[np.ndarray]:
-    """Top-`top` over the concatenation of `values`, split back per trace."""
+def _dataset_positions(values: list[np.ndarray], top: float, floor: float | None = None) -> list[np.ndarray]:
+    """Top-`top` over the concatenation of `values` (above `floor`), split back per trace."""
     lengths = [v.size for v in values]
     pooled = np.concatenate(values) if values else np.zeros(0)
-    chosen = top_positions(pooled, top)
+    chosen = top_positions(pooled, top, floor)
     bounds = np.cumsum([0, *lengths])
     return [chosen[(chosen >= lo) & (chosen < hi)] - lo for lo, hi in zip(bounds[:-1], bounds[1:])]
 

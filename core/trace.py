@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.errors import InvalidInputError
 from core.metrics import METRICS
 
 SCHEMA_VERSION = 1
@@ -44,7 +45,7 @@ class Trace:
     tokens      T display strings; "".join(tokens) == text (a character split across byte-level
                 tokens is shown on the token that completes it).
     prompt_ids  {"base": [...], "reason": [...]}: each model's formatted prompt.
-    metrics     name -> (T,) array, one per entry of `core.divergence.METRICS`.
+    metrics     name -> (T,) array, one per entry of `core.metrics.METRICS`.
     topk        {"base": (ids (T,k) int64, probs (T,k) float32), "reason": (...)}.
     source      (T,) str: who emitted each token ("base", "reason" or "forced").
     meta        the reproducibility record (request, pair, formats, policy, sampling, ...).
@@ -65,16 +66,16 @@ class Trace:
         self.source = np.asarray(self.source, dtype=object).reshape(-1)
         n = len(self.token_ids)
         if len(self.tokens) != n or len(self.source) != n:
-            raise ValueError(
+            raise InvalidInputError(
                 f"Trace parts disagree in length: {n} token ids, {len(self.tokens)} token strings, "
                 f"{len(self.source)} sources"
             )
         missing = [name for name in METRICS if name not in self.metrics]
         if missing:
-            raise ValueError(f"Trace is missing metrics: {', '.join(missing)}")
+            raise InvalidInputError(f"Trace is missing metrics: {', '.join(missing)}")
         for name, values in self.metrics.items():
             if len(values) != n:
-                raise ValueError(f"metric {name!r} has {len(values)} values for {n} tokens")
+                raise InvalidInputError(f"metric {name!r} has {len(values)} values for {n} tokens")
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -93,9 +94,15 @@ class Trace:
     def k(self) -> int:
         return int(self.topk["base"][0].shape[1]) if len(self) else 0
 
+    @property
+    def n_takeovers(self) -> int:
+        """Tokens not written by the base model (the reasoner's or a forced token): the one count of takeovers."""
+        return int(np.count_nonzero(self.source != "base"))
+
     # -- views --------------------------------------------------------------------------------
     def frame(self) -> pd.DataFrame:
-        """One row per response token: pos, token_id, token, every metric, topk_*, source, tags."""
+        """One row per response token: pos, token_id, token, every metric, topk_*, source, rank_shift, tags (and
+        spike, segment, note when those layers exist)."""
         n = len(self)
         data: dict[str, Any] = {
             "pos": np.arange(n, dtype=np.int64),
@@ -110,6 +117,9 @@ class Trace:
                 list(zip(row_ids.tolist(), row_probs.tolist())) for row_ids, row_probs in zip(ids, probs)
             ]
         data["source"] = list(self.source)
+        from core.rank_shift import NAME as RANK_SHIFT, categorise  # unshifted / marginal / shifted (core/rank_shift.py)
+
+        data[RANK_SHIFT] = categorise(self.metrics["reason_top_rank_in_base"]) if n else []
         if "tags" in self.annotations:
             data["tag"] = list(self.annotations["tags"])
         if "segments" in self.annotations:
@@ -118,15 +128,25 @@ class Trace:
             spike = np.zeros(n, dtype=bool)
             spike[list(self.annotations["spikes"]["positions"])] = True
             data["spike"] = spike
+        if self.annotations.get("notes"):  # the notes layer (core/io/notes.py attach_notes): text per token
+            from core.io.notes import note_column
+
+            data["note"] = note_column(self)
         return pd.DataFrame(data)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: the HTML export's self-contained page (hover and all), see core/display.py."""
+        from core.display import trace_html
+
+        return trace_html(self)
 
     # -- derivation ---------------------------------------------------------------------------
     def annotate(self, **layers: Any) -> Trace:
         """A copy with the given annotation layers added or replaced (the original is unchanged)."""
         return replace(self, meta=copy.deepcopy(self.meta), annotations={**self.annotations, **layers})
 
-    def head(self, n: int) -> Trace:
-        """The first `n` tokens as a new trace (metrics, top-k and sources cut alike)."""
+    def prefix(self, n: int) -> Trace:
+        """The first `n` tokens as a new trace (metrics, top-k and sources cut alike; annotations dropped)."""
         return Trace(
             token_ids=self.token_ids[:n],
             tokens=self.tokens[:n],

@@ -328,3 +328,19 @@ def test_unknown_score_lists_choices():
 def test_accepts_single_trace():
     t = make_trace(20, 1)
     pd.testing.assert_frame_equal(A.gini_table(t), A.gini_table([t]))
+
+
+# -- the thinking-template artefact ------------------------------------------------------------------
+
+
+def test_first_token_artifact():
+    t = make_trace(8, seed=1)
+    ce = np.array([1.0, 2.0, 0.5, 3.0, 0.1, 0.2, 0.3, 0.4])
+    assert not A.first_token_artifact(with_metrics(t, cross_entropy=ce))
+    spiky = with_metrics(t, cross_entropy=np.r_[12.3, ce[1:]])
+    assert A.first_token_artifact(spiky)
+    assert not A.first_token_artifact(with_metrics(t, cross_entropy=np.r_[3.0, ce[1:]]))  # a tie is no artefact
+    assert A.first_token_artifact(with_metrics(t, cross_entropy=np.r_[5.0, np.full(7, np.nan)]))
+    assert not A.first_token_artifact(t.prefix(1) if hasattr(t, "prefix") else t.head(1))
+    assert A.first_token_artifact(with_metrics(t, entropy_base=np.r_[9.0, np.zeros(7)]), score="entropy_base")
+    assert A.first_token_artifact_share([spiky, with_metrics(t, cross_entropy=ce)]) == 0.5

@@ -59,6 +59,11 @@ def test_recovery_figure():
     assert list(fig.data[0].x) == [0.04, 0.13]  # sorted by rho
     with pytest.raises(InvalidInputError, match="recovery"):
         R.recovery_figure(df.drop(columns=["recovery"]))
+    # y = 1 names the reference actually used, never a hard-wired "same-size thinking model"
+    labelled = R.recovery_figure(df, reference="policy reason")
+    texts = [a.text for a in labelled.layout.annotations]
+    assert texts == ["recovery 1 = policy reason"] and "thinking" not in labelled.layout.title.text
+    assert [a.text for a in fig.layout.annotations] == ["recovery 1 = reference"]
 
 
 def test_report_html_offline_and_escaped(tmp_path):

@@ -171,7 +171,8 @@ def test_top_positions_brute_force(ints, top):
 def test_spikes_per_trace_records_rule_and_keeps_original():
     t = with_metrics(make_trace(10, 1), cross_entropy=[0, 9, 1, 1, 8, 0, 0, 7, 0, 0])
     out = spikes(t, top=0.2)
-    assert out.annotations["spikes"] == {"rule": {"score": "cross_entropy", "top": 0.2, "per": "trace"}, "positions": [1, 4]}
+    assert out.annotations["spikes"] == {"rule": {"score": "cross_entropy", "top": 0.2, "per": "trace", "floor": 0.01},
+                                         "positions": [1, 4]}
     assert "spikes" not in t.annotations
     assert spikes(t).annotations["spikes"]["positions"] == [1]  # default top 1% -> 1 token
     assert spikes(t).annotations["spikes"]["rule"]["top"] == 0.01
@@ -223,3 +224,11 @@ def test_spike_positions_fallback():
 def test_spikes_rejects_bad_arguments(kwargs, match):
     with pytest.raises(InvalidInputError, match=match):
         spikes(make_trace(10, 0), **kwargs)
+
+
+def test_top_spikes_never_land_on_near_zero_scores():
+    """Top 50% of 10 tokens is 5, but only 3 scores clear the floor: 3 spikes, none on a ~0 score."""
+    t = with_metrics(make_trace(10, 1), cross_entropy=[0, 9, 0.001, 0, 8, 0, 0.005, 7, 0, 0])
+    out = spikes(t, top=0.5)
+    assert out.annotations["spikes"]["positions"] == [1, 4, 7]
+    assert spikes(t, top=0.5, floor=-1.0).annotations["spikes"]["positions"] == [1, 2, 4, 6, 7]  # no floor: ~0s too

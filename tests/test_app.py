@@ -3,7 +3,6 @@ and core errors shown as messages (never tracebacks). Runs the real app on a tin
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -11,29 +10,25 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.downloads import export_file_bytes
-from core.io.exports import read_jsonl
+from core.io.exports import annotated, read_jsonl
 from core.io.store import TraceStore
+from tests.apptest import start_app, tiny_argv, write_problems
 
-MAIN = Path(__file__).resolve().parents[1] / "app" / "main.py"
 PROBLEMS = [
     {"id": "p1", "question": "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?", "answer": "10"},
     {"id": "p2", "question": "What is 5 + 7?", "answer": "12"},
 ]
-TIMEOUT = 180
 
 
 @pytest.fixture()
 def env(tmp_path, tiny_dirs, monkeypatch):
     """App arguments for a tiny pair, a fresh store and a two-problem file (sys.argv is what the app parses)."""
-    problems = tmp_path / "problems.jsonl"
-    problems.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
+    problems = write_problems(tmp_path / "problems.jsonl", PROBLEMS)
     store = tmp_path / "store"
-    argv = ["--base", str(tiny_dirs["qwen_base"]), "--reason", str(tiny_dirs["qwen_reason"]), "--store", str(store),
-            "--problems", str(problems), "--max-new-tokens", "12", "--device", "cpu", "--dtype", "float32"]
+    argv = tiny_argv(tiny_dirs, store, problems)
 
     def start(*extra: str, args: list[str] | None = None) -> AppTest:
-        monkeypatch.setattr(sys, "argv", [str(MAIN), *(argv if args is None else args), *extra])
-        return AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
+        return start_app(monkeypatch, [*(argv if args is None else args), *extra])
 
     return type("Env", (), {"start": staticmethod(start), "store": store, "problems": problems, "argv": argv})
 
@@ -45,6 +40,14 @@ def _ok(at: AppTest) -> None:
 
 def _texts(elements) -> list[str]:
     return [str(e.value) for e in elements]
+
+
+def _opened(env, /, **query: str) -> AppTest:
+    """The app run once with these URL query parameters."""
+    at = env.start()
+    for name, value in query.items():
+        at.query_params[name] = value
+    return at.run()
 
 
 def test_first_view_generates_and_opens_a_trace(env):
@@ -107,19 +110,14 @@ def test_force_a_token_from_the_top_k(env):
 def test_a_copied_link_opens_the_same_view(env):
     first = env.start().run()
     key = first.session_state["trace_key"]
-    at = env.start()
-    at.query_params["trace"] = key
-    at.query_params["pos"] = "4"
-    at.run()
+    at = _opened(env, trace=key, pos="4")
     _ok(at)
     assert at.session_state["trace_key"] == key and at.session_state["sel_pos"] == 4
     assert any("Token #4" in t for t in _texts(at.markdown))
 
 
 def test_unknown_trace_in_the_url_is_a_warning(env):
-    at = env.start()
-    at.query_params["trace"] = "deadbeef"
-    at.run()
+    at = _opened(env, trace="deadbeef")
     assert not at.exception
     assert any("not in the store" in t for t in _texts(at.warning))
 
@@ -158,15 +156,20 @@ def test_problems_page_lists_traces_and_problems(env):
     assert len(at.dataframe[0].value) == 0
 
 
+def _run_entropy_gated(at: AppTest, n: int, threshold: float) -> None:
+    """On the Generate page: run the entropy_gated policy (this threshold) on the first `n` problems."""
+    at.radio(key="gen_mode").set_value("first N").run()
+    at.number_input(key="gen_n").set_value(n).run()
+    at.selectbox(key="gen_policy").set_value("entropy_gated").run()
+    at.number_input(key="gen_entropy_gated_threshold").set_value(threshold).run()
+    at.button(key="gen_run").click().run()
+
+
 def test_generate_page_runs_a_policy_and_stores_graded_traces(env):
     at = env.start().run()
     at.switch_page("screens/generate.py").run()
     _ok(at)
-    at.radio(key="gen_mode").set_value("first N").run()
-    at.number_input(key="gen_n").set_value(2).run()
-    at.selectbox(key="gen_policy").set_value("entropy_gated").run()
-    at.number_input(key="gen_threshold").set_value(0.0).run()
-    at.button(key="gen_run").click().run()
+    _run_entropy_gated(at, n=2, threshold=0.0)
     _ok(at)
     assert any("2 trace(s) stored" in t for t in _texts(at.success))
     rows = TraceStore(env.store).summaries()
@@ -188,7 +191,7 @@ def test_export_page_offers_the_open_trace(env, tmp_path):
     trace = TraceStore(env.store).get(key)  # the bytes behind the button: a lossless JSONL round trip
     path = tmp_path / "t.jsonl"
     path.write_bytes(export_file_bytes([trace], "jsonl"))
-    assert read_jsonl(path) == [trace]
+    assert read_jsonl(path) == [annotated(trace)]  # lossless, plus the spikes and tags the user sees
 
 
 def test_dataset_page_draws_the_analyses(env):
@@ -251,3 +254,215 @@ def test_no_arguments_opens_a_demo_trace(env, tmp_path, monkeypatch):
     assert str(trace.meta["problem"]["id"]).startswith("demo")
     assert at.metric[3].label.startswith("Spikes") and int(at.metric[3].value) >= 1
     assert trace.meta["correct"] is not None
+
+
+def test_generate_widgets_come_from_the_policy_registry(env):
+    from core.decoding.policies import list_policies
+
+    at = env.start().run()
+    at.switch_page("screens/generate.py").run()
+    _ok(at)
+    assert at.selectbox(key="gen_policy").options and len(at.selectbox(key="gen_policy").options) == len(list_policies())
+    for spec in list_policies():
+        at.selectbox(key="gen_policy").set_value(spec.name).run()
+        _ok(at)
+        keys = {w.key for w in [*at.number_input, *at.text_input, *at.selectbox] if w.key}
+        wanted = {f"gen_{spec.name}_{p.name}" for p in spec.user_params if p.kind is not dict}
+        assert wanted <= keys, (spec.name, wanted - keys)
+
+
+def test_a_policy_that_did_nothing_says_so(env):
+    at = env.start().run()
+    at.switch_page("screens/generate.py").run()
+    _run_entropy_gated(at, n=1, threshold=1000.0)
+    _ok(at)
+    assert any("threshold" in t for t in _texts(at.warning)), _texts(at.warning)
+
+
+def test_the_url_holds_metric_scale_range_spikes_and_comparison(env):
+    at = env.start().run()
+    key = at.session_state["trace_key"]
+    at.selectbox(key="score").set_value("jsd").run()
+    at.selectbox(key="scale").set_value("log").run()
+    at.selectbox(key="crange").set_value("pair").run()
+    at.slider(key="spike_top_pct").set_value(10.0).run()
+    at.session_state["sel_pos"] = 2
+    at.run()
+    at.button(key="takeover_reason").click().run()
+    _ok(at)
+    child = at.session_state["compare"]["child"]
+    qp = dict(at.query_params)
+    assert qp["metric"] == ["jsd"] or qp["metric"] == "jsd", qp
+    flat = {k: (v[0] if isinstance(v, list) else v) for k, v in qp.items()}
+    assert flat["scale"] == "log" and flat["range"] == "pair" and flat["spikes"] == "top:10"
+    assert flat["compare"] == f"{child}@2" and flat["trace"] == key
+    again = _opened(env, **flat)
+    _ok(again)
+    ss = again.session_state
+    assert (ss["score"], ss["scale"], ss["crange"], ss["spike_top_pct"]) == ("jsd", "log", "pair", 10.0)
+    assert ss["compare"] == {"parent": key, "child": child, "pos": 2}
+    assert any("Branch at token #2" in t for t in _texts(again.markdown))
+
+
+def test_url_values_in_messages_cannot_inject_markdown(env):
+    at = _opened(env, trace="[click](http://evil.example/x) ![img](http://evil.example/i.png)")
+    assert not at.exception
+    shown = " ".join(_texts(at.warning))
+    assert "not in the store" in shown
+    assert "](http" not in shown and "\\[click\\]" in shown  # every bracket escaped: no link, no image
+
+
+def test_problems_page_lists_unreadable_traces(env):
+    at = env.start().run()
+    bad = env.store / "traces" / "ff" / ("ff" * 16 + ".fpt")
+    traces_dir = env.store / "traces"
+    existing = next(p for p in traces_dir.rglob("*") if p.is_file())
+    bad = existing.with_name("0" * (len(existing.stem)) + existing.suffix)
+    bad.write_bytes(b"not a trace at all")
+    at.switch_page("screens/problems.py").run()
+    assert not at.exception
+    assert any("cannot be read" in t for t in _texts(at.warning)), _texts(at.warning)
+    table = next(d for d in at.dataframe if "reason" in d.value.columns).value
+    assert str(bad) in set(table["file"])
+
+
+def test_gate_without_rollouts_of_this_pair_says_so_and_makes_them(env):
+    at = _opened(env, trace="0" * 32)  # no first view: the store stays empty
+    at.radio(key="spike_kind").set_value("gate").run()
+    assert not at.exception
+    warned = " ".join(_texts(at.sidebar.warning))
+    assert "no BaseOnly rollouts of this pair" in warned and "never used" in warned
+    assert TraceStore(env.store).keys() == [] or not list(TraceStore(env.store).keys())
+    at.button(key="make_rollouts").click().run()
+    assert not at.exception
+    assert any("τ =" in t for t in _texts(at.sidebar.caption)), _texts(at.sidebar.warning)
+    rows = TraceStore(env.store).summaries()
+    assert len(rows) == len(PROBLEMS) and set(rows["policy"]) == {"base_only"}
+
+
+def test_forkpoint_app_rejects_a_bad_port_with_a_message():
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    result = CliRunner().invoke(main, ["app", "--port", "99999"])
+    assert result.exit_code == 2 and "--port" in result.output and "99999" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_forkpoint_app_takes_base_reason_and_sigterm_stops_streamlit(tiny_dirs, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    from tests.browser import free_port
+
+    port = free_port()
+    exe = Path(sys.executable).with_name("forkpoint")
+    proc = subprocess.Popen([str(exe), "app", "--base", str(tiny_dirs["qwen_base"]), "--reason",
+                             str(tiny_dirs["qwen_reason"]), "--store", str(tmp_path / "s"), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the app did not start"
+                time.sleep(0.5)
+        # DNS rebinding: a WebSocket whose Host (and Origin) is another name is refused; the bound one is accepted
+        assert _ws_status(port, "attacker.example") != 101
+        assert _ws_status(port, f"127.0.0.1:{port}") == 101
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        time.sleep(1)
+        with pytest.raises(OSError):  # Streamlit went down with it
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _ws_status(port: int, host: str) -> int:
+    """HTTP status of a WebSocket upgrade to the app's stream with the given Host and a matching Origin."""
+    import socket
+
+    request = (f"GET /_stcore/stream HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+               f"Origin: http://{host}\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request.encode())
+        head = conn.recv(256).decode("latin-1")
+    return int(head.split()[1]) if head.startswith("HTTP/") else 0
+
+
+def test_score_selector_is_the_metric_registry(env):
+    from core.metrics import METRICS, SCORES
+
+    at = env.start().run()
+    assert at.selectbox(key="score").options == [METRICS[s].score_label for s in SCORES]
+    assert "entropy_reason" in SCORES
+    at.selectbox(key="score").set_value("entropy_reason").run()
+    _ok(at)
+
+
+def test_a_long_trace_opens_on_the_page_of_the_linked_token(env):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fakes import make_trace
+
+    from app.view import PAGE_TOKENS
+
+    trace = make_trace(PAGE_TOKENS + 50, seed=3)
+    TraceStore(env.store).put(trace)
+    at = _opened(env, trace=trace.key, pos=str(PAGE_TOKENS + 10))
+    _ok(at)
+    assert at.session_state["tok_page"] == 2  # the linked token's page, not the first
+    assert any(f"Token #{PAGE_TOKENS + 10}" in t for t in _texts(at.markdown))
+
+
+def test_force_any_vocabulary_token_and_a_typed_string(env):
+    at = env.start().run()
+    parent_key = at.session_state["trace_key"]
+    at.session_state["sel_pos"] = 2
+    at.run()
+    at.text_input(key="vocab_query").input("e").run()
+    pick = at.selectbox(key="vocab_pick")
+    offered = TraceStore(env.store).get(parent_key)
+    import re
+
+    ids = [int(re.search(r"\(id (\d+)\)", label).group(1)) for label in pick.options]  # labels show both p
+    assert all("base p" in label and "reason p" in label for label in pick.options)
+    outside = [i for i in ids if i not in set(offered.topk["base"][0][2].tolist()) | set(offered.topk["reason"][0][2].tolist())]
+    assert outside, "the search offers tokens beyond both top-k lists"
+    pick.set_value(outside[0]).run()
+    at.button(key="takeover_vocab").click().run()
+    _ok(at)
+    child = TraceStore(env.store).get(at.session_state["compare"]["child"])
+    assert int(child.token_ids[2]) == outside[0] and child.source[2] == "forced"
+    at.session_state["sel_pos"] = 1
+    at.run()
+    at.text_input(key="typed_force").input(" seven apples").run()
+    at.button(key="takeover_typed").click().run()
+    _ok(at)
+    typed = TraceStore(env.store).get(at.session_state["compare"]["child"])
+    from core import load_pair
+
+    pair = load_pair(*env.argv[1:4:2], device="cpu")
+    ids = pair.encode(" seven apples")
+    assert typed.token_ids[1:1 + len(ids)].tolist() == ids and set(typed.source[1:1 + len(ids)]) == {"forced"}
+
+
+def test_branch_with_its_own_temperature_and_seed(env):
+    at = env.start().run()
+    at.session_state["sel_pos"] = 2
+    at.run()
+    at.number_input(key="branch_temperature").set_value(1.0).run()
+    at.number_input(key="branch_seed").set_value(7).run()
+    at.button(key="takeover_reason").click().run()
+    _ok(at)
+    child = TraceStore(env.store).get(at.session_state["compare"]["child"])
+    assert child.meta["sampling"]["temperature"] == 1.0 and child.meta["sampling"]["seed"] == 7

@@ -8,102 +8,32 @@ test-output/browser/.
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.browser
+from tests.browser import ROOT, chromium_page, pair_args, require_chromium, run_app
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("FORKPOINT_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
 OUT = ROOT / "test-output" / "browser"
-START_TIMEOUT_S = 120
-STEP_TIMEOUT_MS = 90_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(port: int, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"streamlit not healthy after {START_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
-
-
-def _pair_args(tmp_path_factory) -> list[str]:
-    """The demo pair (the default: no arguments); a tiny random pair only while the demo is not built."""
-    from core.demo.pair import DEMO_DIR
-
-    if (DEMO_DIR / "pair.json").exists():
-        return []
-    from core.demo.tiny import build_tiny_pair
-
-    base, reason = build_tiny_pair(tmp_path_factory.mktemp("browser_pair"))
-    return ["--base", str(base), "--reason", str(reason), "--max-new-tokens", "48", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no chromium at {CHROMIUM} (.ci/run installs it)")
-    pytest.importorskip("playwright.sync_api")
+    require_chromium(" (.ci/run installs it)")
     OUT.mkdir(parents=True, exist_ok=True)
     store = tmp_path_factory.mktemp("browser_store")
-    port = _free_port()
-    log = OUT / "streamlit.log"
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), "--server.headless", "true",
-           "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-           "--", "--store", str(store), *_pair_args(tmp_path_factory)]
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        _wait_healthy(port, proc, log)
-        yield f"http://127.0.0.1:{port}/", store
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with run_app(["--store", str(store), *pair_args(tmp_path_factory)], OUT / "streamlit.log") as url:
+        yield url, store
 
 
 @pytest.fixture(scope="module")
 def page(app_url, tmp_path_factory):
-    from playwright.sync_api import sync_playwright
-
     profile = tmp_path_factory.mktemp("chromium_profile")
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1440, "height": 1600}, accept_downloads=True,
-        )
-        page = context.new_page()
-        page.set_default_timeout(STEP_TIMEOUT_MS)
-        try:
-            yield page
-        finally:
-            context.close()
+    with chromium_page(profile, viewport={"width": 1440, "height": 1600}, accept_downloads=True) as page:
+        yield page
 
 
 def _screenshot_page(page, path: Path, width: int = 1440) -> None:
@@ -143,8 +73,9 @@ def test_hover_click_take_over_and_export(app_url, page):
     card = page.locator(".fp-card")
     card.wait_for(state="visible")
     text = card.inner_text()
-    assert "base top-" in text and "reason top-" in text and "H base" in text and "KL(b‖r)" in text
-    assert re.search(r"0\.\d{3}", text)
+    assert "base top-" in text and "reason top-" in text and "Base entropy" in text and "KL(base‖reasoner)" in text
+    assert re.search(r"\d\.\d+e-\d+|0\.\d+|1−", text)  # probabilities: 3 significant digits, never 0.000
+    assert "0.000" not in text
     page.screenshot(path=str(OUT / "hover.png"))
 
     # click a spike: the selection panel follows, and the URL records it
@@ -209,7 +140,10 @@ def test_hover_click_take_over_and_export(app_url, page):
     from core.io.exports import read_jsonl
 
     traces = read_jsonl(saved)
-    assert [t.key for t in traces] == [parent] and traces[0] == store.get(parent)
+    from core.io.exports import annotated
+
+    # lossless, plus the annotations the user saw (the sidebar's top 5% spikes, planning tags)
+    assert [t.key for t in traces] == [parent] and traces[0] == annotated(store.get(parent), top=0.05)
     page.screenshot(path=str(OUT / "export.png"))
 
 

@@ -46,7 +46,7 @@ def test_score_prints_the_top_tokens_and_stores(env):
 
 def test_generate_ls_export_analyze(env):
     run("generate", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--policy", "early_only",
-        "--budget", "0.25", "--max-new-tokens", "8")
+        "--rate", "0.25", "--max-new-tokens", "8")
     store = TraceStore(env["store"])
     assert len(store.keys()) == len(PROBLEMS)
     traces = [store.get(k) for k in store.keys()]
@@ -87,7 +87,7 @@ def test_import_reports_bad_lines_and_scores_the_rest(env):
 
 def test_eval_table_has_every_policy(env):
     out = env["tmp"] / "eval.csv"
-    text = run("eval", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--budgets", "0.2",
+    text = run("eval", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--ratios", "0.2",
                "--max-new-tokens", "6", "--out", str(out))
     table = pd.read_csv(out)
     assert {"base", "reason", "guided (r=0.2)"} <= set(table["policy"])
@@ -100,3 +100,43 @@ def test_user_errors_are_messages_not_tracebacks(env, tmp_path):
     assert result.exit_code != 0 and "does not exist" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(main, ["score", "--base", "x", "--prompt", "x", "--response", "y"])
     assert result.exit_code == 2 and "both --base and --reason" in result.output
+
+
+# -- policies from the registry (H1) ------------------------------------------------------------------
+
+
+def test_generate_guided_honours_score_budget_and_calibration(env):
+    """--score reaches both the calibration and the policy; without --tau the gate is calibrated on the problems."""
+    run("generate", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--policy", "guided",
+        "--score", "jsd", "--ratio", "0.3", "--calibration-problems", "2", "--budget", "0.25", "--max-new-tokens", "8")
+    store = TraceStore(env["store"])
+    traces = [store.get(k) for k in store.keys()]
+    guided = [t for t in traces if t.meta["policy"]["name"] == "guided"]
+    base = [t for t in traces if t.meta["policy"]["name"] == "base_only"]
+    assert len(guided) == len(PROBLEMS) and len(base) == 2  # the calibration rollouts of the first 2 problems
+    params = guided[0].meta["policy"]["params"]
+    assert params["score"] == "jsd" and params["budget"] == 0.25 and params["max_takeovers"] is None
+    from core.metrics import score_values
+    from core.spike_rules import calibrate_gate
+
+    expect = calibrate_gate([score_values(t.metrics, "jsd") for t in base], 0.3, 16)
+    assert params["tau"] == pytest.approx(expect.tau) and params["lam"] == pytest.approx(expect.lam)
+    assert all(t.n_takeovers <= 2 for t in guided)  # ceil(0.25 · 8)
+
+
+def test_generate_says_when_a_policy_did_nothing(env):
+    result = CliRunner().invoke(main, ["generate", *env["pair"], "--store", env["store"], "--prompt", "What is 5 + 7?",
+                                       "--policy", "entropy_gated", "--threshold", "50", "--max-new-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert "EntropyGated made 0 takeovers" in result.output and "threshold=50" in result.output
+    assert "(0 takeovers)" in result.output
+
+
+def test_score_ranks_delta_logp_by_its_sign(env):
+    """As a score delta_logp is used negated: the top rows are the most negative log-prob gains."""
+    out = run("score", *env["pair"], "--prompt", "What is 2+3?", "--response", "2+3 = 5. The answer is 5.",
+              "--top", "4", "--score", "delta_logp")
+    lines = out.strip().splitlines()
+    assert lines[0].split()[2] == "delta_logp"
+    values = [float(line.split()[-4]) for line in lines[1:5]]  # columns from the right: tokens may hold spaces
+    assert len(values) == 4 and values == sorted(values)  # ascending raw value = descending score

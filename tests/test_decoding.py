@@ -7,6 +7,7 @@ backbone call is fed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -14,10 +15,21 @@ import pytest
 import torch
 
 import core
-import core.decoding.engine as decoding
+from core.decoding import (
+    CACHES,
+    CacheLRU,
+    HeldCaches,
+    Sampling,
+    base_rollouts,
+    generate_many,
+    has_base_rollouts,
+    sample_token,
+)
+from core.decoding.engine import Decoder
+from core.decoding.generation import make_rows
 from core.errors import GenerationCancelled
-from core.decoding.engine import CACHES, CacheLRU, HeldCaches, Sampling, sample_token
 from core.metrics import INT_METRICS, METRICS
+from spies import FeedLog
 
 SIDES = ("base", "reason")
 PROMPTS = ["What is 2+3?", "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?", "x"]
@@ -79,23 +91,6 @@ def assert_greedy(pair: core.ModelPair, trace: core.Trace) -> None:
         assert ids[t] == want, f"token {t} ({src}): {ids[t]} != argmax {want}"
 
 
-class FeedLog:
-    """Records every backbone call: (side, number of tokens fed)."""
-
-    def __init__(self, pair: core.ModelPair, monkeypatch) -> None:
-        self.calls: list[tuple[str, int]] = []
-        original = decoding.backbone
-
-        def spy(model, input_ids, *args, **kwargs):
-            self.calls.append(("base" if model is pair.base else "reason", int(input_ids.shape[1])))
-            return original(model, input_ids, *args, **kwargs)
-
-        monkeypatch.setattr(decoding, "backbone", spy)
-
-    def sizes(self, side: str) -> list[int]:
-        return [n for s, n in self.calls if s == side]
-
-
 def held_tensors(held: HeldCaches) -> list[torch.Tensor]:
     kv = [t for c in held.caches.values() for layer in c.layers for t in (layer.keys, layer.values)]
     return kv + list(held.hidden.values())
@@ -130,7 +125,8 @@ def test_generated_metrics_equal_score_of_the_text(pair, name: str) -> None:
     traces = core.generate(pair, PROMPTS[:2], policy, max_new_tokens=14, temperature=0.9, seed=5, samples=1)
     ref_cols = list(core.score(pair, PROMPTS[0], "abc").frame().columns)
     for trace in traces:
-        assert len(trace) == 14 and trace.meta["kind"] == "generate"
+        assert trace.meta["kind"] == "generate"
+        assert len(trace) == 14 or (len(trace) < 14 and trace.token_ids[-1] in pair.eos_ids)
         assert list(trace.frame().columns) == ref_cols  # same per-token columns as score, incl. source
         assert set(trace.source) <= {"base", "reason", "forced"}
         assert trace.meta["policy"] == policy.record()
@@ -154,7 +150,7 @@ def test_greedy_is_exact_argmax(pair) -> None:
 
 
 def test_sampling_is_seeded_and_reproducible(pair) -> None:
-    run = lambda seed: core.generate(pair, PROMPTS[0], max_new_tokens=16, temperature=1.0, seed=seed)  # noqa: E731
+    run = lambda seed: core.generate(pair, PROMPTS[0], max_new_tokens=16, temperature=1.0, seed=seed)
     a, b, c = run(3), run(3), run(4)
     np.testing.assert_array_equal(a.token_ids, b.token_ids)
     assert a.key == b.key and a.key != c.key
@@ -166,7 +162,7 @@ def test_sampling_is_seeded_and_reproducible(pair) -> None:
 def test_sample_token_rules() -> None:
     logits = torch.tensor([0.0, 3.0, 2.9, -1.0])
     assert sample_token(logits, 0.0, 1.0, None) == 1
-    gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    gen = lambda: torch.Generator().manual_seed(0)
     # a tiny nucleus keeps only the top token, whatever the stream says
     assert {sample_token(logits, 5.0, 0.01, torch.Generator().manual_seed(s)) for s in range(20)} == {1}
     assert sample_token(logits, 1.0, 1.0, gen()) == sample_token(logits, 1.0, 1.0, gen())
@@ -205,8 +201,8 @@ def test_batched_rows_equal_rows_alone(pair) -> None:
 
 def _alone(pair, prompt, sample: int, sampling: Sampling, policy=None) -> list[int]:
     """Run one (prompt, sample) row through the engine by itself."""
-    rows = decoding._rows(pair, [prompt], 1, policy or core.BaseOnly(), sampling, 10, first_sample=sample)
-    decoding._run(pair, rows, policy or core.BaseOnly(), sampling, 10)
+    rows = make_rows(pair, [prompt], 1, policy or core.BaseOnly(), sampling, 10, first_sample=sample)
+    Decoder(pair, rows, policy or core.BaseOnly(), sampling, 10).run()
     return rows[0].tokens
 
 
@@ -229,18 +225,19 @@ def test_sampled_rows_are_the_same_alone_or_batched(pair) -> None:
 
 def test_lock_step_feeds_one_token_per_model_per_step(pair, monkeypatch) -> None:
     log = FeedLog(pair, monkeypatch)
-    trace = core.generate(pair, PROMPTS[0], max_new_tokens=10)
+    trace = core.generate(pair, PROMPTS[0], max_new_tokens=10, lookahead=1)
     for side in SIDES:
         assert log.sizes(side) == [len(trace.prompt_ids[side])] + [1] * 9
     log.calls.clear()
-    batch = core.generate(pair, PROMPTS, max_new_tokens=6)
+    batch = core.generate(pair, PROMPTS, max_new_tokens=6, lookahead=1)
     for side in SIDES:
         assert log.sizes(side) == [max(len(t.prompt_ids[side]) for t in batch)] + [1] * 5
 
 
 def test_entropy_gated_runs_the_reasoner_lazily(pair, monkeypatch) -> None:
+    pair = dataclasses.replace(pair, eos_ids=frozenset())  # the random reasoner likes EOS: run all 24 tokens
     log = FeedLog(pair, monkeypatch)
-    policy = core.EntropyGated(threshold=1.5, budget=0.25)
+    policy = core.EntropyGated(threshold=1.5, max_takeovers=5)
     trace = core.generate(pair, PROMPTS[1], policy, max_new_tokens=24)
     n_taken = int((trace.source == "reason").sum())
     assert 0 < n_taken < len(trace) - 2
@@ -300,7 +297,7 @@ def test_branch_with_and_without_held_caches_agree(pair, monkeypatch) -> None:
         assert len(parent) == 16 and CACHES.get(parent.key) is not None
         log = FeedLog(pair, monkeypatch)
         first_new = []
-        warm = core.branch(pair, parent, pos, max_new_tokens=20,
+        warm = core.branch(pair, parent, pos, max_new_tokens=20, lookahead=1,
                            progress=lambda t, n: first_new.append(len(log.calls)))
         before_first = log.calls[: first_new[0]]
         assert sorted(before_first) == ([] if pos < 16 else [("base", 1), ("reason", 1)])
@@ -318,7 +315,7 @@ def test_branch_with_and_without_held_caches_agree(pair, monkeypatch) -> None:
         # the cold child is held too, with its prefix's states: its own branches need no forward either
         log.calls.clear()
         first_new.clear()
-        core.branch(pair, cold, pos + 2, max_new_tokens=pos + 3, progress=lambda t, n: first_new.append(len(log.calls)))
+        core.branch(pair, cold, pos + 2, max_new_tokens=pos + 3, lookahead=1, progress=lambda t, n: first_new.append(len(log.calls)))
         assert first_new[0] == 0
 
 
@@ -475,3 +472,58 @@ def test_calibrate_fits_the_gate_on_base_rollouts(pair) -> None:
         core.calibrate(pair, [], ratio=0.1)
     with pytest.raises(core.InvalidInputError, match="score"):
         core.calibrate(pair, PROMPTS, score="kll")
+
+
+# -- one path for batches of generations, and calibration keyed by the pair -------------------------
+
+
+def test_generate_many_batches_progress_store_and_hook(pair, tmp_path) -> None:
+    store = core.TraceStore(tmp_path / "store")
+    seen, ticks = [], []
+
+    def grade(trace: core.Trace) -> None:
+        seen.append(trace.key)
+        trace.meta["correct"] = trace.meta.get("correct") is None or trace.meta["correct"]
+
+    traces = generate_many(pair, PROMPTS, core.BaseOnly(), samples=2, batch_size=2, max_new_tokens=6,
+                           temperature=0.7, seed=3, store=store, on_trace=grade,
+                           progress=lambda done, total: ticks.append((done, total)))
+    assert [t.meta["problem"]["prompt"] for t in traces] == [p for p in PROMPTS for _ in (0, 1)]
+    assert [t.meta["sampling"]["sample"] for t in traces] == [0, 1] * 3
+    one_batch = core.generate(pair, PROMPTS, core.BaseOnly(), samples=2, max_new_tokens=6, temperature=0.7, seed=3)
+    for got, want in zip(traces, one_batch):
+        np.testing.assert_array_equal(got.token_ids, want.token_ids)
+        assert got.key == want.key
+    assert seen == [t.key for t in traces] and all(store.get(t.key).meta["correct"] is True for t in traces)
+    assert ticks[-1] == (6, 6) and [d for d, _ in ticks] == sorted(d for d, _ in ticks)
+    assert any(0 < d < 4 for d, _ in ticks)  # progress inside the first batch, not only after it
+    # stored traces go through the hook; a changed meta is re-written, an unchanged one is not
+    mtimes = {t.key: (tmp_path / "store" / "traces" / f"{t.key}.parquet").stat().st_mtime_ns for t in traces}
+    again = generate_many(pair, PROMPTS[:1], core.BaseOnly(), samples=2, max_new_tokens=6, temperature=0.7,
+                          seed=3, store=store, on_trace=lambda t: t.meta.update(answer="42"))
+    assert all(store.get(t.key).meta["answer"] == "42" for t in again)
+    generate_many(pair, PROMPTS[1:2], core.BaseOnly(), samples=2, max_new_tokens=6, temperature=0.7, seed=3,
+                  store=store, on_trace=lambda t: None)
+    for t in traces[2:4]:
+        assert (tmp_path / "store" / "traces" / f"{t.key}.parquet").stat().st_mtime_ns == mtimes[t.key]
+
+
+def test_calibrate_from_the_store_uses_only_this_pairs_rollouts(pair, llama_pair, tmp_path) -> None:
+    store = core.TraceStore(tmp_path / "store")
+    assert not has_base_rollouts(pair, store)
+    with pytest.raises(core.InvalidInputError, match="No base rollouts of this model pair"):
+        core.calibrate(pair, store=store)
+    core.generate(llama_pair, PROMPTS, core.BaseOnly(), max_new_tokens=12, store=store)  # another pair's
+    core.generate(pair, PROMPTS[0], core.Forced({1: "reason"}), max_new_tokens=12, store=store)  # not BaseOnly
+    assert not has_base_rollouts(pair, store) and has_base_rollouts(llama_pair, store)
+    with pytest.raises(core.InvalidInputError, match="No base rollouts"):
+        core.calibrate(pair, store=store)
+    made = core.calibrate(pair, PROMPTS[:2], ratio=0.1, window=5, max_new_tokens=12, store=store)
+    assert has_base_rollouts(pair, store) and len(base_rollouts(pair, store)) == 2
+    from_store = core.calibrate(pair, ratio=0.1, window=5, store=store)
+    assert from_store.window == made.window and math.isclose(from_store.tau, made.tau, rel_tol=1e-9)
+    assert math.isclose(from_store.lam, made.lam, rel_tol=1e-9)
+    theirs = core.calibrate(llama_pair, ratio=0.1, window=5, store=store)
+    pooled = np.concatenate([t.metrics["cross_entropy"].astype(np.float64) for t in base_rollouts(llama_pair, store)])
+    assert len(base_rollouts(llama_pair, store)) == 3 and math.isclose(theirs.tau, np.quantile(pooled, 0.9), rel_tol=1e-6)
+    assert theirs != made

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import core
 
 from core.evaluation import harness as ev
+from core.evaluation import sweep as sw
 from core.errors import InvalidInputError
 
 
@@ -86,7 +87,7 @@ def test_summarise_hand_computed():
     for idx, oks in ((0, (True, True)), (1, (True, False))):
         for s, ok in enumerate(oks):
             rows.append(["b", "guided", f"p{idx}", idx, s, ok, 10, 1, None])
-    out = ev.summarise(_records(rows)).set_index("policy")
+    out = ev.policy_table(_records(rows)).set_index("policy")
     assert out.loc["base", "accuracy"] == 0.25 and out.loc["base", "pass@k"] == 0.5 and out.loc["base", "k"] == 2
     assert out.loc["reason", "rho"] == 1.0 and out.loc["base", "rho"] == 0.0
     assert out.loc["guided", "rho"] == pytest.approx(0.1)
@@ -94,10 +95,10 @@ def test_summarise_hand_computed():
     assert out.loc["guided", "recovery"] == pytest.approx((0.75 - 0.25) / (1 - 0.25))
     assert out.loc["guided", "recovery@k"] == pytest.approx((1.0 - 0.5) / (1 - 0.5))
     assert out.loc["reason", "recovery"] == pytest.approx(1.0) and out.loc["base", "recovery"] == 0.0
-    one = ev.summarise(_records(rows), k=1).set_index("policy")
+    one = ev.policy_table(_records(rows), k=1).set_index("policy")
     assert one.loc["guided", "pass@k"] == one.loc["guided", "accuracy"]
     with pytest.raises(InvalidInputError, match="pass@3"):
-        ev.summarise(_records(rows), k=3)
+        ev.policy_table(_records(rows), k=3)
 
 
 def test_markdown_table():
@@ -158,7 +159,7 @@ def test_evaluate_runs_stores_and_reuses(qwen_pair):
     assert sorted(merged["problem"]) == sorted(p["id"] for p in PROBLEMS)
     assert sorted(merged["index"]) == list(range(len(PROBLEMS)))  # global indices, unique across shards
     whole = ev.run_records(qwen_pair, PROBLEMS, {"random": policies["random"]}, store=store, max_new_tokens=8)
-    pd.testing.assert_frame_equal(ev.summarise(merged), ev.summarise(whole))
+    pd.testing.assert_frame_equal(ev.policy_table(merged), ev.policy_table(whole))
     assert store.puts == 4 * len(PROBLEMS)
 
 
@@ -176,19 +177,71 @@ def test_grades_match_an_independent_check(qwen_pair):
 
 def test_budget_sweep_rows_and_matched_baselines(qwen_pair):
     store = CountingStore()
-    sweep = ev.budget_sweep(qwen_pair, PROBLEMS, PROBLEMS[:3], ratios=(0.2, 0.5), store=store, max_new_tokens=8)
+    sweep = sw.budget_sweep(qwen_pair, PROBLEMS, PROBLEMS[:3], ratios=(0.2, 0.5), store=store, max_new_tokens=8)
     ends = sweep[sweep["ratio"].isna()]
     assert list(ends["policy"]) == ["base", "reason"]
+    assert set(sweep["reference"]) == {"policy reason"}  # no thinking model given: the guide, and it says so
     for ratio in (0.2, 0.5):
         rows = sweep[sweep["ratio"] == ratio].set_index("policy")
         assert "guided" in rows.index and rows.loc["guided", "tau"] >= 0 and rows.loc["guided", "window"] == 16
-        rho = rows.loc["guided", "rho"]
-        assert 0.0 <= rho <= 1.0
-        if rho > 0:
-            assert rows.loc["random_positions", "rho"] >= 0.0
-            early_tokens = math.ceil(ev.early_rate_for(rho, float(ends.set_index("policy").loc["base", "mean_tokens"]), 8) * 8 - 1e-9)
-            assert early_tokens >= 1
+        assert 0.0 <= rows.loc["guided", "rho"] <= 1.0
+        assert rows.loc["guided", "budget"] is None or math.isnan(rows.loc["guided", "budget"])
     # everything generated once is reused: a second sweep writes nothing new
     puts = store.puts
-    ev.budget_sweep(qwen_pair, PROBLEMS, PROBLEMS[:3], ratios=(0.2, 0.5), store=store, max_new_tokens=8)
+    sw.budget_sweep(qwen_pair, PROBLEMS, PROBLEMS[:3], ratios=(0.2, 0.5), store=store, max_new_tokens=8)
     assert store.puts == puts
+
+
+def test_baselines_are_matched_to_guideds_realised_rho(qwen_pair):
+    """The random / early baselines take Guided's REALISED ρ (from its traces), not the calibration r."""
+    keep: dict = {}
+    limit = 12
+    sweep = sw.budget_sweep(qwen_pair, PROBLEMS, PROBLEMS[:3], ratios=(0.3,), max_new_tokens=limit, keep=keep)
+    guided = keep["r=0.3"]
+    assert len(guided) == len(PROBLEMS)
+    tokens = sum(len(t) for t in guided)
+    taken = sum(int(sum(s != "base" for s in t.source)) for t in guided)
+    rho = taken / tokens  # computed here, independently of the harness
+    assert 0 < rho < 1 and rho != pytest.approx(0.3)  # else the test could not tell r from ρ
+    rows = sweep[sweep["config"] == "r=0.3"].set_index("policy")
+    assert rows.loc["guided", "rho"] == pytest.approx(rho)
+    assert rows.loc["random_positions", "matched_rho"] == pytest.approx(rho)
+    assert rows.loc["early_only", "matched_rho"] == pytest.approx(rho)
+    random_traces, early_traces = keep["random_positions (r=0.3)"], keep["early_only (r=0.3)"]
+    assert all(t.meta["policy"]["params"]["rate"] == pytest.approx(rho) for t in random_traces)
+    # EarlyOnly hands over the whole number of tokens nearest ρ · (Guided's mean length)
+    n_early = max(1, round(rho * tokens / len(guided)))
+    rates = {t.meta["policy"]["params"]["rate"] for t in early_traces}
+    assert len(rates) == 1 and math.ceil(rates.pop() * limit - 1e-9) == n_early
+    for t in early_traces:
+        src = list(t.source)
+        assert src[:n_early] == ["reason"] * min(n_early, len(src)) and "reason" not in src[n_early:]
+    # and the random baseline's realised rate is ρ's binomial draw: within 4 standard deviations
+    n = sum(len(t) for t in random_traces)
+    got = sum(int(sum(s != "base" for s in t.source)) for t in random_traces) / n
+    assert abs(got - rho) <= 4 * math.sqrt(rho * (1 - rho) / n) + 1e-9
+
+
+def test_thinking_reference_runs_alone_and_is_the_default_reference(qwen_pair):
+    """A thinking pair whose model is the guide in the guide's format must write exactly ReasonOnly's tokens
+    (greedy), with the guide scoring them lazily; it becomes the recovery reference."""
+    from core.evaluation.thinking import from_models
+
+    thinking = from_models(qwen_pair, qwen_pair.reason, fmt=qwen_pair.formats["reason"].spec)
+    keep: dict = {}
+    records = ev.run_records(qwen_pair, PROBLEMS, {"reason": core.ReasonOnly()}, max_new_tokens=8, keep=keep)
+    solo = ev.thinking_records(thinking, PROBLEMS, max_new_tokens=8, keep=keep)
+    for a, b in zip(keep["reason"], keep["thinking"]):
+        assert list(a.token_ids) == list(b.token_ids)
+        assert set(b.source) == {"base"} and not np.isnan(b.metrics["kl_base_reason"]).any()
+        assert np.allclose(b.metrics["kl_base_reason"], 0, atol=1e-5)  # the same model scores its own tokens
+    assert (solo["taken"] == 0).all() and list(solo["correct"]) == list(records["correct"])
+    from core.decoding.policies import policy_from_record
+    from core.evaluation.thinking import Solo
+
+    assert isinstance(policy_from_record(keep["thinking"][0].meta["policy"]), Solo)  # stored records rebuild
+    table = ev.evaluate(qwen_pair, PROBLEMS, {}, max_new_tokens=8, thinking=thinking).set_index("policy")
+    assert list(table.index) == ["base", "reason", "thinking"]
+    assert set(table["reference"]) == {"policy thinking"}
+    with pytest.raises(InvalidInputError, match="not a policy label"):
+        ev.evaluate(qwen_pair, PROBLEMS[:1], {}, max_new_tokens=2, reference="thinkin")

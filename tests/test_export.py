@@ -1,4 +1,4 @@
-"""core.export: lossless JSONL, long CSV/Parquet, self-contained and escaped HTML, foreign imports."""
+"""core.export: lossless JSONL, long CSV/Parquet, self-contained and escaped HTML (imports: test_imports.py)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.metrics import METRICS
-from core.errors import InvalidInputError, ModelLoadError
+from core.errors import InvalidInputError
 from core.io.exports import (
     FORMATS,
+    annotated,
     export,
     forkpoint_version,
     read_jsonl,
     sidecar_path,
 )
-from core.io.imports import import_jsonl, read_foreign_jsonl
-from core.io.store import TraceStore
 from fakes import fake_decode, make_trace
 
 EVIL = "Sure <script>alert(1)</script> and <img src=x onerror=alert(1)> done\n</pre></details><b>x"
@@ -66,7 +65,7 @@ def test_jsonl_round_trip(tmp_path, traces):
     back = read_jsonl(path)
     assert len(back) == 3
     for original, read in zip(traces, back):
-        assert read == original
+        assert read == annotated(original)  # lossless, plus the annotations the user sees
         for name in METRICS:
             assert read.metrics[name].dtype == original.metrics[name].dtype
         assert read.topk["base"][1].dtype == np.float32
@@ -82,7 +81,7 @@ def test_jsonl_round_trip(tmp_path, traces):
 
 def test_jsonl_empty_trace_round_trip(tmp_path):
     empty = make_trace(0, seed=9)
-    assert read_jsonl(export(empty, tmp_path / "e.jsonl"))[0] == empty
+    assert read_jsonl(export(empty, tmp_path / "e.jsonl"))[0] == annotated(empty)
 
 
 def test_read_jsonl_names_bad_line(tmp_path, traces):
@@ -231,62 +230,52 @@ def test_html_tooltip_in_browser(tmp_path, traces):
     assert requests == [path.as_uri()]
 
 
-# -- foreign import ------------------------------------------------------------------------------------
+# -- annotations in every format (issue 11: "annotated" exports carried none) -----------------------------
 
 
-FOREIGN = [
-    '{"id": "a", "prompt": "What is 2+2?", "response": "4", "answer": "4"}',
-    "",
-    '{"id": "b", "prompt": "Add 1 and 1.", "response": [5, 6, 7]}',
-    "not json at all",
-    '{"id": "c", "prompt": "", "response": "x"}',
-    '{"id": "d", "prompt": "p", "response": ""}',
-    '["a", "list"]',
-    '{"id": "a", "prompt": "dup", "response": "r"}',
-    '{"prompt": "no id", "response": "r"}',
-    '{"id": 7, "prompt": "numeric id", "response": "r", "answer": 3, "source": "gsm8k"}',
-    '{"id": "e", "prompt": "p", "response": [1, -2]}',
-]
+def _expected(trace, top=0.1):
+    from core.heatmap import tag_colour
+    from core.spike_rules import spikes
+
+    spiked = spikes(trace, top=top)
+    pos = set(spiked.annotations["spikes"]["positions"])
+    tags = annotated(trace).annotations["tags"]
+    return [i in pos for i in range(len(trace))], [t if tag_colour(t) else "" for t in tags], spiked
 
 
-def write_foreign(path, extra: bytes = b""):
-    path.write_bytes("\n".join(FOREIGN).encode("utf-8") + b"\n" + extra)
-    return path
+def test_every_format_carries_spikes_tags_and_topk_strings(tmp_path, traces):
+    trace = make_trace(text="First, let me plan. Check the sum. So the answer is 4.", seed=5)
+    spike, tag, spiked = _expected(trace)
+    assert any(spike) and any(tag)  # the fixture must exercise both columns
+    kw = {"decode": fake_decode, "top": 0.1}
+    line = json.loads(export(trace, tmp_path / "a.jsonl", **kw).read_text(encoding="utf-8"))
+    assert line["spike"] == spike and line["tag"] == tag
+    assert line["annotations"]["spikes"] == spiked.annotations["spikes"]
+    assert line["annotations"]["spikes"]["rule"] == {"score": "cross_entropy", "top": 0.1, "per": "trace", "floor": 0.01}
+    assert line["topk"]["base"]["tokens"][2] == [fake_decode(int(i)) for i in trace.topk["base"][0][2]]
+    assert line["topk"]["base"]["ids"] == trace.topk["base"][0].tolist()  # JSONL keeps the ids too
+    for fmt in ("csv", "parquet"):
+        path = export(trace, tmp_path / f"a.{fmt}", **kw)
+        frame = pd.read_csv(path, keep_default_na=False) if fmt == "csv" else pd.read_parquet(path)
+        assert [bool(x) if fmt == "parquet" else x in (True, "True") for x in frame["spike"]] == spike, fmt
+        assert list(frame["tag"]) == tag, fmt
+        toks = frame["topk_reason_tokens"][3]
+        toks = json.loads(toks) if fmt == "csv" else list(toks)
+        assert toks == [fake_decode(int(i)) for i in trace.topk["reason"][0][3]], fmt
+        probs = frame["topk_reason_probs"][3]
+        probs = json.loads(probs) if fmt == "csv" else list(probs)
+        np.testing.assert_allclose(probs, trace.topk["reason"][1][3], rtol=1e-6)
+    page = export(trace, tmp_path / "a.html", **kw).read_text(encoding="utf-8")
+    spans = re.findall(r'<span class="([^"]*)" data-pos="(\d+)"', page)
+    assert sorted(int(p) for c, p in spans if "spike" in c.split()) == [i for i, s in enumerate(spike) if s]
+    assert sorted(int(p) for c, p in spans if "tag" in c.split()) == [i for i, t in enumerate(tag) if t]
+    assert "spike rule</td><td>top 10% by Cross-entropy per trace, score &gt; 0.01" in page
+    assert "spike rule</td><td>none" not in page
 
 
-def test_read_foreign_jsonl_reports_bad_lines(tmp_path):
-    records, errors = read_foreign_jsonl(write_foreign(tmp_path / "f.jsonl", b'{"id": "z", "prompt": "\xff"}\n'))
-    assert [(r.line, r.id) for r in records] == [(1, "a"), (3, "b"), (10, "7")]
-    assert records[1].response == [5, 6, 7] and records[0].answer == "4" and records[2].answer == "3"
-    assert records[2].extra == {"source": "gsm8k"}
-    assert [line for line, _ in errors] == [4, 5, 6, 7, 8, 9, 11, 12]
-    reasons = dict(errors)
-    assert "not valid JSON" in reasons[4] and "prompt" in reasons[5] and "response" in reasons[6]
-    assert "JSON object" in reasons[7] and "duplicate id 'a' (first on line 1)" == reasons[8]
-    assert "id" in reasons[9] and "token ids" in reasons[11] and "UTF-8" in reasons[12]
-    with pytest.raises(InvalidInputError, match="No such file"):
-        read_foreign_jsonl(tmp_path / "nope.jsonl")
+def test_export_gate_rule_is_described(tmp_path):
+    from core.spike_rules import Gate
 
-
-def test_import_jsonl_with_fake_scorer(tmp_path):
-    calls, progress = [], []
-
-    def fake_score(pair, problem, response):  # core.scoring.score takes a problem dict as its prompt
-        calls.append((pair, problem["prompt"], response, problem))
-        if problem["id"] == "b":
-            raise ModelLoadError("token id 7 is outside the vocabulary")
-        return make_trace(text=response if isinstance(response, str) else "x y", seed=len(calls),
-                          meta={"problem": problem, "kind": "score"})  # fmt: skip
-
-    store = TraceStore(tmp_path / "store")
-    result = import_jsonl("PAIR", write_foreign(tmp_path / "f.jsonl"), store, score_fn=fake_score,
-                          progress=lambda done, total: progress.append((done, total)))  # fmt: skip
-    assert [c[3]["id"] for c in calls] == ["a", "b", "7"] and calls[0][0] == "PAIR"
-    assert calls[0][3] == {"id": "a", "prompt": "What is 2+2?", "gold": "4"}
-    assert progress == [(1, 3), (2, 3), (3, 3)]
-    assert len(result.keys) == 2 and all(k in store for k in result.keys)
-    assert (3, "ModelLoadError: token id 7 is outside the vocabulary") in result.errors
-    assert [line for line, _ in result.errors] == sorted(line for line, _ in result.errors)
-    stored = store.get(result.keys[1])
-    assert stored.meta["kind"] == "import" and stored.meta["import"]["line"] == 10
-    assert stored.meta["problem"]["gold"] == "3"
+    trace = make_trace(30, seed=8)
+    page = export(trace, tmp_path / "g.html", gate=Gate(tau=0.5, lam=1.2, window=4)).read_text(encoding="utf-8")
+    assert "calibrated gate on Cross-entropy: τ=0.5, λ=1.2, W=4" in page

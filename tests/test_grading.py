@@ -251,3 +251,74 @@ def test_worker_that_cannot_start_says_why() -> None:
     worker = grading._Worker([sys.executable, "-c", "import sys; sys.stderr.write('no math here'); sys.exit(3)"])
     with pytest.raises(ForkpointError, match="no math here"):
         worker.check("1", "1", 1)
+
+
+# -- special tokens, chains of thought, and the one grade-then-store path ------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The answer is: 10<|im_end|>", "10"),
+        ("so\n#### 138<|endoftext|>", "138"),
+        ("The answer is 7.<｜end▁of▁sentence｜>", "7"),
+        ("Answer: 12</s>", "12"),
+        ("The answer is 5<|eot_id|><|end_of_text|>", "5"),
+        ("<think>\nmaybe \\boxed{3}? The answer is 3\n</think>\n\nSo \\boxed{4}.<|im_end|>", "4"),
+        ("<think>\nThe answer is 3\n</think>\n\nI am not sure.", None),  # the answer part has none
+        ("<think>\nlong thought, the answer is 9", "9"),  # never closed: the whole text is read
+    ],
+)
+def test_special_tokens_and_think_blocks(text: str, expected: str | None) -> None:
+    assert extract_answer(text) == expected
+
+
+def test_answer_part_and_strip_special() -> None:
+    assert grading.answer_part("a</think>b</think>c") == "c"
+    assert grading.answer_part("no tags") == "no tags"
+    assert grading.strip_special("x<|im_end|>y</s><eos>") == "xy"
+    assert grading.strip_special("a < b and c > d, |x| = 1") == "a < b and c > d, |x| = 1"  # maths untouched
+
+
+class _T:
+    """The parts of a Trace that grading reads."""
+
+    def __init__(self, text, gold, key="k1", correct=None):
+        self.text, self.key = text, key
+        self.meta = {"problem": {"gold": gold}, "correct": correct, "answer": None}
+
+
+class _Store:
+    def __init__(self, stored=()):
+        self.keys, self.calls = set(stored), []
+
+    def __contains__(self, key):
+        return key in self.keys
+
+    def put(self, trace, overwrite=False):
+        self.calls.append((trace.key, overwrite))
+        self.keys.add(trace.key)
+
+
+def test_grade_trace_rules() -> None:
+    t = _T("The answer is 138<|endoftext|>", 138)  # gold stringified
+    assert grading.grade_trace(t) is True and t.meta["answer"] == "138"
+    t.text = "The answer is 1"
+    assert grading.grade_trace(t) is True  # graded once: not re-graded
+    for gold in (None, "", "  "):
+        u = _T("The answer is 1", gold)
+        assert grading.grade_trace(u) is None and u.meta["answer"] is None
+    assert grading.gold_of(_T("", 0)) == "0"
+
+
+def test_graded_put_writes_new_and_rewrites_only_when_newly_graded() -> None:
+    store = _Store()
+    grading.graded_put(store, _T("\\boxed{2}", "2", key="new"))
+    assert store.calls == [("new", False)]
+    store = _Store(stored={"old"})
+    grading.graded_put(store, _T("\\boxed{2}", "2", key="old"))  # stored before, ungraded: regraded, rewritten
+    assert store.calls == [("old", True)]
+    grading.graded_put(store, _T("\\boxed{2}", "2", key="old", correct=True))  # already graded: untouched
+    grading.graded_put(store, _T("\\boxed{2}", None, key="old"))  # no gold: nothing to add
+    assert store.calls == [("old", True)]
+    assert grading.graded_put(None, _T("\\boxed{2}", "3")).meta["correct"] is False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import re
 import time
 from html.parser import HTMLParser
 
@@ -210,7 +211,10 @@ def test_legend_and_tag_colours():
     legend = legend_html(["plan", "", None, "<b>odd</b>", "plan", "execute", "reflect"])
     assert "<b>odd</b>" not in legend and html.escape("<b>odd</b>") in legend
     assert legend.count(">plan<") == 1 and ">reflect<" in legend and "execute" not in legend
-    assert "spike" in legend and "reasoner" in legend
+    assert "spike" not in legend and "reasoner" in legend  # no spike swatch without a spike rule
+    with_rule = legend_html(["plan"], spike_rule="top 5% by Cross-entropy per trace")
+    assert 'class="tok spike"' in with_rule and "top 5% by Cross-entropy" in with_rule
+    assert "Cross-entropy" in legend and "cross_entropy" not in legend  # the registry's label, not the name
     assert tag_colour("execute") is None and tag_colour(None) is None
     assert tag_colour("plan") == tag_colour("Plan") and tag_colour("weird") == tag_colour("weird")
     assert len({tag_colour(c) for c in ("plan", "reflect", "verify", "conclude")}) == 4
@@ -224,3 +228,46 @@ def test_4096_tokens_render_fast():
     elapsed = time.process_time() - start
     assert out.count('class="tok') == 4096
     assert elapsed < 2.0, f"4096 tokens took {elapsed:.2f} s of CPU"
+
+
+# -- issue 11: one colour range across views, whole graphemes -----------------------------------------
+
+
+def test_shared_range_gives_one_colour_per_value_across_views():
+    from core.heatmap import value_range
+
+    a, b = make_trace(20, seed=1), make_trace(20, seed=2)
+    lo, hi = value_range(a.metrics["cross_entropy"], b.metrics["cross_entropy"])
+    assert lo == pytest.approx(min(a.metrics["cross_entropy"].min(), b.metrics["cross_entropy"].min()))
+    whole = tokens_html(a, vmin=lo, vmax=hi, tips=False)
+    from app.view import tail
+
+    part = tokens_html(tail(a, 7), vmin=lo, vmax=hi, offset=7, tips=False)  # the comparison's slice of `a`
+    colours = dict(re.findall(r'data-pos="(\d+)" style="background:(#[0-9a-f]{6})', whole))
+    sliced = dict(re.findall(r'data-pos="(\d+)" style="background:(#[0-9a-f]{6})', part))
+    assert len(sliced) == 13 and all(colours[k] == v for k, v in sliced.items())
+    own = dict(re.findall(r'data-pos="(\d+)" style="background:(#[0-9a-f]{6})', tokens_html(tail(a, 7), offset=7, tips=False)))
+    assert own != sliced  # without the shared range the slice is rescaled (the old comparison's lie)
+    ranked = normalise([1.0, 5.0], scale="rank", reference=[0.0, 1.0, 2.0, 5.0, 9.0])
+    np.testing.assert_allclose(ranked, [0.25, 0.75])
+
+
+def test_offset_shifts_positions():
+    out = tokens_html(make_trace(5, seed=1), offset=100, tips=False)
+    assert re.findall(r'data-pos="(\d+)"', out) == ["100", "101", "102", "103", "104"]
+
+
+def test_grapheme_split_over_tokens_renders_whole_and_every_token_stays_clickable():
+    from core.heatmap import grapheme_groups
+
+    thumbs = "\U0001F44D"  # 👍
+    tone = "\U0001F3FD"  # medium skin tone modifier: one grapheme with the thumb
+    tokens = ["I", " like", " it", " " + thumbs, tone, "!", "", "", "é"]
+    assert grapheme_groups(tokens) == [0, 1, 2, 3, 3, 5, 6, 6, 6]
+    trace = make_trace(len(tokens), seed=3)
+    trace.tokens = tokens
+    out = tokens_html(trace, tips=False)
+    assert re.findall(r'data-pos="(\d+)"', out) == [str(i) for i in range(len(tokens))]
+    assert html.escape(" " + thumbs + tone) in out  # the whole grapheme in one span
+    groups = re.findall(r'<span class="gph">(.*?)</span></span>', out)
+    assert len(groups) == 2 and all(g.count("data-pos=") >= 2 for g in groups)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import core
+from core.pair import loading as load
 from core.pair.forward import head
 from core.pair.loading import DEFAULT_BASE_FORMAT, PromptFormat, check_same_vocabulary, resolve_device, resolve_dtype
 from core.demo.tiny import build_tiny_model, train_tokenizer
@@ -163,7 +164,7 @@ def test_padded_embedding_logits_are_truncated(llama_pair) -> None:
     for side in ("base", "reason"):
         assert (trace.topk[side][0] < pair.vocab_size).all()
         np.testing.assert_allclose(trace.topk[side][1].sum(-1), clean.topk[side][1].sum(-1), atol=1e-6)
-    for name in core.METRICS:
+    for name in core.metrics.METRICS:
         np.testing.assert_array_equal(trace.metrics[name], clean.metrics[name])
     hidden = torch.randn(3, pair.base.config.hidden_size)
     assert head(pair.base, hidden, pair.vocab_size).shape == (3, pair.vocab_size)
@@ -253,3 +254,130 @@ def test_importing_core_pulls_in_no_ui_or_cli_framework() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+# -- tolerated special-token differences ------------------------------------------------------------
+
+
+def _with_specials(tok, rename: dict[str, str] | None = None, add: list[str] | None = None,
+                   swap: tuple[str, str] | None = None):
+    """A copy of `tok` whose special tokens are renamed in place (same ids) and/or extended, or whose two
+    regular tokens `swap` ids."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    rename = rename or {}
+    data = json.loads(tok.backend_tokenizer.to_str())
+    for entry in data["added_tokens"]:
+        entry["content"] = rename.get(entry["content"], entry["content"])
+    vocab = data["model"]["vocab"]
+    for old, new in rename.items():
+        vocab[new] = vocab.pop(old)
+    if swap:
+        vocab[swap[0]], vocab[swap[1]] = vocab[swap[1]], vocab[swap[0]]
+    specials = [rename.get(s, s) for s in ["<|im_start|>", "<|im_end|>", "<think>", "</think>"]]
+    eos = rename.get("<|endoftext|>", "<|endoftext|>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)), eos_token=eos,
+                                   pad_token=eos, additional_special_tokens=specials + (add or []))
+    fast.chat_template = tok.chat_template
+    for old, new in rename.items():  # a renamed model's template writes its own token strings
+        fast.chat_template = fast.chat_template.replace(old, new)
+    return fast
+
+
+def test_renamed_and_added_special_tokens_are_tolerated_and_reported(tiny_tokenizer) -> None:
+    renamed = _with_specials(tiny_tokenizer, rename={"<|endoftext|>": "<｜end▁of▁sentence｜>"})
+    eos_id = tiny_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert renamed.convert_tokens_to_ids("<｜end▁of▁sentence｜>") == eos_id
+    notes = check_same_vocabulary(tiny_tokenizer, renamed)
+    assert notes == [f"id {eos_id}: special token '<|endoftext|>' (base) vs '<｜end▁of▁sentence｜>' (reason)"]
+    added = _with_specials(tiny_tokenizer, add=["<tool_call>"])
+    new_id = added.convert_tokens_to_ids("<tool_call>")
+    assert new_id == len(tiny_tokenizer)
+    assert check_same_vocabulary(tiny_tokenizer, added) == [f"id {new_id}: special token '<tool_call>' only in the "
+                                                             "reason tokenizer"]
+    assert check_same_vocabulary(tiny_tokenizer, copy.deepcopy(tiny_tokenizer)) == []
+
+
+def test_a_regular_token_renamed_still_refuses(tiny_tokenizer) -> None:
+    vocab = tiny_tokenizer.get_vocab()
+    a, b = [s for s, i in sorted(vocab.items(), key=lambda kv: -kv[1]) if s.isalpha() and len(s) > 2][:2]
+    changed = _with_specials(tiny_tokenizer, swap=(a, b))  # two *regular* tokens trade ids
+    with pytest.raises(core.VocabularyMismatchError) as err:
+        check_same_vocabulary(tiny_tokenizer, changed)
+    first, second = sorted([(vocab[a], a, b), (vocab[b], b, a)])
+    assert f"id {first[0]}: {first[1]!r} vs {first[2]!r}; id {second[0]}: {second[1]!r} vs {second[2]!r}" in str(err.value)
+    assert "special tokens are tolerated" in str(err.value)
+
+
+def test_pair_with_renamed_specials_loads_and_records_it(tmp_path, tiny_dirs, tiny_tokenizer) -> None:
+    import shutil
+
+    odd = tmp_path / "renamed_reason"
+    shutil.copytree(tiny_dirs["qwen_reason"], odd)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (odd / name).unlink(missing_ok=True)
+    renamed = _with_specials(tiny_tokenizer, rename={"<|im_end|>": "<|end_of_turn|>"})
+    renamed.save_pretrained(odd)
+    pair = core.load_pair(str(tiny_dirs["qwen_base"]), str(odd), device="cpu", dtype="float32")
+    assert len(pair.vocab_notes) == 1 and "'<|end_of_turn|>'" in pair.vocab_notes[0]
+    # the reasoner's prompt is rendered by its own tokenizer: its template writes its own end-of-turn token
+    end_id = renamed.convert_tokens_to_ids("<|end_of_turn|>")
+    assert end_id in pair.prompt_ids("2+2?")["reason"]
+    with_base_tokenizer = tiny_tokenizer(renamed.apply_chat_template([{"role": "user", "content": "2+2?"}],
+                                         tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    assert end_id not in with_base_tokenizer["input_ids"]  # the base tokenizer would have split it
+    trace = core.score(pair, "2+2?", " 4")
+    assert trace.meta["pair"]["vocabulary"] == pair.vocab_notes
+    assert trace.meta["pair"]["formats"]["reason"]["kind"] == "chat"
+
+
+# -- prompt formats: instructions in the user turn, thinking prefill ---------------------------------
+
+
+def test_chat_formats_with_user_template_and_prefill(tiny_tokenizer) -> None:
+    def text(spec: str) -> str:
+        return tiny_tokenizer.decode(PromptFormat(spec).render(tiny_tokenizer, "2+2?"))
+
+    assert text("chat") == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert text("chat:think+think") == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert text("chat+answer").endswith("assistant\n<think>\n\n</think>\n\n")
+    assert text("chat:nothink+answer").endswith("assistant\n<think>\n\n</think>\n\n")  # not written twice
+    assert text("chat|Be brief.|{problem} Reason step by step.") == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2? Reason step by step.<|im_end|>\n"
+        "<|im_start|>assistant\n")
+    paper = PromptFormat(load.format_spec("paper-think"))
+    assert paper.describe()["prefill"] == "think" and paper.describe()["response_read_as"] == "thinking"
+    assert "\\boxed{}" in load.format_spec("paper-base") and "{problem}" in load.format_spec("paper-base")
+    with pytest.raises(core.InvalidInputError, match="think, answer"):
+        PromptFormat("chat+thinking")
+    with pytest.raises(core.InvalidInputError, match="more than one"):
+        PromptFormat("chat|{problem}|{problem} again")
+
+
+def test_named_formats_through_load_pair(tiny_dirs) -> None:
+    pair = core.load_pair(str(tiny_dirs["qwen_base"]), str(tiny_dirs["qwen_reason"]), device="cpu",
+                          base_format="paper-base", reason_format="paper-think")
+    assert pair.formats["base"].spec == load.NAMED_FORMATS["paper-base"]
+    base_text = pair.decode(pair.prompt_ids("2+2?")["base"])
+    assert base_text.startswith("Question: 2+2?\nPlease reason step by step") and base_text.endswith("Answer:")
+    assert pair.decode(pair.prompt_ids("2+2?")["reason"]).endswith("<|im_start|>assistant\n<think>\n")
+    assert pair.spec()["formats"]["reason"]["prefill"] == "think"
+
+
+def test_same_source_twice_is_one_resident_model(tiny_dirs) -> None:
+    pair = core.load_pair(str(tiny_dirs["qwen_base"]), str(tiny_dirs["qwen_base"]), device="cpu")
+    assert pair.base is pair.reason and pair.vocab_notes == []
+
+
+def test_thinking_reference_pair(qwen_pair, tiny_dirs, tmp_path) -> None:
+    from core.evaluation.thinking import load_thinking
+
+    thinking = load_thinking(qwen_pair, str(tiny_dirs["llama_base"]), "chat:think+think")
+    assert thinking.reason is qwen_pair.reason and thinking.specs["base"].id == str(tiny_dirs["llama_base"])
+    assert thinking.formats["base"].spec == "chat:think+think"
+    assert thinking.fingerprint() != qwen_pair.fingerprint()
+    other = train_tokenizer(["Completely different words: zebra quantum xylophone jazz."] * 3, vocab_size=300)
+    odd_dir = build_tiny_model(tmp_path / "odd_thinking", other, "qwen3", seed=7, **TINY)
+    with pytest.raises(core.VocabularyMismatchError, match="pair and thinking tokenizers differ"):
+        load_thinking(qwen_pair, str(odd_dir))

@@ -13,8 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import core
-from core.spike_rules import Gate, calibrate_gate, gate_fires
-from core.metrics import score_values
 from core.decoding.policies import (
     POLICIES,
     BaseOnly,
@@ -25,9 +23,12 @@ from core.decoding.policies import (
     RandomPositions,
     ReasonOnly,
     Step,
+    make_policy,
     policy_from_record,
     within_budget,
 )
+from core.metrics import score_values
+from core.spike_rules import Gate, calibrate_gate, gate_fires
 
 PROMPT = "What is 2+3?"  # the tiny random models write no EOS on this one for 48+ tokens, whatever the policy
 PROMPTS = [PROMPT, "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?"]
@@ -35,41 +36,43 @@ PROMPTS = [PROMPT, "Tom has 3 boxes of 4 apples. He gives away 2. How many apple
 
 
 def step(t: int, score=None, entropy=None, history=None, taken=None, limit: int = 100, rows: int = 1) -> Step:
-    as_array = lambda v, fill: np.full(rows, fill, dtype=float) if v is None else np.asarray(v, dtype=float)  # noqa: E731
+    as_array = lambda v, fill: np.full(rows, fill, dtype=float) if v is None else np.asarray(v, dtype=float)
     return Step(t=t, score=as_array(score, 0.0), entropy_base=as_array(entropy, 0.0),
                 history=history if history is not None else [[] for _ in range(rows)],
                 taken=np.zeros(rows, dtype=np.int64) if taken is None else np.asarray(taken), limit=limit)
 
 
-def cap(budget: float, t: int) -> int:
-    """ceil(budget · (t+1)) with the budget read as the decimal the user typed (exact arithmetic)."""
-    return math.ceil(Fraction(str(budget)) * (t + 1))
+def cap(budget: float | None, limit: int) -> float:
+    """ceil(budget · limit) with the budget read as the decimal the user typed (exact arithmetic); None: no cap."""
+    return math.inf if budget is None else math.ceil(Fraction(str(budget)) * limit)
 
 
-# -- the budget -------------------------------------------------------------------------------------
+# -- the budget: a share of the whole response (max_new_tokens), off by default ----------------------
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 1000), st.integers(1, 400), st.one_of(st.none(), st.integers(0, 50)))
-def test_greedy_takeovers_fill_the_budget_exactly(milli: int, steps: int, max_takeovers) -> None:
-    """Taking over whenever allowed keeps count ≤ ceil(budget·(t+1)) and ≤ the cap, and reaches both."""
-    budget = milli / 1000
+@given(st.one_of(st.none(), st.integers(0, 1000)), st.integers(1, 400), st.one_of(st.none(), st.integers(0, 50)))
+def test_greedy_takeovers_fill_the_budget_exactly(milli, limit: int, max_takeovers) -> None:
+    """Taking over whenever allowed takes the first min(ceil(budget·limit), max_takeovers) steps, then none:
+    early steps are never starved by the cap (issue 12)."""
+    budget = None if milli is None else milli / 1000
+    total = min(cap(budget, limit), math.inf if max_takeovers is None else max_takeovers)
     taken = 0
-    for t in range(steps):
-        ok = bool(within_budget(np.array([taken]), t, budget, max_takeovers)[0])
+    for t in range(limit):
+        ok = bool(within_budget(np.array([taken]), limit, budget, max_takeovers)[0])
+        assert ok == (t < total), (t, taken, total)
         taken += ok
-        limit = cap(budget, t) if max_takeovers is None else min(cap(budget, t), max_takeovers)
-        assert taken == limit, (t, taken, limit)
+    assert taken == min(total, limit)
 
 
 def test_within_budget_edges() -> None:
-    assert not within_budget(np.array([0]), 0, 0.0, None)[0]
-    assert within_budget(np.array([0]), 0, 0.01, None)[0]  # ceil(0.01) = 1: the first token may go
-    assert not within_budget(np.array([1]), 5, 0.1, None)[0]  # ceil(0.6) = 1 already used
-    assert within_budget(np.array([1]), 10, 0.1, None)[0]  # ceil(1.1) = 2
-    assert within_budget(np.array([9]), 9, 1.0, None)[0]
-    assert not within_budget(np.array([2]), 50, 1.0, 2)[0]
-    np.testing.assert_array_equal(within_budget(np.array([0, 3]), 9, 0.3, None), [True, False])
+    assert not within_budget(np.array([0]), 100, 0.0, None)[0]
+    assert within_budget(np.array([0]), 100, 0.001, None)[0]  # ceil(0.1) = 1: one takeover allowed
+    assert not within_budget(np.array([1]), 100, 0.001, None)[0]
+    assert within_budget(np.array([9]), 100, 0.1, None)[0] and not within_budget(np.array([10]), 100, 0.1, None)[0]
+    assert within_budget(np.array([10**6]), 100, None, None)[0]  # no cap at all
+    assert not within_budget(np.array([2]), 50, 1.0, 2)[0] and not within_budget(np.array([2]), 50, None, 2)[0]
+    np.testing.assert_array_equal(within_budget(np.array([2, 3]), 10, 0.3, None), [True, False])
 
 
 # -- each rule on hand-made steps -------------------------------------------------------------------
@@ -80,18 +83,21 @@ def test_rules_on_hand_made_steps() -> None:
     np.testing.assert_array_equal(BaseOnly().takeover(s), [False] * 3)
     np.testing.assert_array_equal(ReasonOnly().takeover(s), [True] * 3)
     gate = Gate(tau=1.0, lam=2.0, window=2)
-    guided = Guided.from_gate(gate, budget=1.0)
+    guided = make_policy("guided", gate=gate)  # no budget: the gate alone
     hist = [[1.0, 1.0, 5.0], [1.0, 1.0, 1.0], [0.5, 0.5]]
     got = guided.takeover(step(3, score=[5.0, 2.5, 1.5], history=hist, rows=3))
     # row 0: mean(1, 5) = 3, 5 > 6? no. row 1: mean 1, 2.5 > 2 yes. row 2: mean .5, 1.5 > 1 and > tau yes.
     np.testing.assert_array_equal(got, [False, True, True])
     assert [gate_fires(h, v, gate) for h, v in zip(hist, [5.0, 2.5, 1.5])] == [False, True, True]
-    # budget 0.1 at t = 3 allows ceil(0.4) = 1 takeover in all: row 2 already has one
-    got = Guided.from_gate(gate, budget=0.1).takeover(step(3, [5.0, 2.5, 1.5], history=hist, taken=[0, 0, 1], rows=3))
+    # budget 0.1 of a 10-token limit allows ceil(1) = 1 takeover in all: row 2 already has one
+    got = make_policy("guided", gate=gate, budget=0.1).takeover(
+        step(3, [5.0, 2.5, 1.5], history=hist, taken=[0, 0, 1], rows=3, limit=10))
     np.testing.assert_array_equal(got, [False, True, False])
     eg = EntropyGated(threshold=1.0, budget=0.5, max_takeovers=1)
     np.testing.assert_array_equal(eg.takeover(step(5, entropy=[0.5, 1.5, 2.0], taken=[0, 0, 1], rows=3)),
                                   [False, True, False])
+    np.testing.assert_array_equal(EntropyGated(threshold=1.0).takeover(step(5, entropy=[0.5, 1.5], taken=[0, 99],
+                                                                            rows=2)), [False, True])
     early = EarlyOnly(rate=0.1)  # ceil(0.1 · 25) = 3 tokens
     assert [bool(early.takeover(step(t, limit=25))[0]) for t in range(5)] == [True, True, True, False, False]
     forced = Forced({2: 17, 4: "reason"})
@@ -146,37 +152,39 @@ def test_records_round_trip(policy) -> None:
 # -- on real runs -----------------------------------------------------------------------------------
 
 
-def replay_budgeted(trace: core.Trace, wants, budget: float, max_takeovers: int | None) -> None:
+def replay_budgeted(trace: core.Trace, wants, budget: float | None, max_takeovers: int | None, limit: int) -> None:
     """Check that trace.source is "reason" exactly where `wants(t)` and the budget allow it."""
     taken = 0
     for t in range(len(trace)):
-        allowed = taken + 1 <= cap(budget, t) and (max_takeovers is None or taken < max_takeovers)
+        allowed = taken + 1 <= cap(budget, limit) and (max_takeovers is None or taken < max_takeovers)
         expect = bool(wants(t)) and allowed
         assert (trace.source[t] == "reason") == expect, f"position {t}"
         taken += expect
-        assert taken <= cap(budget, t)
+    assert trace.n_takeovers == taken
 
 
 def test_guided_fires_where_the_gate_says_on_the_realised_history(qwen_pair) -> None:
     base = core.generate(qwen_pair, PROMPTS, max_new_tokens=40)
     gate = calibrate_gate([t.metrics["cross_entropy"] for t in base], ratio=0.3, window=4)
     fired = 0
-    for budget, max_takeovers in [(0.15, None), (1.0, 3)]:
-        policy = Guided.from_gate(gate, budget=budget, max_takeovers=max_takeovers)
+    for budget, max_takeovers in [(None, None), (0.05, None), (1.0, 3)]:
+        policy = make_policy("guided", gate=gate, budget=budget, max_takeovers=max_takeovers)
         for trace in core.generate(qwen_pair, PROMPTS, policy, max_new_tokens=40):
             s = score_values(trace.metrics, "cross_entropy")  # the realised scores, as the trace records them
-            replay_budgeted(trace, lambda t: gate_fires(list(s[:t]), float(s[t]), gate), budget, max_takeovers)
+            replay_budgeted(trace, lambda t: gate_fires(list(s[:t]), float(s[t]), gate), budget, max_takeovers, 40)
             assert trace.meta["policy"] == policy.record()
             fired += int((trace.source == "reason").sum())
     assert fired >= 4
 
 
 def test_guided_budget_binds(qwen_pair) -> None:
-    """With an always-firing gate the takeovers are exactly the budget's ceil(budget·(t+1)) staircase."""
+    """With an always-firing gate the budget's ceil(0.2 · 20) = 4 takeovers are the first 4 tokens; with no
+    budget (the default, as in the paper) every token is taken over."""
     policy = Guided(tau=-1.0, lam=0.0, window=2, budget=0.2)
     trace = core.generate(qwen_pair, PROMPT, policy, max_new_tokens=20)
-    taken = np.cumsum(trace.source == "reason")
-    np.testing.assert_array_equal(taken, [cap(0.2, t) for t in range(20)])
+    assert list(trace.source) == ["reason"] * 4 + ["base"] * 16 and trace.n_takeovers == 4
+    uncapped = core.generate(qwen_pair, PROMPT, Guided(tau=-1.0, lam=0.0, window=2), max_new_tokens=20)
+    assert uncapped.n_takeovers == 20
 
 
 def test_entropy_gated_fires_on_base_entropy_within_budget(qwen_pair) -> None:
@@ -185,7 +193,7 @@ def test_entropy_gated_fires_on_base_entropy_within_budget(qwen_pair) -> None:
     for trace in traces:
         h = trace.metrics["entropy_base"]
         assert np.abs(h - policy.threshold).min() > 1e-4  # no decision rests on float rounding
-        replay_budgeted(trace, lambda t: h[t] > policy.threshold, 0.3, None)
+        replay_budgeted(trace, lambda t: h[t] > policy.threshold, 0.3, None, 32)
     assert sum(int((t.source == "reason").sum()) for t in traces) >= 3
     assert any(((t.metrics["entropy_base"] > 1.8) & (t.source == "base")).any() for t in traces)  # budget bit
 
@@ -222,3 +230,14 @@ def test_early_only_forced_and_reason_only(qwen_pair) -> None:
     for trace, policy in [(early, EarlyOnly(rate=0.25)), (forced, Forced({1: 42, 4: "reason"})),
                           (reason, ReasonOnly())]:
         assert policy_from_record(trace.meta["policy"]) == policy
+
+
+def test_a_policy_that_did_nothing_says_so(qwen_pair) -> None:
+    """EntropyGated above every base entropy makes no takeover, and `diagnose` names the threshold (issue 11)."""
+    traces = core.generate(qwen_pair, PROMPTS, EntropyGated(threshold=50.0), max_new_tokens=8)
+    assert all(t.n_takeovers == 0 for t in traces)
+    notice = EntropyGated(threshold=50.0).diagnose(traces)
+    assert notice is not None and "threshold=50" in notice and "0 takeovers in 2 trace(s)" in notice
+    low = EntropyGated(threshold=0.0)
+    assert low.diagnose(core.generate(qwen_pair, PROMPTS, low, max_new_tokens=8)) is None
+    assert BaseOnly().diagnose(traces) is None  # doing nothing is BaseOnly's job

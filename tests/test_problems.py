@@ -176,3 +176,83 @@ def test_bundled_word_problems() -> None:
         assert float(steps[-1][1]) == float(p.gold), p.id
         # and the grader accepts the gold in the forms a model would write it
         assert grade(f"{p.solution} The answer is \\boxed{{{p.gold}}}.", p.gold)
+
+
+# -- sources: hub datasets through `datasets`, benchmark short names ------------------------------------
+
+from core.evaluation import sources  # noqa: E402
+
+GSM_ROWS = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
+            {"question": "Ann has 10 pens and loses 1. How many?", "answer": "10 - 1 = 9\n#### 9"}]
+MATH_ROWS = [{"problem": "Compute $1/2 + 1/4$.", "solution": "It is $\\boxed{\\frac{3}{4}}$.", "answer": "\\frac{3}{4}",
+              "unique_id": "test/algebra/1.json", "level": 2}]
+AIME_ROWS = [{"ID": "2024-I-1", "Problem": "Find the remainder ...", "Answer": 204, "Solution": "... so 204."}]
+
+
+def _json_dir(root, name, rows, split="test"):
+    folder = root / name
+    folder.mkdir()
+    (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_hub_sources_go_through_datasets_with_field_mapping(tmp_path, monkeypatch):
+    import datasets
+
+    calls = []
+    real = datasets.load_dataset
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: calls.append((a, k)) or real(*a, **k))
+    gsm = sources.load_source(f"hf:{_json_dir(tmp_path, 'gsm', GSM_ROWS)}")
+    assert [(p.gold, p.solution) for p in gsm] == [("7", "3 + 4 = 7"), ("9", "10 - 1 = 9")]
+    assert gsm[0].id == "gsm-0" and gsm[0].prompt == GSM_ROWS[0]["question"]
+    math = sources.load_source(f"hf:{_json_dir(tmp_path, 'math', MATH_ROWS)}::test")
+    assert math[0].gold == "\\frac{3}{4}" and math[0].id == "test/algebra/1.json" and math[0].meta["level"] == 2
+    aime = sources.load_source(f"hf:{_json_dir(tmp_path, 'aime', AIME_ROWS, split='train')}")
+    assert (aime[0].id, aime[0].gold, aime[0].prompt) == ("2024-I-1", "204", "Find the remainder ...")
+    assert len(calls) == 3 and calls[1][1]["split"] == "test"  # the same code path a hub id takes
+
+
+def test_saved_datasets_splits_and_limits(tmp_path):
+    import datasets
+
+    ds = datasets.DatasetDict({"train": datasets.Dataset.from_list(GSM_ROWS[:1]),
+                               "test": datasets.Dataset.from_list(GSM_ROWS)})
+    ds.save_to_disk(str(tmp_path / "saved"))
+    assert [p.gold for p in sources.load_source(f"hf:{tmp_path / 'saved'}")] == ["7", "9"]  # test preferred
+    assert [p.gold for p in sources.load_source(f"hf:{tmp_path / 'saved'}::train")] == ["7"]
+    assert len(sources.load_source(f"hf:{tmp_path / 'saved'}", limit=1)) == 1
+    with pytest.raises(InvalidInputError, match="no split 'dev'; choose one of: train, test"):
+        sources.load_source(f"hf:{tmp_path / 'saved'}::dev")
+
+
+def test_hub_source_offline_is_a_clear_message(tmp_path, monkeypatch):
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    with pytest.raises(InvalidInputError) as err:
+        sources.load_source("hf:forkpoint-tests/no-such-dataset:main:test")
+    message = str(err.value)
+    assert "forkpoint-tests/no-such-dataset" in message and "offline" in message.lower()
+    assert "local .jsonl" in message
+
+
+def test_source_names_and_errors(tmp_path):
+    assert sources.parse_hf("hf:openai/gsm8k:main:test") == ("openai/gsm8k", "main", "test")
+    assert sources.parse_hf("hf:HuggingFaceH4/MATH-500::test") == ("HuggingFaceH4/MATH-500", None, "test")
+    assert sources.BENCHMARKS["gsm8k"] == "hf:openai/gsm8k:main:test"
+    with pytest.raises(InvalidInputError, match="hf:<dataset id>"):
+        sources.parse_hf("hf:a:b:c:d")
+    with pytest.raises(InvalidInputError, match="gsm8k, math500"):
+        sources.load_source("gsm9k")
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"question": "q?", "answer": "1"}) + "\n")
+    named = sources.load_benchmarks([f"easy={path}"])
+    assert list(named) == ["easy"] and named["easy"][0].gold == "1"
+    assert list(sources.load_benchmarks([str(path)])) == ["mine"]
+    with pytest.raises(InvalidInputError, match="given twice"):
+        sources.load_benchmarks([str(path), str(path)])

@@ -12,13 +12,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from refmetrics import reference_metrics
+from refmetrics import model_reference, reference_errors
 
 import core
+from core.demo.tiny import CORPUS
 from core.metrics import METRICS
 from core.pair.loading import PromptFormat
-from core.demo.tiny import CORPUS
 from core.pair.tokens import REPLACEMENT, display_tokens
+from core.rank_shift import NAME as RANK_SHIFT
 from core.trace import request_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,36 +28,20 @@ PROBLEM = "Tom has 3 boxes of 4 apples. How many apples?"
 RESPONSE = "First, 3 * 4 = 12. Wait, let's check: 12. The answer is \\boxed{12}."
 BASE_ONLY = ("entropy_base", "logp_base", "rank_base")
 REASON_ONLY = ("entropy_reason", "logp_reason", "rank_reason")
-FRAME_COLUMNS = ["pos", "token_id", "token", *METRICS, "topk_base", "topk_reason", "source"]
+FRAME_COLUMNS = ["pos", "token_id", "token", *METRICS, "topk_base", "topk_reason", "source", RANK_SHIFT]
 
 
 def brute_force(pair: core.ModelPair, float64_models, prompt_ids: dict[str, list[int]], ids: list[int],
                 k: int = 10) -> dict[str, np.ndarray]:
     """Each model's full float64 forward over prompt + response, then the numpy reference metrics."""
-    logits = {}
-    for side in SIDES:
-        model = float64_models(pair.model(side))
-        seq = torch.tensor([prompt_ids[side] + ids])
-        with torch.no_grad():
-            full = model(seq).logits[0]  # (P + T, V_embedding)
-        start = len(prompt_ids[side]) - 1  # the logits at position i predict token i + 1
-        logits[side] = full[start : start + len(ids), : pair.vocab_size].numpy()
-    return reference_metrics(logits["base"], logits["reason"], np.asarray(ids), k=k)
+    return model_reference(pair, float64_models, prompt_ids, ids, k=k)
 
 
 def assert_matches_reference(trace: core.Trace, ref: dict[str, np.ndarray], atol: float = 1e-5,
                              rtol: float = 0.0) -> None:
     """|score - reference| <= atol + rtol * |reference| for every metric and the top-k probabilities."""
-    for name in METRICS:
-        got = trace.metrics[name].astype(np.float64)
-        excess = np.abs(got - ref[name]) - (atol + rtol * np.abs(ref[name]))
-        worst = int(np.argmax(excess)) if len(excess) else 0
-        assert not len(excess) or excess[worst] <= 0, (
-            f"{name}: error {abs(got[worst] - ref[name][worst]):.3g} at position {worst} (value {ref[name][worst]:.4g})"
-        )
-    for side in SIDES:
-        err = np.max(np.abs(trace.topk[side][1] - ref[f"topk_{side}_probs"]), initial=0.0)
-        assert err <= max(atol, 1e-6), f"topk_{side} probs: max abs error {err:.3g}"
+    bad = reference_errors(trace, ref, atol, rtol)
+    assert not bad, "; ".join(bad)
 
 
 def assert_same_scores(a: core.Trace, b: core.Trace, tol: float = 1e-5) -> None:
@@ -140,7 +125,7 @@ def test_long_response_on_cpu(qwen_pair, float64_models) -> None:
     for name in METRICS:
         assert np.isfinite(trace.metrics[name].astype(np.float64)).all(), name
     # A float32 forward over 4k positions alone moves KL (values up to ~15) by ~1.2e-5 (measured): the
-    # tolerance grows with the value there. The metric maths alone is held to 1e-5 in test_divergence.
+    # tolerance grows with the value there. The metric maths alone is held to 1e-5 in test_metrics.
     ref = brute_force(qwen_pair, float64_models, trace.prompt_ids, ids)
     assert_matches_reference(trace, ref, atol=1e-5, rtol=1e-6)
     assert "".join(trace.tokens) == qwen_pair.decode(ids)
@@ -233,6 +218,43 @@ def test_display_tokens_of_arbitrary_ids_join_to_the_decoded_text(tiny_tokenizer
     assert "".join(shown) == tiny_tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=st.lists(st.integers(0, 399), min_size=1, max_size=30), data=st.data())
+def test_display_tokens_reuse_a_longer_responses_prefix(tiny_tokenizer, ids: list[int], data) -> None:
+    """A branch reuses its parent's display strings for the shared prefix (all but a finished parent's
+    last one): the result equals decoding the child from scratch, split characters included."""
+    keep = data.draw(st.integers(0, len(ids)))
+    parent = ids[:keep] + data.draw(st.lists(st.integers(0, 399), max_size=8))
+    known = display_tokens(tiny_tokenizer, parent)[: max(0, min(keep, len(parent) - 1))]
+    assert display_tokens(tiny_tokenizer, ids, known=known) == display_tokens(tiny_tokenizer, ids)
+
+
+def test_assemble_reuses_the_parents_prefix_rows(qwen_pair, monkeypatch) -> None:
+    """assemble(parent=, keep=) takes the prefix's rows from the parent (new rows only, or all rows) and
+    decodes only the new tokens; a prefix that is not the parent's is refused."""
+    from core import scoring
+
+    parent = core.score(qwen_pair, PROBLEM, RESPONSE)
+    child_ids = parent.token_ids.tolist()[:-3] + qwen_pair.encode(" 東京 🙂")
+    full = core.score(qwen_pair, PROBLEM, child_ids)
+    keep = len(parent) - 3
+    arrays = {**{name: full.metrics[name] for name in METRICS},
+              **{f"topk_{side}_{part}": full.topk[side][j] for side in SIDES for j, part in enumerate(("ids", "probs"))}}
+    decoded: list[int] = []
+    real = scoring.display_tokens
+    monkeypatch.setattr(scoring, "display_tokens", lambda tok, ids, known=(): decoded.append(len(ids) - len(known))
+                        or real(tok, ids, known))
+    for rows in ({n: v[keep:] for n, v in arrays.items()}, arrays):
+        child = scoring.assemble(qwen_pair, child_ids, full.prompt_ids, rows, full.source, dict(full.meta),
+                                 parent=parent, keep=keep)
+        assert_same_scores(child, full, tol=0)
+        assert child.tokens == full.tokens and "".join(child.tokens) == qwen_pair.decode(child_ids)
+    assert decoded == [len(child_ids) - keep] * 2  # only the new tokens were decoded
+    with pytest.raises(core.InvalidInputError, match="not the parent"):
+        scoring.assemble(qwen_pair, [1] + child_ids[1:], full.prompt_ids, arrays, full.source, {}, parent=parent,
+                         keep=keep)
+
+
 # -- the trace record ------------------------------------------------------------------------------------
 
 
@@ -311,6 +333,6 @@ def test_scoring_benchmark_runs() -> None:
     """benchmarks/bench_scoring.py still runs against the scoring API (tiny shape, seconds)."""
     cmd = [sys.executable, "benchmarks/bench_scoring.py", "--shape", "tiny-qwen3", "--T", "64", "--repeats", "1",
            "--related", "--base-targets"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ratio b/a" in out.stdout

@@ -273,3 +273,45 @@ def test_empty_store(tmp_path):
     assert store.keys() == [] and store.unreadable() == []
     assert list(store.summaries().columns) == list(SUMMARY_COLUMNS) and len(store.summaries()) == 0
     assert not (tmp_path / "not-yet").exists()
+
+
+def test_files_of_store_format_1_without_checksum_still_read(tmp_path):
+    """Stores written before the footer checksum (format 1) stay readable; only verify() notes it."""
+    import json as _json
+
+    from core.io.tracefile import META_KEY, encode, write_table
+
+    trace = make_trace(20, seed=6, annotate=True)
+    table = encode(trace, trace.key)
+    record = _json.loads(table.schema.metadata[META_KEY])
+    record["store_format"] = 1
+    old = table.replace_schema_metadata({META_KEY: _json.dumps(record).encode()})
+    store = TraceStore(tmp_path)
+    store.traces_dir.mkdir(parents=True)
+    with open(store.traces_dir / f"{trace.key}.parquet", "wb") as fh:
+        write_table(old, fh)
+    store.index_path.write_text('{"key": "%s", "id": [1, 2, 3], "f": 1, "s": []}\n' % trace.key)  # an old line
+    assert store.get(trace.key) == trace and trace.key in store
+    assert list(store.summaries()["key"]) == [trace.key]
+    check = store.verify()
+    assert check.ok and check.without_checksum == [trace.key]
+    record["store_format"] = 2  # a format-2 file whose checksum went missing is damaged
+    (store.traces_dir / f"{trace.key}.parquet").unlink()
+    with open(store.traces_dir / f"{trace.key}.parquet", "wb") as fh:
+        write_table(table.replace_schema_metadata({META_KEY: _json.dumps(record).encode()}), fh)
+    with pytest.raises(StoreError, match="checksum is missing"):
+        TraceStore(tmp_path).get(trace.key)
+
+
+def test_root_of_a_problem_is_its_oldest_non_branch_trace(tmp_path):
+    store = TraceStore(tmp_path)
+    older = make_trace(20, seed=11, meta={"problem": {"id": "q7", "prompt": "x"}, "created": "2026-01-01T00:00:00"})
+    newer = make_trace(20, seed=12, meta={"problem": {"id": "q7", "prompt": "x"}, "created": "2026-02-01T00:00:00"})
+    child = make_trace(20, seed=13, meta={"problem": {"id": "q7", "prompt": "x"}, "created": "2025-01-01T00:00:00",
+                                          "parent": older.key, "branch_pos": 3, "kind": "branch"})
+    other = make_trace(20, seed=14, meta={"problem": {"id": "q8", "prompt": "y"}, "created": "2024-01-01T00:00:00"})
+    for t in (newer, child, other, older):
+        store.put(t)
+    assert store.root_of("q7") == older.key  # the branch is older but is not a root
+    assert store.root_of("q8") == other.key
+    assert store.root_of("nope") is None

@@ -15,23 +15,29 @@ function el(tag, cls, text) {
 function fmt(v) {
   if (v === null || v === undefined) return "–";
   if (Number.isInteger(v)) return String(v);
-  return Number(v).toFixed(3);
+  const a = Math.abs(v);
+  if (a !== 0 && a < 0.001) return Number(v).toExponential(2);
+  return String(Number(Number(v).toPrecision(4)));
 }
 
-function fmtP(p) {
+// Probabilities: 3 significant digits (1.31e-2 never reads 0.000), or log p in nats.
+function fmtP(p, mode) {
   if (p === null || p === undefined) return "–";
-  if (p > 0 && p < 0.001) return "<0.001";
-  return Number(p).toFixed(3);
+  if (mode === "logprob") return p > 0 ? Math.log(p).toFixed(3) : "−inf";
+  if (p === 0) return "0";
+  if (p >= 0.9995 && p < 1) return `1−${(1 - p).toExponential(1)}`;
+  if (p < 0.001) return Number(p).toExponential(2);
+  return String(Number(Number(p).toPrecision(3)));
 }
 
 function visible(s) {
   return JSON.stringify(String(s).replace(/\r/g, "␍").replace(/\n/g, "↵").replace(/\t/g, "⇥"));
 }
 
-function buildCard(card, hover, pos) {
+function buildCard(card, hover, pos, mode) {
   card.replaceChildren();
   const src = hover.source[pos];
-  card.appendChild(el("div", "fp-card-title", `#${pos}  ${visible(hover.tokens[pos])}  · ${src}`));
+  card.appendChild(el("div", "fp-card-title", `#${pos + (hover.offset || 0)}  ${visible(hover.tokens[pos])}  · ${src}`));
   const score = el("div", "fp-card-score", `${hover.score_name}: ${fmt(hover.score[pos])}`);
   card.appendChild(score);
   if (hover.tags && hover.tags[pos] && !["", "none", "execute", "execution", "other"].includes(hover.tags[pos])) {
@@ -49,12 +55,12 @@ function buildCard(card, hover, pos) {
     const col = el("table", `fp-top fp-top-${side}`);
     const head = el("tr");
     head.appendChild(el("th", null, `${side} top-${hover.top[side][pos].length}`));
-    head.appendChild(el("th", null, "p"));
+    head.appendChild(el("th", null, mode === "logprob" ? "log p" : "p"));
     col.appendChild(head);
     hover.top[side][pos].forEach((id, j) => {
       const row = el("tr", id === emitted ? "emitted" : null);
       row.appendChild(el("td", "fp-top-tok", visible(hover.vocab[String(id)] ?? `#${id}`)));
-      row.appendChild(el("td", "fp-top-p", fmtP(hover.prob[side][pos][j])));
+      row.appendChild(el("td", "fp-top-p", fmtP(hover.prob[side][pos][j], mode)));
       col.appendChild(row);
     });
     tops.appendChild(col);
@@ -114,7 +120,7 @@ export default function (component) {
     scroller.addEventListener("mouseover", (e) => {
       const target = e.target.closest ? e.target.closest("[data-pos]") : null;
       if (!target || !s.data) return;
-      buildCard(s.card, s.data.hover, Number(target.dataset.pos));
+      buildCard(s.card, s.data.hover, Number(target.dataset.pos) - (s.data.offset || 0), s.data.prob_mode);
       placeCard(s.card, target);
     });
     scroller.addEventListener("mouseleave", () => { s.card.hidden = true; });

@@ -15,33 +15,50 @@ from typing import Any
 
 import streamlit as st
 
-from app.view import hover_data, spike_list
+from app.view import tail
+from core.presentation import hover_data, spike_list
 from core.metrics import DEFAULT_SCORE, score_values
 from core.heatmap import heatmap_css, legend_html, tokens_html
 from core.trace import Trace
 
 _HERE = Path(__file__).resolve().parent
 COMPONENT_NAME = "forkpoint_token_view"
-HOVER_K = 10  # top-k rows on the hover card
+HOVER_K = 20  # most top-k rows on the hover card (a trace may keep more: the selection panel lists all)
 
 
 def build_view(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear",
-               decode: Callable[[int], str] | None = None, k: int = HOVER_K) -> dict[str, Any]:
+               decode: Callable[[int], str] | None = None, k: int = HOVER_K, vmin: float | None = None,
+               vmax: float | None = None, reference: Any = None, start: int = 0,
+               end: int | None = None) -> dict[str, Any]:
     """The component payload for an annotated trace: html, hover data, spikes and a content version.
 
-    This is the whole server-side render (benchmarks/bench_render.py times it).
+    Colours use [vmin, vmax] (default: the trace's own range) so that other views can share the scale.
+    Only tokens start..end-1 are sent (one page of a long trace; data-pos stays absolute, spikes are the
+    whole trace's). This is the whole server-side render (benchmarks/bench_render.py times it).
     """
     values = score_values(trace.metrics, score)
-    body = tokens_html(trace, score=score, scale=scale, decode=decode, tips=False, css_tips=False)
+    lo = _finite(values, min) if vmin is None else vmin
+    hi = _finite(values, max) if vmax is None else vmax
+    if reference is None and scale == "rank" and (start > 0 or (end is not None and end < len(trace))):
+        reference = values  # a page ranks among the whole trace, like the unpaged view
+    spikes_all = spike_list(trace)
+    if start > 0 or (end is not None and end < len(trace)):
+        trace = tail(trace, start, end)
+    body = tokens_html(trace, score=score, scale=scale, decode=decode, tips=False, css_tips=False, vmin=lo,
+                       vmax=hi, reference=reference, offset=start)
     version = hashlib.blake2b(body.encode("utf-8"), digest_size=8).hexdigest()
+    hover = hover_data(trace, score, decode, k)
+    hover["offset"] = int(start)
     return {
         "html": body,
         "version": version,
-        "hover": hover_data(trace, score, decode, k),
-        "spikes": spike_list(trace),
+        "hover": hover,
+        "spikes": spikes_all,
+        "offset": int(start),
         "n": len(trace),
-        "legend": legend_html(trace.annotations.get("tags"), score=score, scale=scale,
-                              vmin=_finite(values, min), vmax=_finite(values, max)),
+        "vmin": lo,
+        "vmax": hi,
+        "legend": legend_html(trace.annotations.get("tags"), score=score, scale=scale, vmin=lo, vmax=hi),
     }
 
 
@@ -62,8 +79,9 @@ def _component() -> Callable[..., Any]:
 
 
 def token_view(view: dict[str, Any], *, selected: int | None, key: str,
-               on_click: Callable[[], None] | None = None, height: int | None = None) -> Any:
+               on_click: Callable[[], None] | None = None, height: int | None = None, prob_mode: str = "prob") -> Any:
     """Mount the component; returns its result (`.click` is {"pos": i} on the run after a click)."""
-    data = {**{k: v for k, v in view.items() if k != "legend"}, "selected": selected, "height": height}
+    data = {**{k: v for k, v in view.items() if k != "legend"}, "selected": selected, "height": height,
+            "prob_mode": prob_mode}
     mount = _component()
     return mount(key=key, data=data, on_click_change=on_click or (lambda: None))

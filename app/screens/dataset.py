@@ -9,11 +9,14 @@ import streamlit as st
 
 from app import resources, state
 from app.context import get_context
-from app.view import DEFAULT_TOP
+from app.compare_panels import rank_shift_tab, reasoners_tab
+from app.view import DEFAULT_TOP, select_rows, with_policy_labels
 from core.analysis import tables as A
 from core.analysis import report as R
+from core.decoding.policies import policy_spec
 from core.errors import ForkpointError
-from core.evaluation.harness import summarise
+from core.heatmap import metric_label
+from core.evaluation.harness import policy_table
 
 MAX_TRACES = 2000
 
@@ -41,9 +44,14 @@ def _analysis(name: str, path: str, keys: tuple[str, ...], score: str, top: floa
 
 
 def _label(policy: dict | None) -> str:
+    """A policy configuration's name: its registry name plus its declared numeric parameters."""
     policy = policy or {}
     params = policy.get("params") or {}
-    keep = {k: params[k] for k in ("budget", "threshold", "rate", "tau", "lam", "window") if k in params}
+    try:
+        declared = [p.name for p in policy_spec(str(policy.get("name"))).params if p.kind in (int, float)]
+    except ForkpointError:
+        declared = []
+    keep = {k: params[k] for k in declared if params.get(k) is not None}
     return f"{policy.get('name')} {json.dumps(keep, sort_keys=True)}" if keep else str(policy.get("name"))
 
 
@@ -55,12 +63,12 @@ def _recovery(traces) -> pd.DataFrame:
             continue
         rows.append({"benchmark": "store", "policy": _label(t.meta.get("policy")),
                      "index": str((t.meta.get("problem") or {}).get("id")), "correct": bool(t.meta["correct"]),
-                     "tokens": len(t), "taken": int(sum(1 for s in t.source if s != "base"))})
+                     "tokens": len(t), "taken": t.n_takeovers})
     records = pd.DataFrame(rows)
     if records.empty or not {"base_only", "reason_only"} <= set(records["policy"]):
         raise ForkpointError("Recovery needs graded BaseOnly and ReasonOnly traces (run both on the Generate page), "
                              "plus the policies to compare")
-    frame = summarise(records, k=1, base="base_only", reference="reason_only")
+    frame = policy_table(records, k=1, base="base_only", reference="reason_only")
     frame["name"] = frame["policy"]
     frame["policy"] = frame["policy"].str.split(" ", n=1).str[0]
     return frame
@@ -70,6 +78,7 @@ def _select(ctx) -> tuple[str, ...]:
     df = ctx.store.summaries()
     if df.empty:
         return ()
+    df = with_policy_labels(df)
     c1, c2, c3 = st.columns(3)
     pairs = sorted(df["pair"].dropna().unique())
     pick_pairs = c1.multiselect("Pair", pairs, default=pairs, key="ds_pair")
@@ -77,8 +86,7 @@ def _select(ctx) -> tuple[str, ...]:
     pick_pol = c2.multiselect("Policy", policies, default=policies, key="ds_policy")
     kinds = sorted(df["kind"].dropna().unique())
     pick_kind = c3.multiselect("Kind", kinds, default=[k for k in kinds if k != "branch"] or kinds, key="ds_kind")
-    rows = df[df["pair"].isin(pick_pairs) & df["policy"].isin(pick_pol) & df["kind"].isin(pick_kind)]
-    rows = rows[rows["n_tokens"] > 0]
+    rows = select_rows(df, pick_pairs, pick_pol, pick_kind)
     if len(rows) > MAX_TRACES:
         st.caption(f"Using the newest {MAX_TRACES} of {len(rows)} traces.")
         rows = rows.tail(MAX_TRACES)
@@ -92,9 +100,31 @@ def _show(fig_fn, name: str, path: str, keys, score, top, segment, extra: str = 
     except ForkpointError as err:
         st.warning(str(err))
         return
+    _tidy(name, fig)
     st.plotly_chart(fig, width="stretch", key=f"ds_fig_{name}")
+    if name == "enrichment":
+        st.caption("“all planning” pools every planning category (plan, reflect, verify, conclude): the paper's "
+                   "single planning share; the other bars are the categories themselves.")
     with st.expander(table_label):
         st.dataframe(second if second is not None else df, hide_index=True, width="stretch")
+
+
+def _tidy(name: str, fig) -> None:
+    """Display fixes: one legend entry for the faint per-trace Lorenz curves, a named pooled planning
+    category, readable log-axis ticks."""
+    if name == "lorenz":
+        first = True
+        for tr in fig.data:
+            if tr.name not in ("equality", A.POOLED):
+                tr.update(legendgroup="traces", name="per trace (a few)", showlegend=first, hovertemplate=None)
+                first = False
+    elif name == "enrichment":
+        for tr in fig.data:
+            tr.x = ["all planning" if str(x) == "planning" else x for x in tr.x]
+    elif name == "iou":
+        fig.update_xaxes(tickvals=[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0],
+                         ticktext=["0.1%", "0.2%", "0.5%", "1%", "2%", "5%", "10%", "20%", "50%", "100%"],
+                         minor={"showgrid": False})
 
 
 def main() -> None:
@@ -110,9 +140,9 @@ def main() -> None:
     c1, c2 = st.columns(2)
     segment = c1.selectbox("Segment", (None, "think", "answer"), key="ds_segment",
                            format_func=lambda x: "whole response" if x is None else x)
-    c2.caption(f"{len(keys)} traces · score {s.score} · top fraction {top:g} (sidebar)")
+    c2.caption(f"{len(keys)} traces · score {metric_label(s.score)} · top fraction {top:g} (sidebar)")
     tabs = st.tabs(["Lorenz", "Position", "Entropy IoU", "Planning enrichment", "Failure AUROC", "Reasoner rank",
-                    "Recovery vs budget"])
+                    "Recovery vs budget", "Rank shift", "Reasoners"])
     path = s.store_path
     with tabs[0]:
         _show(R.lorenz_figure, "lorenz", path, keys, s.score, top, segment, table_label="Gini per trace")
@@ -129,6 +159,11 @@ def main() -> None:
         _show(R.reason_rank_figure, "rank", path, keys, s.score, top, segment, extra=at)
     with tabs[6]:
         _show(R.recovery_figure, "recovery", path, keys, s.score, top, segment)
+    traces = [resources.load_trace(path, k) for k in keys]  # cached per trace
+    with tabs[7]:
+        rank_shift_tab(traces, s.score, top)  # app/compare_panels.py
+    with tabs[8]:
+        reasoners_tab(traces, s.score, top)
 
 
 main()

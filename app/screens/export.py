@@ -7,15 +7,19 @@ import streamlit as st
 from app import resources, state
 from app.context import get_context
 from app.downloads import MIME, export_file_bytes, file_name
-from app.view import filter_table, trace_table
+from app.view import filter_table, md_code, trace_table
 from core.errors import ForkpointError
 from core.io.exports import FORMATS
+from core.io.notes import attach_notes, notes_stamp
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def export_bytes(path: str, keys: tuple[str, ...], fmt: str, score: str, pair_tag: str, _decode=None) -> bytes:
-    """The exported file's bytes for stored traces (cached by keys and settings)."""
-    return export_file_bytes([resources.load_trace(path, k) for k in keys], fmt, score, _decode)
+def export_bytes(path: str, keys: tuple[str, ...], fmt: str, score: str, pair_tag: str, rule_key: str,
+                 _decode=None, _rule=None, notes_tag: str = "") -> bytes:
+    """The exported file's bytes for stored traces under the sidebar's spike rule (cached by keys and settings)."""
+    traces = attach_notes(path, [resources.load_trace(path, k) for k in keys])  # notes travel with the file
+    return export_file_bytes(traces, fmt, score, _decode,
+                             top=None if _rule is None else _rule.top, gate=None if _rule is None else _rule.gate)
 
 
 def _filtered_keys(ctx) -> tuple[str, ...]:
@@ -45,7 +49,7 @@ def main() -> None:
             st.info("No trace is open; open one on the Trace or Problems page.")
             return
         keys: tuple[str, ...] = (key,)
-        st.caption(f"Trace `{key}`")
+        st.caption(f"Trace {md_code(key)}")
     else:
         keys = _filtered_keys(ctx)
         if not keys:
@@ -59,13 +63,15 @@ def main() -> None:
     decode = resources.decoder(ctx.pair)
     tag = "none" if ctx.pair is None else repr(ctx.pair.fingerprint())
     try:
-        data = export_bytes(s.store_path, keys, fmt, s.score, tag, decode)
+        data = export_bytes(s.store_path, keys, fmt, s.score, tag, s.rule.key(), decode, s.rule,
+                            notes_tag=notes_stamp(s.store_path, keys))  # a new note makes a new file
     except ForkpointError as err:
         st.error(f"Export failed: {err}")
         return
     st.download_button(f"Download {name}", data=data, file_name=name, mime=MIME[fmt], type="primary",
                        key="ex_download", on_click="ignore")
-    st.caption(f"{len(data) / 1024:.1f} KiB · every file carries each trace's reproducibility record.")
+    st.caption(f"{len(data) / 1024:.1f} KiB · every file carries each trace's reproducibility record, the spikes "
+               f"({s.rule.describe()}), planning tags and both top-k lists as token strings.")
 
 
 main()

@@ -13,9 +13,12 @@ import pandas as pd
 import streamlit as st
 
 from app import actions, resources, state
-from app.actions import POLICY_CHOICES, PolicyRequest
 from app.context import get_context
-from core.errors import ForkpointError
+from core import settings
+from core.decoding.policies import list_policies, policy_spec
+from core.errors import ForkpointError, InvalidInputError
+from core.metrics import METRICS
+from core.settings import SETTINGS
 from core.evaluation.problems import Problem
 
 TRACE_PAGE = Path(__file__).resolve().parent / "trace.py"
@@ -39,33 +42,66 @@ def _choose_problems(problems: list[Problem]) -> list[Problem]:
     return [Problem("typed-" + hashlib.sha256(text.strip().encode()).hexdigest()[:8], text.strip(), gold.strip() or None)] if text.strip() else []
 
 
-def _policy_form(score: str) -> PolicyRequest:
-    name = st.selectbox("Policy", list(POLICY_CHOICES), key="gen_policy", format_func=lambda n: POLICY_CHOICES[n][0])
-    params = POLICY_CHOICES[name][1]
-    req = PolicyRequest(name=name, score=score)
+def _widget(col, spec_name: str, p, key: str):
+    """One widget for a declared policy parameter (type, default, range and help from core's registry)."""
+    label = p.name.replace("_", " ") + (" (blank = off)" if p.optional else "")
+    if p.kind is str:
+        return col.selectbox(label, p.choices, index=list(p.choices).index(p.default) if p.default in p.choices else 0,
+                             key=key, help=p.help, format_func=lambda c: METRICS[c].label if c in METRICS else c)
+    if p.optional:
+        text = col.text_input(label, "" if p.default is None else str(p.default), key=key, help=p.help + p.range_text())
+        if not text.strip():
+            return None
+        try:
+            return p.kind(float(text)) if p.kind is int else float(text)
+        except ValueError:
+            raise InvalidInputError(f"{spec_name} parameter {p.name} must be a number{p.range_text()}, got {text!r}")
+    lo = None if p.low is None else p.kind(p.low)
+    hi = None if p.high is None else p.kind(p.high)
+    step = 1 if p.kind is int else 0.01
+    return col.number_input(label, lo, hi, p.kind(p.default), step, key=key, help=p.help + p.range_text())
+
+
+def _policy_form(score: str) -> tuple[str, dict, dict]:
+    """(policy name, its parameters, calibration settings) from widgets generated from the registry."""
+    specs = {spec.name: spec for spec in list_policies()}
+    name = st.selectbox("Policy", list(specs), key="gen_policy",
+                        format_func=lambda n: f"{specs[n].label}: {specs[n].help}")
+    spec = specs[name]
     cols = st.columns(3)
-    i = 0
+    params: dict = {}
+    widgets = list(spec.user_params)
+    for i, p in enumerate(widgets):
+        if p.kind is dict:
+            continue
+        params[p.name] = _widget(cols[i % 3], spec.label, p, f"gen_{name}_{p.name}")
+    if "score" in params and params["score"] is None:
+        params["score"] = score
+    calib: dict = {}
+    for j, setting in enumerate(spec.calibration):
+        row = SETTINGS[setting]
+        col = cols[(len(widgets) + j) % 3]
+        kind = type(row.value)
+        calib[setting] = col.number_input(f"{setting} (calibration)", kind(row.low) if row.low is not None else None,
+                                          kind(row.high) if row.high is not None else None, row.value,
+                                          1 if kind is int else 0.01, key=f"gen_{name}_calib_{setting}", help=row.help)
+    if spec.needs_gate:
+        st.caption(f"{spec.label} calibrates its gate (τ, λ) on BaseOnly rollouts of the chosen problems first.")
+    return name, params, calib
 
-    def col():
-        nonlocal i
-        i += 1
-        return cols[(i - 1) % 3]
 
-    if "budget" in params:
-        req.budget = col().number_input("budget (max share taken over)", 0.0, 1.0, 0.1, 0.01, key="gen_budget")
-    if "ratio" in params:
-        req.ratio = col().number_input("r (calibration ratio)", 0.001, 0.5, 0.05, 0.01, format="%.3f", key="gen_ratio")
-    if "window" in params:
-        req.window = int(col().number_input("W (window)", 1, 512, 16, key="gen_window"))
-    if "threshold" in params:
-        req.threshold = col().number_input("entropy threshold (nats)", 0.0, 20.0, 1.0, 0.1, key="gen_threshold")
-    if "rate" in params:
-        req.rate = col().number_input("rate", 0.0, 1.0, 0.05, 0.01, key="gen_rate")
-    if "seed" in params:
-        req.seed = int(col().number_input("policy seed", 0, 2**31 - 1, 0, key="gen_pseed"))
-    if name == "guided":
-        st.caption("Guided calibrates its gate (τ, λ) on BaseOnly rollouts of the chosen problems first.")
-    return req
+def _phase_bar(bar):
+    """progress(done, total) callbacks per phase: labelled, and never moving backwards within a phase."""
+    seen = {"frac": 0.0}
+
+    def make(label: str, lo: float, hi: float):
+        def progress(done: int, total: int) -> None:
+            frac = lo + (hi - lo) * min(1.0, done / max(total, 1))
+            seen["frac"] = max(seen["frac"], frac)
+            bar.progress(seen["frac"], text=f"{label}: {done} / {total}")
+        return progress
+
+    return make
 
 
 def main() -> None:
@@ -81,14 +117,22 @@ def main() -> None:
         st.error(f"Could not read the problems: {err}")
         return
     chosen = _choose_problems(problems)
-    req = _policy_form(ctx.settings.score)
-    c = st.columns(5)
+    try:
+        name, params, calib = _policy_form(ctx.settings.score)
+    except ForkpointError as err:
+        st.error(str(err))
+        return
+    c = st.columns(6)
     max_new = int(c[0].number_input("max new tokens", 1, 32768, st.session_state["config"].max_new_tokens, 32,
-                                    key="gen_max_new"))
-    temperature = float(c[1].number_input("temperature", 0.0, 2.0, 0.0, 0.1, key="gen_temp"))
-    top_p = float(c[2].number_input("top-p", 0.01, 1.0, 1.0, 0.05, key="gen_top_p"))
-    seed = int(c[3].number_input("seed", 0, 2**31 - 1, 0, key="gen_seed"))
-    samples = int(c[4].number_input("samples", 1, 64, 1, key="gen_samples"))
+                                    key="gen_max_new", help=SETTINGS["max_new_tokens"].help))
+    temperature = float(c[1].number_input("temperature", 0.0, 2.0, float(settings.TEMPERATURE), 0.1, key="gen_temp",
+                                          help=SETTINGS["temperature"].help))
+    top_p = float(c[2].number_input("top-p", 0.01, 1.0, float(settings.TOP_P), 0.05, key="gen_top_p",
+                                    help=SETTINGS["top_p"].help))
+    seed = int(c[3].number_input("seed", 0, 2**31 - 1, settings.SEED, key="gen_seed", help=SETTINGS["seed"].help))
+    samples = int(c[4].number_input("samples", 1, 64, settings.SAMPLES, key="gen_samples",
+                                    help=SETTINGS["samples"].help))
+    k = int(c[5].number_input("top-k kept", 1, 100, settings.K, 1, key="gen_k", help=SETTINGS["k"].help))
     go = st.button(f"Run on {len(chosen)} problem(s)", type="primary", disabled=not chosen, key="gen_run")
     if not go:
         _show_last()
@@ -98,21 +142,26 @@ def main() -> None:
         st.button("Cancel", key="gen_cancel", help="Stops the run; traces finished so far stay stored.",
                   on_click=state.notice, args=("info", "Generation cancelled; traces finished before that stay stored."))
         bar = st.progress(0.0, text="starting")
-
-        def progress(done: int, total: int) -> None:
-            bar.progress(min(1.0, done / max(total, 1)), text=f"{done} / {total}")
-
+        phase = _phase_bar(bar)
+        gated = policy_spec(name).needs_gate
         try:
-            policy = req.build(ctx.pair, calibration=chosen, store=ctx.store, max_new_tokens=max_new, progress=progress)
+            policy = actions.build_policy(name, params, ctx.pair, calibration=chosen, store=ctx.store,
+                                          max_new_tokens=max_new, calibration_settings=calib,
+                                          progress=phase("Calibrating the gate (base rollouts)", 0.0, 0.3))
             traces = actions.run_generate(ctx.pair, ctx.store, chosen, policy, max_new_tokens=max_new,
-                                          temperature=temperature, top_p=top_p, seed=seed, samples=samples,
-                                          progress=progress)
+                                          temperature=temperature, top_p=top_p, seed=seed, samples=samples, k=k,
+                                          progress=phase(f"Generating with {policy_spec(name).label}",
+                                                         0.3 if gated else 0.0, 1.0))
         except ForkpointError as err:
             st.error(f"Generation failed: {err}")
             return
     slot.empty()
     st.session_state["gen_last"] = [t.key for t in traces]
+    st.session_state["gen_note"] = None
     st.success(f"{len(traces)} trace(s) stored in {ctx.settings.store_path}; they are on the Problems page.")
+    note = policy.diagnose(traces)
+    if note:
+        st.session_state["gen_note"] = note
     _show_last()
 
 
@@ -128,15 +177,17 @@ def _show_last() -> None:
         except ForkpointError:
             continue
         rows.append({"problem": (t.meta.get("problem") or {}).get("id"), "policy": (t.meta.get("policy") or {}).get("name"),
-                     "tokens": len(t), "takeovers": int(sum(1 for s in t.source if s != "base")),
+                     "tokens": len(t), "takeovers": t.n_takeovers,
                      "answer": t.meta.get("answer"), "correct": t.meta.get("correct"), "key": key})
+    if st.session_state.get("gen_note"):
+        st.warning(st.session_state["gen_note"])
     st.markdown("**Last run**")
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
     pick = st.selectbox("Open a trace", keys, key="gen_open_pick", format_func=lambda k: k[:12])
     if st.button("Open in Trace", key="gen_open"):
         t = resources.load_trace(ctx.settings.store_path, pick)
         state.open_trace(pick, (t.meta.get("problem") or {}).get("id"))
-        st.switch_page(TRACE_PAGE)
+        st.switch_page(TRACE_PAGE, query_params=state.trace_link_params())
 
 
 main()

@@ -10,7 +10,9 @@ import streamlit as st
 
 from app import actions, resources, state
 from app.context import get_context
-from app.view import SCORE_LABELS, filter_table, trace_table
+from app.notes_panel import notes_search_tab
+from app.view import filter_table, trace_table
+from core.heatmap import metric_label
 from core.errors import ForkpointError
 
 TRACE_PAGE = Path(__file__).resolve().parent / "trace.py"
@@ -44,7 +46,7 @@ def traces_tab(ctx) -> None:
     kinds = c3.multiselect("Kind", sorted(table["kind"].dropna().unique()), key="pf_kind")
     correct = c4.selectbox("Correct", ("any", "yes", "no", "ungraded"), key="pf_correct")
     shown = filter_table(table, text, policies, kinds, correct)
-    st.caption(f"{len(shown)} of {len(table)} traces · score: {SCORE_LABELS.get(s.score, s.score)} · "
+    st.caption(f"{len(shown)} of {len(table)} traces · score: {metric_label(s.score)} · "
                "click a column header to sort; choose a row to open it.")
     st.dataframe(
         shown, key="problems_traces", on_select=lambda: _open_selected_trace(shown), selection_mode="single-row",
@@ -89,28 +91,43 @@ def main() -> None:
     ctx = get_context()
     ss = st.session_state
     if ss.pop("_goto_trace", False):
-        st.switch_page(TRACE_PAGE, query_params={k: v for k, v in {"trace": ss.get("trace_key"),
-                                                                    "problem": ss.get("problem_id")}.items() if v})
+        st.switch_page(TRACE_PAGE, query_params=state.trace_link_params())
     goto = ss.pop("_goto_problem", None)
     if goto is not None:
         found = _first_trace_of(ctx, goto)
         if found:
             state.open_trace(found, goto)
-            st.switch_page(TRACE_PAGE, query_params={"trace": found, "problem": goto})
+            st.switch_page(TRACE_PAGE, query_params=state.trace_link_params())
     state.show_notice()
     st.title("Problems")
-    tab1, tab2 = st.tabs(["Traces", "Problem set"])
+    tab1, tab2, tab3 = st.tabs(["Traces", "Problem set", "Notes"])
     with tab1:
         traces_tab(ctx)
     with tab2:
         problems_tab(ctx)
+    with tab3:
+        notes_search_tab(ctx.store, ctx.store.summaries())  # app/notes_panel.py
+    unreadable_panel(ctx)
+
+
+def unreadable_panel(ctx) -> None:
+    """Trace files the store cannot read, with the reason (nothing is deleted)."""
+    try:
+        bad = ctx.store.unreadable()
+    except (ForkpointError, OSError) as err:
+        st.warning(f"Could not check the store for damaged traces: {err}")
+        return
+    if not bad:
+        return
+    st.warning(f"{len(bad)} trace file(s) in the store cannot be read; they are left out of the tables above.")
+    st.dataframe(pd.DataFrame({"file": [str(p) for p, _ in bad], "reason": [str(r) for _, r in bad]}),
+                 hide_index=True, width="stretch", key="problems_unreadable")
 
 
 def _first_trace_of(ctx, problem_id: str) -> str | None:
-    df = ctx.store.summaries()
-    rows = df[(df["problem"].astype("string") == problem_id) & df["parent"].isna()] if not df.empty else df
-    if not rows.empty:
-        return str(rows.iloc[0]["key"])
+    found = ctx.store.root_of(problem_id)
+    if found is not None:
+        return found
     if ctx.pair is None:
         st.error("No model pair is loaded, so no trace can be made for this problem.")
         return None

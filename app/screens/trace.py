@@ -7,6 +7,8 @@ import streamlit as st
 from app import actions, resources, state
 from app.context import Context, get_context
 from app.trace_panels import header, run_pending, trace_panel
+from app.view import md_escape
+from core.analysis.tables import first_token_artifact
 from core.errors import ForkpointError, InvalidInputError
 
 
@@ -15,15 +17,8 @@ def _first_problem(ctx: Context):
     wanted = st.session_state.get("problem_id")
     found = next((p for p in resources.problem_set(ctx.settings.problems_path) if p.id == wanted), None)
     if found is None:
-        raise InvalidInputError(f"No problem {wanted!r} in the problem set")
+        raise InvalidInputError(f"No problem {md_escape(wanted)} in the problem set")
     return found
-
-
-def _trace_for_problem(ctx: Context, problem_id: str) -> str | None:
-    """The oldest stored non-branch trace of a problem, if any."""
-    df = ctx.store.summaries()
-    rows = df[(df["problem"].astype("string") == str(problem_id)) & df["parent"].isna()]
-    return None if rows.empty else str(rows.iloc[0]["key"])
 
 
 def ensure_trace(ctx: Context) -> str | None:
@@ -33,11 +28,11 @@ def ensure_trace(ctx: Context) -> str | None:
     if key:
         if key in ctx.store:
             return key
-        st.warning(f"Trace `{key}` is not in the store {ctx.settings.store_path}.")
+        st.warning(f"Trace {md_escape(key)} is not in the store {md_escape(ctx.settings.store_path)}.")
         state.open_trace(None)
         return None
     if ss.get("problem_id"):
-        found = _trace_for_problem(ctx, ss["problem_id"])
+        found = ctx.store.root_of(ss["problem_id"])
         if found:
             state.open_trace(found, ss["problem_id"])
             return found
@@ -76,11 +71,14 @@ def main() -> None:
     try:
         trace = resources.view_trace(s.store_path, key, s.score, s.rule.key(), s.rule)
     except ForkpointError as err:
-        st.error(f"Could not open trace {key}: {err}")
+        st.error(f"Could not open trace {md_escape(key)}: {md_escape(err, 400)}")
         return
     if st.session_state.get("problem_id") is None:
         st.session_state["problem_id"] = (trace.meta.get("problem") or {}).get("id")
     header(trace, s.rule.describe())
+    if first_token_artifact(trace, s.score):
+        st.warning("The largest spike is at token #0: the reasoner's chat template usually expects a thinking tag "
+                   "there, so position 0 measures the template, not the reasoning. Read it with care.")
     trace_panel(key)
 
 

@@ -9,15 +9,18 @@ from __future__ import annotations
 import html
 import logging
 import os
+from pathlib import Path
 from collections.abc import Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
 
+from core import rank_shift
 from core.analysis import tables as A
 from core.metrics import DEFAULT_SCORE
-from core.errors import ForkpointError, InvalidInputError
+from core.errors import ForkpointError, InvalidInputError, OutputExistsError
 from core.trace import Trace
+from core.io.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +98,9 @@ def reason_rank_figure(df: pd.DataFrame, title: str = "Base rank of the reasoner
     return _layout(fig, title, "rank under the base model (0 = top)", "share of positions")
 
 
-def recovery_figure(df: pd.DataFrame) -> go.Figure:
-    """Recovery against takeover rate, one line per policy: needs columns policy, rho, recovery."""
+def recovery_figure(df: pd.DataFrame, reference: str = "reference") -> go.Figure:
+    """Recovery against takeover rate, one line per policy: needs columns policy, rho, recovery.
+    `reference` names what recovery = 1 is (e.g. "same-size thinking model", "policy reason")."""
     missing = [c for c in ("policy", "rho", "recovery") if c not in df.columns]
     if missing:
         raise InvalidInputError(f"recovery_figure needs columns policy, rho, recovery; missing: {', '.join(missing)}")
@@ -104,9 +108,9 @@ def recovery_figure(df: pd.DataFrame) -> go.Figure:
     for policy in df["policy"].unique():
         part = df[df["policy"] == policy].sort_values("rho")
         fig.add_trace(go.Scatter(x=part["rho"], y=part["recovery"], mode="lines+markers", name=str(policy)))
-    fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text="same-size thinking model")
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey", annotation_text=f"recovery 1 = {reference}")
     fig.add_hline(y=0.0, line_dash="dot", line_color="lightgrey")
-    return _layout(fig, "Recovery of the thinking model's gain vs. takeover rate", "takeover rate ρ", "recovery")
+    return _layout(fig, f"Recovery of the gap to {reference} vs. takeover rate", "takeover rate ρ", "recovery")
 
 
 # -- the whole report ---------------------------------------------------------------------------
@@ -137,6 +141,7 @@ def report_tables(
         "reason_rank_spikes": A.reason_rank(items, "spikes", score, segment=segment),
         "reason_rank_within": A.reason_rank_within(items, score, segment=segment),
         "decision_pairs": A.decision_pairs(items, score=score, top=top, segment=segment),
+        "rank_shift": rank_shift.at_positions(items, score=score, top=top),  # shifted vs marginal at spikes/takeovers
     }
     try:
         tables["enrichment"] = A.enrichment(items, score, top=top, segment=segment)
@@ -167,7 +172,7 @@ def report_html(
 ) -> str:
     """Write a self-contained HTML report (plotly JS embedded once, works offline); returns the path."""
     if os.path.exists(path) and not overwrite:
-        raise ForkpointError(f"{path} exists; pass overwrite=True to replace it")
+        raise OutputExistsError(f"{path} exists; overwrite=True (CLI: --overwrite) replaces it")
     items = list(traces)
     tables = report_tables(items, None, score=score, top=top, segment=segment, stat=stat)
     figures: list[tuple[str, go.Figure]] = [
@@ -186,7 +191,8 @@ def report_html(
     for i, (heading, fig) in enumerate(figures):
         body = fig.to_html(full_html=False, include_plotlyjs=(i == 0))
         parts.append(f"<h2>{html.escape(heading)}</h2>\n{body}")
-    table_names = ["gini", "mass_fraction", "entropy_iou", "failure_auroc", "reason_rank_within", "enrichment"]
+    table_names = ["gini", "mass_fraction", "entropy_iou", "failure_auroc", "reason_rank_within", "enrichment",
+                   "rank_shift"]
     for name in table_names:
         if name in tables:
             parts.append(f"<h2>{html.escape(name)}</h2>\n{_table_html(tables[name])}")
@@ -207,9 +213,6 @@ def report_html(
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>forkpoint analysis</title>"
         f"<style>{style}</style></head><body>\n{header}\n" + "\n".join(parts) + "\n</body></html>\n"
     )
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(doc)
-    os.replace(tmp, path)
+    write_atomic(Path(path), lambda fh: fh.write(doc), what="analysis report")
     log.info("wrote analysis report for %d traces to %s", len(items), path)
     return path

@@ -1,72 +1,52 @@
 """The seed paper's analyses as pure functions: lists of traces in, tidy DataFrames out.
 
-Every function takes `score=` (a name from `core.divergence.SCORES`) and `segment=None|"think"|
+Every function takes `score=` (a name from `core.metrics.SCORES`) and `segment=None|"think"|
 "answer"`: with a segment, a trace that carries annotations["segments"] is cut to the positions of
 that segment (and analysed as if that were the whole response); a trace without the layer is kept
-whole. Figures live in `core.analysis_report`.
+whole. Figures live in `core.analysis.report`; failure prediction in `failure`, decision pairs in
+`decisions` (both re-exported here).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
 from core.spike_rules import spike_positions, top_positions
 from core.metrics import DEFAULT_SCORE, check_score, score_values
-from core.errors import ForkpointError, InvalidInputError
+from core.errors import InvalidInputError
 from core.trace import Trace
+from core.analysis.views import ENTROPY, POOLED, SEGMENTS  # noqa: F401
+from core.analysis.views import as_list as _as_list, label as _label, prepare as _prepare  # noqa: F401
+from core.analysis.views import values as _values, view as _view  # noqa: F401
+from core.analysis.decisions import DECISION_COLUMNS, decision_pairs, write_decision_pairs_jsonl  # noqa: F401
+from core.analysis.failure import auroc, failure_auroc, roc_curve, roc_points, trace_stat  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-SEGMENTS = (None, "think", "answer")
-POOLED = "pooled"
-ENTROPY = "entropy_base"
 RANK_AT = ("all", "spikes")
 TAKEN_SOURCES_EXCLUDE = "base"  # a token counts as taken over when its source is anything else
 
 
-# -- shared helpers -----------------------------------------------------------------------------
-
-
-def _check_segment(segment: str | None) -> None:
-    if segment not in SEGMENTS:
-        raise InvalidInputError(f"Unknown segment {segment!r}; choose one of: None, think, answer")
-
-
-def _as_list(traces: Trace | Sequence[Trace]) -> list[Trace]:
-    return [traces] if isinstance(traces, Trace) else list(traces)
-
-
-def _label(trace: Trace, i: int) -> str:
-    return trace.key or f"trace{i}"
-
-
-def _view(trace: Trace, segment: str | None) -> np.ndarray:
-    """Positions (sorted int64) of the trace that the analysis looks at."""
-    if segment is None or "segments" not in trace.annotations:
-        return np.arange(len(trace), dtype=np.int64)
-    segs = np.asarray(trace.annotations["segments"], dtype=object)
-    return np.flatnonzero(segs == segment).astype(np.int64)
-
-
-def _values(trace: Trace, score: str, segment: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, score values at those positions) for one trace."""
-    pos = _view(trace, segment)
-    vals = np.asarray(score_values(trace.metrics, score), dtype=np.float64).reshape(-1)
-    return pos, vals[pos]
-
-
-def _prepare(traces: Trace | Sequence[Trace], score: str, segment: str | None) -> list[Trace]:
+def first_token_artifact(trace: Trace, score: str = DEFAULT_SCORE) -> bool:
+    """Whether t = 0 is the trace's largest spike (strictly above every later score): the sign of a
+    prompt-format artefact, e.g. a thinking reasoner whose assistant turn did not open its thought
+    (use a `+think` prompt format). False for traces of fewer than two tokens."""
     check_score(score)
-    _check_segment(segment)
-    return _as_list(traces)
+    v = np.asarray(score_values(trace.metrics, score), dtype=np.float64).reshape(-1)
+    if v.size < 2 or not np.isfinite(v[0]):
+        return False
+    rest = v[1:][~np.isnan(v[1:])]
+    return bool(rest.size == 0 or v[0] > rest.max())
+
+
+def first_token_artifact_share(traces: Sequence[Trace], score: str = DEFAULT_SCORE) -> float:
+    """Share of traces (of ≥ 2 tokens) whose largest spike is at t = 0 (see `first_token_artifact`)."""
+    items = [t for t in _as_list(traces) if len(t) >= 2]
+    return float(np.mean([first_token_artifact(t, score) for t in items])) if items else float("nan")
 
 
 # -- sparsity: Lorenz curve, Gini, mass fraction ------------------------------------------------
@@ -291,121 +271,6 @@ def enrichment(
     return pd.DataFrame(rows, columns=["set", "category", "share", "enrichment", "n", "size"])
 
 
-# -- failure prediction -------------------------------------------------------------------------
-
-_STAT_RE = re.compile(r"^top(\d+)_mean$")
-
-
-def trace_stat(values: np.ndarray, stat: str = "top100_mean") -> float:
-    """One number per response: "top<k>_mean" (mean of the k largest scores, all if fewer), "max", "mean"."""
-    v = np.asarray(values, dtype=np.float64).reshape(-1)
-    v = v[~np.isnan(v)]
-    m = _STAT_RE.match(stat)
-    if not (m or stat in ("max", "mean")) or (m and int(m.group(1)) < 1):
-        raise InvalidInputError(f"Unknown stat {stat!r}; choose one of: top<k>_mean (e.g. top100_mean), max, mean")
-    if v.size == 0:
-        return float("nan")
-    if stat == "max":
-        return float(v.max())
-    if stat == "mean":
-        return float(v.mean())
-    k = min(int(m.group(1)), v.size)  # type: ignore[union-attr]
-    return float(np.sort(v)[::-1][:k].mean())
-
-
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-    """1-based ranks of `x`, ties sharing the average of their ranks."""
-    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-    upper = np.cumsum(counts)
-    return (upper - (counts - 1) / 2.0)[inverse]
-
-
-def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndarray) -> float:
-    """Area under the ROC curve: P(score_pos > score_neg) + P(tie) / 2 (Mann-Whitney U). NaN if one class."""
-    s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    y = np.asarray(labels, dtype=bool).reshape(-1)
-    if s.size != y.size:
-        raise InvalidInputError(f"auroc got {s.size} scores for {y.size} labels")
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    ranks = _average_ranks(s)
-    u = ranks[y].sum() - n_pos * (n_pos + 1) / 2.0
-    return float(u / (n_pos * n_neg))
-
-
-def roc_points(
-    scores: Sequence[float] | np.ndarray, labels: Sequence[bool] | np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ROC curve (fpr, tpr, threshold), from (0, 0) at +inf to (1, 1); predict positive iff score >= threshold."""
-    s = np.asarray(scores, dtype=np.float64).reshape(-1)
-    y = np.asarray(labels, dtype=bool).reshape(-1)
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    thresholds = np.unique(s)[::-1]
-    tp = np.array([(y & (s >= th)).sum() for th in thresholds], dtype=np.float64)
-    fp = np.array([(~y & (s >= th)).sum() for th in thresholds], dtype=np.float64)
-    tpr = np.concatenate([[0.0], tp / n_pos if n_pos else np.full(tp.size, np.nan)])
-    fpr = np.concatenate([[0.0], fp / n_neg if n_neg else np.full(fp.size, np.nan)])
-    return fpr, tpr, np.concatenate([[np.inf], thresholds])
-
-
-def _failure_data(traces: list[Trace], stat: str, signal: str, segment: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """(per-trace statistic, is-wrong label) over traces whose correctness is known."""
-    stats, labels = [], []
-    for t in traces:
-        correct = t.meta.get("correct")
-        if correct is None:
-            continue
-        value = trace_stat(_values(t, signal, segment)[1], stat)
-        if math.isnan(value):
-            continue
-        stats.append(value)
-        labels.append(not bool(correct))
-    return np.asarray(stats, dtype=np.float64), np.asarray(labels, dtype=bool)
-
-
-def _signals(score: str) -> list[str]:
-    return [score] if score == ENTROPY else [score, ENTROPY]
-
-
-def failure_auroc(
-    traces: Trace | Sequence[Trace], stat: str = "top100_mean", score: str = DEFAULT_SCORE, segment: str | None = None
-) -> pd.DataFrame:
-    """How well a per-response statistic predicts a WRONG answer, for `score` and for base entropy.
-
-    Columns signal, stat, auroc, n_pos (wrong), n_neg (right), note. Traces with meta["correct"] None
-    (or no tokens) are left out; with only one class the AUROC is NaN and `note` says why.
-    """
-    items = _prepare(traces, score, segment)
-    trace_stat(np.zeros(0), stat)  # validate the name early
-    rows = []
-    for signal in _signals(score):
-        x, y = _failure_data(items, stat, signal, segment)
-        n_pos, n_neg = int(y.sum()), int((~y).sum())
-        note = ""
-        if n_pos == 0 or n_neg == 0:
-            note = f"AUROC undefined: {n_pos} wrong and {n_neg} right answers among traces with known correctness"
-        rows.append({"signal": signal, "stat": stat, "auroc": auroc(x, y), "n_pos": n_pos, "n_neg": n_neg, "note": note})
-    return pd.DataFrame(rows, columns=["signal", "stat", "auroc", "n_pos", "n_neg", "note"])
-
-
-def roc_curve(
-    traces: Trace | Sequence[Trace], stat: str = "top100_mean", score: str = DEFAULT_SCORE, segment: str | None = None
-) -> pd.DataFrame:
-    """ROC points of the failure predictor for `score` and base entropy: columns signal, fpr, tpr, threshold."""
-    items = _prepare(traces, score, segment)
-    trace_stat(np.zeros(0), stat)
-    frames = []
-    for signal in _signals(score):
-        x, y = _failure_data(items, stat, signal, segment)
-        if y.all() or not y.any():
-            continue
-        fpr, tpr, th = roc_points(x, y)
-        frames.append(pd.DataFrame({"signal": signal, "fpr": fpr, "tpr": tpr, "threshold": th}))
-    cols = ["signal", "fpr", "tpr", "threshold"]
-    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
-
-
 # -- is the reasoner's choice already in the base top-k? ------------------------------------------
 
 
@@ -459,89 +324,3 @@ def reason_rank_within(
         for k in ks:
             rows.append({"at": at, "k": int(k), "share": float(np.mean(r < k)) if r.size else float("nan"), "n": int(r.size)})
     return pd.DataFrame(rows, columns=["at", "k", "share", "n"])
-
-
-# -- decision pairs -----------------------------------------------------------------------------
-
-DECISION_COLUMNS = [
-    "trace", "pos", "prefix", "emitted_id", "emitted_text", "source",
-    "base_id", "base_text", "reason_id", "reason_text",
-    "p_base_base", "p_base_reason", "p_reason_base", "p_reason_reason",
-    "reason_top_rank_in_base", "score_name", "score",
-]  # fmt: skip
-
-
-def _prob_of(ids: np.ndarray, probs: np.ndarray, token: int) -> float:
-    hit = np.flatnonzero(ids == token)
-    return float(probs[hit[0]]) if hit.size else float("nan")
-
-
-def decision_pairs(
-    traces: Trace | Sequence[Trace],
-    tokenizer_decode: Callable[[list[int]], str] | None = None,
-    score: str = DEFAULT_SCORE,
-    top: float = 0.01,
-    segment: str | None = None,
-) -> pd.DataFrame:
-    """One row per spike (annotated, else top-`top` by `score`): the base's and the reasoner's choice.
-
-    base/reason token = argmax of each model's top-k; p_<model>_<choice> is that model's probability
-    of that choice (NaN when outside the model's top-k). Texts come from `tokenizer_decode([id])`
-    when given; without it only a choice equal to the emitted token gets its text (else None).
-    """
-    items = _prepare(traces, score, segment)
-    rows = []
-    for i, t in enumerate(items):
-        view = _view(t, segment)
-        if "spikes" in t.annotations:
-            pos_list = np.intersect1d(view, spike_positions(t, score))
-        else:
-            pos_list = view[top_positions(_values(t, score, segment)[1], top)]
-        values = np.asarray(score_values(t.metrics, score), dtype=np.float64)
-        ids_b, probs_b = (np.asarray(a) for a in t.topk["base"])
-        ids_r, probs_r = (np.asarray(a) for a in t.topk["reason"])
-        for pos in pos_list.tolist():
-            base_id = int(ids_b[pos][np.argmax(probs_b[pos])])
-            reason_id = int(ids_r[pos][np.argmax(probs_r[pos])])
-            emitted = int(t.token_ids[pos])
-
-            def text(tok: int) -> str | None:
-                if tokenizer_decode is not None:
-                    return tokenizer_decode([tok])
-                return t.tokens[pos] if tok == emitted else None
-
-            rows.append({
-                "trace": _label(t, i), "pos": pos, "prefix": "".join(t.tokens[:pos]),
-                "emitted_id": emitted, "emitted_text": t.tokens[pos], "source": str(t.source[pos]),
-                "base_id": base_id, "base_text": text(base_id),
-                "reason_id": reason_id, "reason_text": text(reason_id),
-                "p_base_base": _prob_of(ids_b[pos], probs_b[pos], base_id),
-                "p_base_reason": _prob_of(ids_b[pos], probs_b[pos], reason_id),
-                "p_reason_base": _prob_of(ids_r[pos], probs_r[pos], base_id),
-                "p_reason_reason": _prob_of(ids_r[pos], probs_r[pos], reason_id),
-                "reason_top_rank_in_base": int(t.metrics["reason_top_rank_in_base"][pos]),
-                "score_name": score, "score": float(values[pos]),
-            })  # fmt: skip
-    return pd.DataFrame(rows, columns=DECISION_COLUMNS)
-
-
-def write_decision_pairs_jsonl(df: pd.DataFrame, path: str, overwrite: bool = False) -> str:
-    """Write decision pairs one JSON object per line (NaN -> null); refuses to overwrite unless asked."""
-    if os.path.exists(path) and not overwrite:
-        raise ForkpointError(f"{path} exists; pass overwrite=True to replace it")
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for record in df.to_dict(orient="records"):
-            clean = {k: _jsonable(v) for k, v in record.items()}
-            fh.write(json.dumps(clean, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    log.info("wrote %d decision pairs to %s", len(df), path)
-    return path
-
-
-def _jsonable(v: object) -> object:
-    if isinstance(v, np.generic):
-        v = v.item()
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    return v

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from core import settings
 from core.cli.common import _fail_cleanly, main
 
 
@@ -28,18 +29,64 @@ def demo_train(out: str | None, size: str, seed: int) -> None:
     train_demo_pair(out or DEMO_DIR, size=size, seed=seed, progress=True)
 
 
-@main.command()
-@click.option("--port", default=8501, show_default=True)
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.option("--base", default="", help="Base model: hub id, local directory or .gguf file (default: the demo pair).")
+@click.option("--reason", default="", help="Reasoning model: hub id, local directory or .gguf file.")
+@click.option("--base-format", default="", help="Base prompt format (a template with {problem}, or chat).")
+@click.option("--reason-format", default="", help="Reasoning prompt format (default: its chat template).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--dtype", default="auto", show_default=True, help="auto, float32, bfloat16 or float16.")
+@click.option("--store", "store_path", default=None, help="Trace store directory ($FORKPOINT_STORE or ./forkpoint-store).")
+@click.option("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=settings.MAX_NEW_TOKENS, show_default=True,
+              help=settings.SETTINGS["max_new_tokens"].help)
+@click.option("--port", type=click.IntRange(1, 65535), default=8501, show_default=True, help="TCP port, 1-65535.")
 @click.option("--address", default="127.0.0.1", show_default=True, help="Bind address (localhost by default).")
-@click.argument("app_args", nargs=-1, type=click.UNPROCESSED)
-def app(port: int, address: str, app_args: tuple[str, ...]) -> None:
-    """Start the Streamlit app (demo pair unless --base/--reason follow after --)."""
+def app(base: str, reason: str, base_format: str, reason_format: str, device: str, dtype: str,
+        store_path: str | None, problems: str | None, max_new_tokens: int, port: int, address: str) -> None:
+    """Start the Streamlit app: `forkpoint app --base X --reason Y` (the demo pair without them)."""
+    import signal
     import subprocess
 
+    if bool(base) != bool(reason):
+        raise click.UsageError("Give both --base and --reason (or neither, for the demo pair)")
+    app_args: list[str] = []
+    for flag, value in (("--base", base), ("--reason", reason), ("--base-format", base_format),
+                        ("--reason-format", reason_format), ("--store", store_path), ("--problems", problems)):
+        if value:
+            app_args += [flag, value]
+    app_args += ["--device", device, "--dtype", dtype, "--max-new-tokens", str(max_new_tokens)]
     main_py = Path(__file__).resolve().parents[2] / "app" / "main.py"
     cmd = [sys.executable, "-m", "streamlit", "run", str(main_py), "--server.address", address,
            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-           "--", *app_args]
-    raise SystemExit(subprocess.call(cmd))
+           "--server.enableXsrfProtection", "true", *_allowed_hosts(address), "--", *app_args]
+    child = subprocess.Popen(cmd)
+
+    def stop(signum: int, _frame: object) -> None:  # SIGTERM/SIGINT to us stops Streamlit too
+        child.send_signal(signal.SIGTERM)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = child.wait()
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGTERM)
+        code = child.wait()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    raise SystemExit(code)
 
 
+def _allowed_hosts(address: str) -> list[str]:
+    """`--server.allowedHosts` flags: the WebSocket refuses any Host header but the bound address (and the
+    loopback names when bound to loopback), which stops DNS rebinding (a page at attacker.example whose
+    name re-resolves to 127.0.0.1). Binding 0.0.0.0 / :: accepts any Host: then the network must protect."""
+    if address in ("0.0.0.0", "::", ""):
+        return []
+    hosts = [address]
+    if address in ("127.0.0.1", "localhost", "::1"):
+        hosts += ["localhost", "127.0.0.1", "::1"]
+    out: list[str] = []
+    for host in dict.fromkeys(hosts):
+        out += ["--server.allowedHosts", host]
+    return out

@@ -1,65 +1,116 @@
-"""forkpoint analyze | eval: the paper's analyses and the evaluation harness."""
+"""forkpoint analyze | eval | reproduce | demo measure: the paper's analyses, the evaluation harness, and
+the one-command reproduction of the paper's table and figures."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from core.cli.common import _Bar, _fail_cleanly, _pair, _problems, _store, main, pair_options, store_option
+from core import settings
+from core.cli.common import (
+    _close_executor,
+    _executor,
+    _fail_cleanly,
+    _pair,
+    _pair_or_spec,
+    _problems,
+    _store,
+    main,
+    pair_options,
+    ray_option,
+    store_option,
+)
 from core.metrics import DEFAULT_SCORE, SCORES
+
+RATIOS_HELP = "Comma-separated calibration ratios r (the gate's τ is the 1-r quantile), e.g. 0.01,0.02,0.05,0.1."
+BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-tokens); 'none' = no cap, the "
+                "paper's gate. E.g. none,0.1.")
 
 
 @main.command()
 @store_option
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace an existing report in --out.")
 @_fail_cleanly
-def analyze(store_path: str | None, out: str, score_name: str) -> None:
+def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool) -> None:
     """Write a self-contained HTML report with every analysis, and the tables as CSV."""
     from core.analysis.report import report_html, report_tables
 
+    html = Path(out) / "report.html"
+    if html.exists() and not overwrite:
+        raise click.ClickException(f"{html} exists; pass --overwrite to replace it (or choose another --out)")
     store = _store(store_path)
-    traces = [store.get(k) for k in store.keys()]
+    traces, unreadable = store.load_all()  # a damaged file is reported and skipped, never fatal
+    from core.cli.store import warn_unreadable
+
+    warn_unreadable(unreadable)
     if not traces:
         raise click.ClickException(f"The store {store.path} has no traces; generate some first")
     Path(out).mkdir(parents=True, exist_ok=True)
-    report_html(traces, str(Path(out) / "report.html"), score=score_name)
+    report_html(traces, str(html), score=score_name, overwrite=True)
     report_tables(traces, out, score=score_name)
-    click.echo(f"report -> {Path(out) / 'report.html'}")
+    click.echo(f"report -> {html}")
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise click.BadParameter(f"{flag} takes comma-separated numbers, got {text!r}") from err
+
+
+def _budgets(text: str) -> list[float | None]:
+    out: list[float | None] = []
+    for x in text.split(","):
+        x = x.strip().lower()
+        if not x:
+            continue
+        if x in ("none", "off"):
+            out.append(None)
+            continue
+        try:
+            out.append(float(x))
+        except ValueError as err:
+            raise click.BadParameter(f"--budgets takes numbers in [0, 1] or 'none', got {x!r}") from err
+    return out or [None]
 
 
 @main.command(name="eval")
 @pair_options
 @store_option
-@click.option("--problems", "problems_path", type=click.Path(exists=True, dir_okay=False),
-              help="JSONL/CSV problem set (default: the demo test set).")
-@click.option("--calibration", "calibration_path", type=click.Path(exists=True, dir_okay=False),
-              help="Problems whose base rollouts calibrate the gate (default: demo calibration set, "
-                   "or the first quarter of --problems).")
+@click.option("--problems", "problems_path", help="Problem source: JSONL/CSV file, hf:<dataset id>[:config][:split], "
+              "or gsm8k / math500 / aime24 / aime25 / amc23 (default: the demo test set).")
+@click.option("--calibration", "calibration_path", help="Problems whose base rollouts calibrate the gate (default: "
+              "demo calibration set, or the first quarter of --problems).")
 @click.option("--limit", type=int, help="Use the first N problems.")
-@click.option("--budgets", default="0.05", show_default=True,
-              help="Comma-separated calibration ratios r, e.g. 0.01,0.02,0.05,0.1,0.2.")
-@click.option("--window", default=16, show_default=True)
-@click.option("--samples", default=1, show_default=True, help="Samples per problem (pass@k uses all).")
-@click.option("--temperature", default=0.0, show_default=True)
-@click.option("--top-p", default=1.0, show_default=True)
-@click.option("--max-new-tokens", default=256, show_default=True)
+@click.option("--ratios", default=str(settings.RATIO), show_default=True, help=RATIOS_HELP)
+@click.option("--budgets", default="none", show_default=True, help=BUDGETS_HELP)
+@click.option("--window", default=settings.WINDOW, show_default=True, help=settings.SETTINGS["window"].help)
+@click.option("--samples", default=settings.SAMPLES, show_default=True, help=settings.SETTINGS["samples"].help)
+@click.option("--temperature", default=settings.TEMPERATURE, show_default=True)
+@click.option("--top-p", default=settings.TOP_P, show_default=True)
+@click.option("--max-new-tokens", default=settings.MAX_NEW_TOKENS, show_default=True)
 @click.option("--shard", help="i/n: run only the i-th of n deterministic shards (rerun without it to summarise).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the table as CSV, plus .md and a recovery plot .html.")
+@ray_option
 @_fail_cleanly
 def eval_(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
-          budgets: str, window: int, samples: int, temperature: float, top_p: float, max_new_tokens: int,
-          shard: str | None, out: str | None, **opts: Any) -> None:
-    """Accuracy, pass@k, realised rate and recovery: base, reasoner, Guided at each budget, and the
-    random / early baselines at Guided's realised rate. Every trace is stored; reruns resume."""
-    from core.evaluation.harness import budget_sweep, shard_of, to_markdown
+          ratios: str, budgets: str, window: int, samples: int, temperature: float, top_p: float,
+          max_new_tokens: int, shard: str | None, out: str | None, ray_address: str | None, **opts: Any) -> None:
+    """Accuracy, pass@k, realised rate and recovery: base, reasoner, Guided at each ratio r (and cap), and
+    the random / early baselines at Guided's realised rate. Every trace is stored; reruns resume."""
+    from core.evaluation.harness import shard_of, to_markdown
+    from core.evaluation.sweep import budget_sweep
 
-    pair = _pair(opts)
-    problems = _problems(problems_path, limit)
+    executor = _executor(ray_address)
+    pair = _pair_or_spec(opts, executor)
+    problems = _source(problems_path, limit)
     if calibration_path:
-        calibration = _problems(calibration_path, None)
+        calibration = _source(calibration_path, None)
     elif problems_path is None:
         from core.demo.pair import demo_problems
 
@@ -72,21 +123,163 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
         except ValueError as err:
             raise click.BadParameter(f"--shard must look like 0/4, got {shard!r}") from err
         problems = shard_of(problems, (i, n))
-    ratios = [float(b) for b in budgets.split(",") if b.strip()]
-    bar = _Bar("eval")
-    table = budget_sweep(pair, problems, calibration, ratios, window=window, samples=samples,
-                         store=_store(store_path), temperature=temperature, top_p=top_p,
-                         max_new_tokens=max_new_tokens, progress=bar)
-    bar.close()
-    table = table.assign(policy=[p if r != r else f"{p} (r={r:g})" for p, r in zip(table["policy"], table["ratio"])])
+    bars = _StageBars()
+    try:
+        table = budget_sweep(pair, problems, calibration, _floats(ratios, "--ratios"), budgets=_budgets(budgets),
+                             window=window, samples=samples, store=_store(store_path), temperature=temperature,
+                             top_p=top_p, max_new_tokens=max_new_tokens, progress=bars, executor=executor)
+    finally:
+        bars.close()
+        _close_executor(executor)
+    table = table.assign(policy=[p if p == c else f"{p} ({c})" for p, c in zip(table["policy"], table["config"])])
     markdown = to_markdown(table, columns=["accuracy", "pass@k", "rho", "mean_tokens", "recovery", "recovery@k"])
     click.echo(markdown)
+    click.echo(f"recovery against: {table['reference'].iloc[0]}")
     if out:
         from core.analysis.report import recovery_figure
 
         table.to_csv(out, index=False)
         Path(out).with_suffix(".md").write_text(markdown + "\n", encoding="utf-8")
         curve = table.dropna(subset=["ratio"]).assign(policy=lambda f: f["policy"].str.replace(r" \(r=.*\)", "", regex=True))
-        recovery_figure(curve).write_html(Path(out).with_suffix(".html"), include_plotlyjs=True)
+        recovery_figure(curve, reference=str(table["reference"].iloc[0])).write_html(
+            Path(out).with_suffix(".html"), include_plotlyjs=True)
 
 
+def _source(source: str | None, limit: int | None):
+    if source is None:
+        return _problems(None, limit)
+    from core.evaluation.sources import load_source
+
+    return load_source(source, limit=limit)
+
+
+class _StageBars:
+    """One tqdm bar per stage, driven by core's progress(stage, done, total) callbacks."""
+
+    def __init__(self) -> None:
+        self.stage: str | None = None
+        self.bar: Any = None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        if stage != self.stage:
+            self.close()
+            self.stage, self.bar = stage, tqdm(desc=stage, total=total, unit="problem", leave=False, file=sys.stderr)
+        self.bar.total = total
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+@main.command()
+@pair_options
+@store_option
+@click.option("--thinking", help="Same-size thinking model (hub id, directory or .gguf): the recovery reference.")
+@click.option("--thinking-revision", help="Pin the thinking model to a hub revision.")
+@click.option("--thinking-format", help="Thinking model's prompt format (default: chat:think; paper preset: "
+              "paper-think).")
+@click.option("--problems", "problems", multiple=True, required=True,
+              help="Benchmark: [NAME=]SOURCE, SOURCE a JSONL/CSV file, hf:<dataset id>[:config][:split], or gsm8k / "
+                   "math500 / aime24 / aime25 / amc23. Repeat for several benchmarks.")
+@click.option("--calibration", multiple=True, help="Problems for the gate's calibration rollouts (default: held out "
+              "from --problems).")
+@click.option("--calibration-problems", default=settings.CALIBRATION_PROBLEMS, show_default=True,
+              help="How many problems to hold out for calibration when --calibration is not given.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (report.html, CSVs; "
+              "the store defaults to OUT/store).")
+@click.option("--preset", type=click.Choice(list(settings.PRESETS)), help="Named settings, e.g. paper: T 0.6, top-p "
+              "0.95, 8 samples, 16384 new tokens, the paper's prompts. Explicit flags override it.")
+@click.option("--ratios", default=",".join(map(str, (0.01, 0.02, 0.05, 0.1))), show_default=True, help=RATIOS_HELP)
+@click.option("--budgets", default="none", show_default=True, help=BUDGETS_HELP)
+@click.option("--window", default=settings.WINDOW, show_default=True, help=settings.SETTINGS["window"].help)
+@click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True)
+@click.option("--reference", help="Recovery reference: a policy label (thinking, reason) or Pass@k numbers, "
+              "e.g. 0.641 or gsm8k=0.9,math500=0.7 (default: thinking when --thinking is given, else reason).")
+@click.option("--no-baselines", is_flag=True, help="Skip the random / early baselines.")
+@click.option("--limit", type=int, help="Use the first N problems of each benchmark.")
+@click.option("--samples", type=int, help=settings.SETTINGS["samples"].help + " [default: preset or 1]")
+@click.option("--temperature", type=float, help="Sampling temperature [default: preset or 0].")
+@click.option("--top-p", type=float, help="Nucleus mass [default: preset or 1].")
+@click.option("--max-new-tokens", type=int, help="Most response tokens [default: preset or "
+              f"{settings.MAX_NEW_TOKENS}].")
+@click.option("--seed", default=settings.SEED, show_default=True)
+@click.option("--batch-size", default=settings.BATCH_SIZE, show_default=True)
+@ray_option
+@_fail_cleanly
+def reproduce(store_path: str | None, thinking: str | None, thinking_revision: str | None,
+              thinking_format: str | None, problems: tuple[str, ...],
+              calibration: tuple[str, ...], calibration_problems: int, out: str, preset: str | None, ratios: str,
+              budgets: str, window: int, score_name: str, reference: str | None, no_baselines: bool,
+              limit: int | None, samples: int | None, temperature: float | None, top_p: float | None,
+              max_new_tokens: int | None, seed: int, batch_size: int, ray_address: str | None, **opts: Any) -> None:
+    """The paper's table and figures in one run: calibrate, sweep r, Guided and ρ-matched baselines, base,
+    guide and thinking reference, every analysis; one report.html plus CSVs. Rerun to resume."""
+    from core.evaluation.reproduce import reproduce as run
+
+    base = opts.get("base") or _pair(opts)  # neither --base nor --reason: the demo pair
+    bars = _StageBars()
+    executor = _executor(ray_address)
+    try:
+        result = run(base, opts.get("reason"), list(problems), out, thinking=thinking, preset=preset,
+                     store=_store(store_path) if store_path else None, ratios=_floats(ratios, "--ratios"),
+                     budgets=_budgets(budgets), window=window, score=score_name,
+                     calibration=list(calibration) or None, calibration_problems=calibration_problems,
+                     reference=_reference(reference), baselines=not no_baselines, limit=limit, samples=samples,
+                     temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+                     batch_size=batch_size, base_format=opts.get("base_format"),
+                     reason_format=opts.get("reason_format"), thinking_format=thinking_format,
+                     device=opts["device"], dtype=opts["dtype"],
+                     revisions={"base": opts.get("base_revision"), "reason": opts.get("reason_revision"),
+                                "thinking": thinking_revision},
+                     trust_remote_code=opts.get("trust_remote_code", False), progress=bars, executor=executor)
+    finally:
+        bars.close()
+        _close_executor(executor)
+    shown = result.table[result.table["benchmark"] == result.table["benchmark"].iloc[-1]]
+    from core.evaluation.harness import to_markdown
+
+    click.echo(to_markdown(shown, index="setting", columns=["accuracy", "pass@k", "recovery@k", "rho"]))
+    click.echo(f"recovery against: {result.info['reference']}")
+    click.echo(f"report -> {result.report}", err=False)
+    print(f"CSVs -> {result.out}", file=sys.stderr)
+
+
+def _reference(text: str | None) -> Any:
+    """--reference: None, a policy label, a number, or NAME=NUMBER pairs."""
+    if text is None:
+        return None
+    try:
+        if "=" not in text:
+            return float(text)
+        return {name.strip(): float(value) for name, _, value in (p.partition("=") for p in text.split(","))}
+    except ValueError:
+        if "=" in text:
+            raise click.BadParameter(f"--reference NAME=NUMBER pairs need numbers, got {text!r}") from None
+        return text
+
+
+@click.command(name="measure")
+@click.option("--demo-dir", type=click.Path(file_okay=False), help="Demo pair directory (default: assets/demo).")
+@click.option("--n", default=500, show_default=True, help="Test problems to measure on.")
+@click.option("--samples", default=8, show_default=True)
+@_fail_cleanly
+def demo_measure(demo_dir: str | None, n: int, samples: int) -> None:
+    """Measure the demo pair's properties and rewrite its CARD.md and measure.json."""
+    from core.demo.card import write_card
+    from core.demo.pair import DEMO_DIR
+
+    write_card(demo_dir or DEMO_DIR, n=n, samples=samples)
+
+
+def _register_demo_measure() -> None:
+    from core.cli.app import demo
+
+    demo.add_command(demo_measure)
+
+
+_register_demo_measure()

@@ -1,31 +1,73 @@
-"""forkpoint ls | export | import: the trace store and files others open."""
+"""forkpoint ls | export | import | verify | repair | remove: the trace store and files others open."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
-from core.cli.common import _Bar, _fail_cleanly, _pair, _store, main, pair_options, store_option
+from core.cli.common import (
+    _Bar,
+    _executor,
+    _fail_cleanly,
+    _pair_or_spec,
+    _store,
+    main,
+    pair_options,
+    ray_option,
+    store_option,
+)
 from core.metrics import DEFAULT_SCORE, SCORES
+
+
+def _existing_store(store_path: str | None):
+    """The store at --store, or a clear error when there is none (never an empty table)."""
+    store = _store(store_path)
+    if not store.exists():
+        raise click.ClickException(
+            f"No trace store at {store.path} (give --store or set $FORKPOINT_STORE; a store is created by "
+            "`forkpoint generate`, `score --store` or `import`)"
+        )
+    return store
+
+
+def warn_unreadable(bad: list[tuple[Path, str]]) -> None:
+    """Tell the user (on stderr) which trace files were skipped as unreadable, and what to do."""
+    if bad:
+        click.echo(f"{len(bad)} unreadable trace file(s) skipped (`forkpoint verify` checks every file, "
+                   "`forkpoint repair` sets damaged ones aside):", err=True)
+        for path, reason in bad:
+            click.echo(f"  {path.name}: {reason}", err=True)
 
 
 @main.command(name="ls")
 @store_option
-@click.option("--unreadable", is_flag=True, help="List files that could not be read, with the reason.")
+@click.option("--unreadable", is_flag=True, help="List only the files that could not be read, with the reason.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV instead of a table.")
 @_fail_cleanly
 def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
-    """Summary table of the stored traces."""
-    store = _store(store_path)
-    if unreadable:
+    """Summary table of the stored traces; damaged files are listed with status DAMAGED (reasons on stderr)."""
+    store = _existing_store(store_path)
+    if unreadable:  # the deep check: every file read in full
         for path, reason in store.unreadable():
             click.echo(f"{path}\t{reason}")
         return
-    frame = store.summaries()
-    click.echo(frame.to_csv(index=False) if as_csv else frame.to_string(index=False, max_colwidth=40))
+    frame, bad = store.listing()
+    frame.insert(1, "status", "ok")
+    if bad:
+        import pandas as pd
+
+        damaged = pd.DataFrame({"key": [p.name.removesuffix(".parquet") for p, _ in bad], "status": "DAMAGED"})
+        frame = pd.concat([frame.astype(object), damaged], ignore_index=True).reindex(columns=frame.columns)
+    if not len(frame):
+        click.echo(f"The store {store.path} has no traces.")
+        return
+    click.echo(frame.to_csv(index=False) if as_csv else frame.to_string(index=False, max_colwidth=40, na_rep=""))
+    warn_unreadable(bad)
 
 
 @main.command()
@@ -39,32 +81,121 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
 @click.option("--overwrite", is_flag=True)
 @_fail_cleanly
 def export(store_path: str | None, keys: tuple[str, ...], fmt: str, out: str, score_name: str, overwrite: bool) -> None:
-    """Export traces (all, or the given keys) as JSONL, CSV, Parquet or self-contained HTML."""
+    """Export traces (all readable ones, or the given keys) as JSONL, CSV, Parquet or self-contained HTML."""
     from tqdm import tqdm
 
     from core.io.exports import export as run_export
 
-    store = _store(store_path)
-    keys = keys or tuple(store.keys())
-    traces = [store.get(k) for k in tqdm(keys, desc="read", file=sys.stderr, leave=False)]
+    store = _existing_store(store_path)
+    if keys:  # keys the user named must all be there: no silent drop
+        traces = [store.get(k) for k in tqdm(keys, desc="read", unit="trace", file=sys.stderr, leave=False)]
+        bad: list[tuple[Path, str]] = []
+    else:
+        traces, bad = store.load_all()
+        warn_unreadable(bad)
     kwargs = {"score": score_name} if fmt == "html" else {}
-    run_export(traces, out, fmt, overwrite=overwrite, **kwargs)
-    click.echo(f"{len(traces)} traces -> {out}")
+    from core.io.notes import attach_notes
+
+    traces = attach_notes(store, traces)  # notes and bookmarks travel with every export
+    try:
+        run_export(traces, out, fmt, overwrite=overwrite, **kwargs)
+    except OSError as exc:
+        from core.io.atomic import os_error_reason
+
+        raise click.BadParameter(f"cannot write {out}: {os_error_reason(exc)}", param_hint="--out") from exc
+    click.echo(f"{len(traces)} traces -> {out}" + (f" ({len(bad)} unreadable skipped)" if bad else ""))
 
 
 @main.command(name="import")
 @pair_options
 @store_option
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
+              help="Input format (default: from the file suffix).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="Append each record's outcome to this JSONL file as it happens "
+                   "(default: <store>/imports/<file>.<time>.jsonl).")
+@ray_option
 @_fail_cleanly
-def import_(path: str, store_path: str | None, **opts: Any) -> None:
-    """Score a JSONL of {id, prompt, response[, answer]} made elsewhere into the store."""
-    from core.io.imports import import_jsonl
+def import_(path: str, store_path: str | None, fmt: str | None, report_path: str | None, ray_address: str | None,
+            **opts: Any) -> None:
+    """Score records {id, prompt, response[, answer]} made elsewhere (JSONL, CSV or Parquet) into the store.
 
-    pair = _pair(opts)
-    bar = _Bar("import")
-    report = import_jsonl(pair, path, _store(store_path), progress=bar)
-    bar.close()
-    click.echo(json.dumps(report.to_dict(), default=str))
+    Bad records are reported with their line and reason; the rest are stored. Records already in the
+    store are skipped, so re-running an interrupted import finishes it.
+    """
+    from core.io.imports import detect_format, import_file
+
+    detect_format(path, fmt)  # a bad suffix fails before the models load
+    store = _store(store_path)
+    if report_path is None:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        report_path = str(store.path / "imports" / f"{Path(path).name}.{stamp}.jsonl")
+    executor = _executor(ray_address)
+    pair = _pair_or_spec(opts, executor)
+    bar = _Bar("import", unit="record")
+    try:
+        if executor is None:
+            result = import_file(pair, path, store, progress=bar, format=fmt, report_path=report_path)
+        else:  # a Ray Data pipeline: the same records, outcomes and traces (docs/SCALE.md)
+            from core.scale.ray_data import import_file_ray
+
+            result = import_file_ray(pair, path, store, executor=executor, format=fmt, report_path=report_path,
+                                     progress=bar)
+    finally:
+        bar.close()
+        if executor is not None:
+            executor.close()
+    click.echo(json.dumps({**result.to_dict(), "report": report_path}, default=str))
+    if result.stopped:
+        click.echo(f"Import stopped early: {result.stopped}. Stored {len(result.stored)}, skipped "
+                   f"{len(result.skipped)}, failed {len(result.errors)}; lines after {result.last_line} were not "
+                   "read. Run the same command again to finish (stored records are skipped).", err=True)
+        sys.exit(130 if "Ctrl-C" in result.stopped else 1)
 
 
+@main.command()
+@store_option
+@_fail_cleanly
+def verify(store_path: str | None) -> None:
+    """Deep check: read every trace in full (page and footer checksums), the index and temp files.
+
+    Prints a JSON report; exits 1 when a trace file is damaged or the index is unusable.
+    """
+    check = _existing_store(store_path).verify()
+    click.echo(json.dumps(check.to_dict(), indent=1))
+    if not check.ok:
+        sys.exit(1)
+
+
+@main.command()
+@store_option
+@_fail_cleanly
+def repair(store_path: str | None) -> None:
+    """Set damaged trace files aside (into <store>/damaged/, never deleted), remove dead writers' temp
+    files, and rebuild the index. Re-running the request that made a set-aside trace recomputes it."""
+    report = _existing_store(store_path).repair()
+    click.echo(json.dumps(report.to_dict(), indent=1))
+
+
+@main.command()
+@store_option
+@click.argument("keys", nargs=-1)
+@click.option("--damaged", is_flag=True, help="Remove every trace file that fails the deep check.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@_fail_cleanly
+def remove(store_path: str | None, keys: tuple[str, ...], damaged: bool, yes: bool) -> None:
+    """Delete the given traces (or, with --damaged, every unreadable trace file) from the store."""
+    store = _existing_store(store_path)
+    bad = [path for path, _ in store.unreadable()] if damaged else []
+    if not keys and not bad:
+        if damaged:
+            click.echo(f"No unreadable trace files in {store.path}.")
+            return
+        raise click.UsageError("Give the keys to remove, or --damaged")
+    if not yes:
+        click.confirm(f"Delete {len(keys) + len(bad)} trace file(s) from {store.path}?", abort=True)
+    for key in store.remove(dict.fromkeys(keys)):
+        click.echo(f"removed {key}")
+    for path in store.remove_unreadable() if damaged else []:
+        click.echo(f"removed {path.name}")

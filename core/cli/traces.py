@@ -3,14 +3,33 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from core.cli.common import POLICY_CHOICES, _Bar, _fail_cleanly, _pair, _problems, _store, main, make_policy, pair_options, store_option
-from core.metrics import DEFAULT_SCORE, SCORES
+from core import settings
+from core.cli.common import (
+    _Bar,
+    _close_executor,
+    _executor,
+    _fail_cleanly,
+    _pair,
+    _pair_or_spec,
+    _problems,
+    _store,
+    main,
+    pair_options,
+    policy_kwargs,
+    policy_options,
+    ray_option,
+    setting_option,
+    settings_options,
+    store_option,
+)
+from core.metrics import GATE_SCORES, score_values
+
+TOP_ROWS = 10  # rows `forkpoint score` prints by default
 
 
 @main.command()
@@ -18,20 +37,24 @@ from core.metrics import DEFAULT_SCORE, SCORES
 @store_option
 @click.option("--prompt", required=True, help="The problem text.")
 @click.option("--response", required=True, help="The response text to score (or @file to read it).")
-@click.option("--top", default=10, show_default=True, help="Rows to print, highest score first.")
-@click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True)
+@click.option("--top", default=TOP_ROWS, show_default=True, type=click.IntRange(1), help="Rows to print, highest score first.")
+@setting_option("score", dest="score_name")
 @_fail_cleanly
 def score(prompt: str, response: str, top: int, score_name: str, store_path: str | None, **opts: Any) -> None:
     """Score a response under both models and print the most disagreeing tokens."""
     from core.scoring import score as run_score
 
     if response.startswith("@"):
-        response = Path(response[1:]).read_text(encoding="utf-8")
+        try:
+            response = Path(response[1:]).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise click.BadParameter(f"cannot read {response[1:]!r}: {err.strerror if isinstance(err, OSError) else err}",
+                                     param_hint="--response") from err
     pair = _pair(opts)
     trace = run_score(pair, prompt, response, store=_store(store_path) if store_path else None)
-    frame = trace.frame()
-    cols = ["pos", "token", score_name, "entropy_base", "rank_base", "reason_top_rank_in_base"]
-    click.echo(frame.sort_values(score_name, ascending=False)[cols].head(top).to_string(index=False))
+    frame = trace.frame().assign(_score=score_values(trace.metrics, score_name))  # sign applied (delta_logp)
+    cols = list(dict.fromkeys(["pos", "token", score_name, "entropy_base", "rank_base", "reason_top_rank_in_base"]))
+    click.echo(frame.sort_values("_score", ascending=False, kind="stable")[cols].head(top).to_string(index=False))
     click.echo(f"key {trace.key}  tokens {len(trace)}")
 
 
@@ -41,82 +64,87 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
 @click.option("--problems", "problems_path", type=click.Path(exists=True, dir_okay=False),
               help="JSONL/CSV problem set (default: the demo test set).")
 @click.option("--prompt", help="Generate for this single problem text instead of a set.")
-@click.option("--limit", type=int, help="Use the first N problems.")
-@click.option("--policy", "policy_name", type=click.Choice(POLICY_CHOICES), default="base_only", show_default=True)
-@click.option("--budget", default=0.1, show_default=True, help="Takeover budget / rate (fraction of tokens).")
-@click.option("--tau", type=float, help="Guided gate threshold (else calibrated on the problems).")
-@click.option("--lam", type=float, default=1.0, show_default=True, help="Guided gate relative threshold.")
-@click.option("--window", default=16, show_default=True, help="Guided gate window W.")
-@click.option("--threshold", default=1.0, show_default=True, help="EntropyGated threshold in nats.")
-@click.option("--max-new-tokens", default=256, show_default=True)
-@click.option("--temperature", default=0.0, show_default=True)
-@click.option("--top-p", default=1.0, show_default=True)
-@click.option("--seed", default=0, show_default=True)
-@click.option("--samples", default=1, show_default=True, help="Samples per problem (pass@k).")
-@click.option("--batch-size", default=8, show_default=True)
+@click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
+@policy_options
+@settings_options("ratio", "calibration_problems", "max_new_tokens", "temperature", "top_p", "samples", "batch_size")
+@ray_option
 @_fail_cleanly
 def generate(store_path: str | None, problems_path: str | None, prompt: str | None, limit: int | None,
-             policy_name: str, budget: float, tau: float | None, lam: float, window: int, threshold: float,
-             max_new_tokens: int, temperature: float, top_p: float, seed: int, samples: int, batch_size: int,
-             **opts: Any) -> None:
-    """Generate traces with a takeover policy into the store."""
-    from core.spike_rules import Gate
-    from core.decoding.engine import calibrate as run_calibrate
-    from core.decoding.engine import generate as run_generate
+             policy_name: str, ratio: float, calibration_problems: int, max_new_tokens: int, temperature: float,
+             top_p: float, seed: int, samples: int, batch_size: int, ray_address: str | None, **opts: Any) -> None:
+    """Generate traces with a takeover policy into the store (options: see `core.list_policies()`)."""
+    from core.decoding import generate_many
+    from core.evaluation.grading import grade_trace
 
-    pair = _pair(opts)
+    params = policy_kwargs(policy_name, {**opts, "seed": seed})
+    if "lam" in params and "tau" not in params:
+        raise click.UsageError("--lam needs --tau (give both, or neither to calibrate the gate on the problems)")
+    executor = _executor(ray_address)
+    pair = _pair_or_spec(opts, executor)
     store = _store(store_path)
     problems = [prompt] if prompt else _problems(problems_path, limit)
-    gate = Gate(tau, lam, window) if tau is not None else None
-    if policy_name == "guided" and gate is None:
-        click.echo("calibrating the gate on base rollouts ...", err=True)
-        gate = run_calibrate(pair, problems[:32], ratio=budget, window=window, max_new_tokens=max_new_tokens,
-                             store=store)
-    policy = make_policy(policy_name, budget, gate, threshold, seed)
-    from tqdm import tqdm
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
+    try:
+        policy = _build_policy(pair, store, problems, policy_name, params, ratio=ratio, n=calibration_problems,
+                               sampling={**sampling, "executor": executor})
+        bar = _Bar(f"generate {policy.name}")
+        traces = generate_many(pair, problems, policy, samples=samples, top_p=top_p, store=store,
+                               on_trace=grade_trace, progress=bar, executor=executor, **sampling)
+        bar.close()
+    finally:
+        _close_executor(executor)
+    notice = policy.diagnose(traces)
+    if notice:
+        click.echo(f"note: {notice}", err=True)
+    click.echo(f"{len(traces)} traces ({sum(t.n_takeovers for t in traces)} takeovers) in {store.path}")
 
-    keys = []
-    for start in tqdm(range(0, len(problems), batch_size), desc=f"generate {policy.name}", unit="batch", file=sys.stderr):
-        traces = run_generate(pair, problems[start:start + batch_size], policy, max_new_tokens=max_new_tokens,
-                              temperature=temperature, top_p=top_p, seed=seed, samples=samples, store=store)
-        keys += [_graded_put(store, t) for t in traces]
-    click.echo(f"{len(keys)} traces in {store.path}")
 
+def _build_policy(pair: Any, store: Any, problems: list[Any], name: str, params: dict[str, Any], *, ratio: float,
+                  n: int, sampling: dict[str, Any]) -> Any:
+    """make_policy from the CLI's values; a gate policy without --tau calibrates on the first `n` problems."""
+    from core.decoding import calibrate as run_calibrate
+    from core.decoding.policies import make_policy, policy_spec
 
-def _graded_put(store: Any, trace: Any) -> str:
-    """Grade a trace against its problem's gold answer (when known) and store it."""
-    from core.evaluation.grading import extract_answer, grade
-
-    gold = (trace.meta.get("problem") or {}).get("gold")
-    if gold is not None and trace.meta.get("correct") is None:
-        trace.meta["answer"] = extract_answer(trace.text)
-        trace.meta["correct"] = grade(trace.text, gold)
-        return store.put(trace, overwrite=True)
-    return store.put(trace)
+    spec = policy_spec(name)
+    if not spec.needs_gate:
+        return make_policy(name, **params)
+    gate_names = [p.name for p in spec.params if p.from_gate]
+    if "tau" in params:
+        return make_policy(name, **params)
+    score = params.get("score", settings.SCORE)
+    click.echo(f"calibrating the gate on base rollouts of {min(n, len(problems))} problems ...", err=True)
+    gate = run_calibrate(pair, problems[:n], ratio=ratio, window=params.get("window", settings.WINDOW), score=score,
+                         store=store, **sampling)
+    return make_policy(name, gate=gate, **{k: v for k, v in params.items() if k not in gate_names})
 
 
 @main.command()
 @pair_options
 @store_option
-@click.option("--problems", "problems_path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--limit", type=int, default=64, show_default=True)
-@click.option("--ratio", default=0.05, show_default=True, help="Target takeover ratio r.")
-@click.option("--window", default=16, show_default=True)
-@click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True)
-@click.option("--max-new-tokens", default=256, show_default=True)
+@click.option("--problems", "problems_path", type=click.Path(exists=True, dir_okay=False),
+              help="JSONL/CSV problem set (default: the demo test set).")
+@setting_option("calibration_problems", dest="limit", help="Use the first N problems.")
+@settings_options("ratio", "window")
+@setting_option("score", dest="score_name", type=click.Choice(GATE_SCORES))
+@settings_options("max_new_tokens", "temperature", "seed", "batch_size")
+@ray_option
 @_fail_cleanly
 def calibrate(store_path: str | None, problems_path: str | None, limit: int, ratio: float, window: int,
-              score_name: str, max_new_tokens: int, **opts: Any) -> None:
+              score_name: str, max_new_tokens: int, temperature: float, seed: int, batch_size: int,
+              ray_address: str | None, **opts: Any) -> None:
     """Fit the Guided gate (tau, lam) on base rollouts; prints it as JSON."""
-    from core.decoding.engine import calibrate as run_calibrate
+    from core.decoding import calibrate as run_calibrate
 
-    pair = _pair(opts)
+    executor = _executor(ray_address)
+    pair = _pair_or_spec(opts, executor)
     problems = _problems(problems_path, limit)
     bar = _Bar("calibrate")
-    gate = run_calibrate(pair, problems, ratio=ratio, window=window, score=score_name, max_new_tokens=max_new_tokens,
-                         store=_store(store_path), progress=bar)
-    bar.close()
+    try:
+        gate = run_calibrate(pair, problems, ratio=ratio, window=window, score=score_name,
+                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, batch_size=batch_size,
+                             store=_store(store_path), progress=bar, executor=executor)
+    finally:
+        bar.close()
+        _close_executor(executor)
     click.echo(json.dumps({"tau": gate.tau, "lam": gate.lam, "window": gate.window, "ratio": ratio,
                            "score": score_name}))
-
-

@@ -1,22 +1,57 @@
-"""When the reasoning model takes over: small policy objects, each with a name and recorded parameters.
+"""When the reasoning model takes over: small policy objects, each declaring its parameters once.
 
 A policy sees one decoding step of a batch (`Step`) and returns, per row, whether the reasoning model
-emits this token. The engine (core/decoding.py) does everything else.
+emits this token; the engine (core/decoding/engine.py) does everything else. Each parameter is a
+dataclass field made with `param(...)` (default, range, help), and `make_policy(name, **params)` is the
+one way user input becomes a policy: the CLI's options and the app's widgets are built from
+`list_policies()`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from core.spike_rules import Gate, gate_fires
-from core.metrics import DEFAULT_SCORE, check_score
+from core import settings
+from core.decoding.params import Param, declared_params, param
 from core.errors import InvalidInputError
+from core.metrics import DEFAULT_SCORE, GATE_SCORES, check_gate_score
+from core.spike_rules import Gate, gate_fires
+from core.trace import Trace
 
 REASON = "reason"  # Forced({pos: REASON}): the reasoning model picks the token at pos
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy as the edges see it: name, label, one-line help and declared parameters."""
+
+    name: str
+    label: str  # e.g. "Guided"
+    help: str  # one line
+    params: tuple[Param, ...]
+    cls: type[Policy]
+    lazy: bool  # gates on base entropy only: the reasoner runs on demand
+    needs_gate: bool  # build with make_policy(name, gate=calibrate(pair, problems, ratio=, window=, score=))
+    calibration: tuple[str, ...]  # core.settings names the calibration reads (Guided: ratio, window)
+    internal: bool  # built by branch/force actions, not offered as a choice (Forced)
+
+    @property
+    def user_params(self) -> tuple[Param, ...]:
+        """The parameters a user sets directly (not those a calibrated gate sets)."""
+        return tuple(p for p in self.params if not p.from_gate)
+
+    def param(self, name: str) -> Param:
+        """The declared parameter `name`, or raise with the valid names."""
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise InvalidInputError(f"Policy {self.name!r} has no parameter {name!r}; it takes: "
+                                f"{', '.join(p.name for p in self.params) or 'none'}")
 
 
 @dataclass
@@ -37,11 +72,24 @@ class Step:
 
 
 class Policy:
-    """Base class. `lazy` policies gate on base entropy only, so the engine runs the reasoner on demand."""
+    """Base class. Subclasses are dataclasses whose fields are `param(...)` declarations.
+
+    `lazy` policies gate on base entropy only, so the engine runs the reasoner on demand. Write a custom
+    policy by subclassing and implementing `takeover`; register it with `register_policy` to make it
+    reachable from `make_policy` and stored records.
+    """
 
     name: ClassVar[str] = "policy"
+    label: ClassVar[str] = "Policy"
+    help: ClassVar[str] = ""
     lazy: ClassVar[bool] = False
+    calibration: ClassVar[tuple[str, ...]] = ()  # settings a calibration step reads before building
+    internal: ClassVar[bool] = False
     score: str = DEFAULT_SCORE
+
+    def __post_init__(self) -> None:
+        for p in declared_params(type(self)):
+            setattr(self, p.name, p.check(getattr(self, p.name), self.name))
 
     def takeover(self, step: Step) -> np.ndarray:  # (B,) bool
         raise NotImplementedError
@@ -51,23 +99,38 @@ class Policy:
         return None
 
     def record(self) -> dict[str, Any]:
-        """Name and parameters, as stored in every trace's meta["policy"]."""
-        params = {k: v for k, v in asdict(self).items()}  # type: ignore[call-overload]
-        return {"name": self.name, "params": params}
+        """Name and parameters, as stored in every trace's meta["policy"]; `policy_from_record` inverts it."""
+        return {"name": self.name, "params": {p.name: getattr(self, p.name) for p in declared_params(type(self))}}
+
+    def diagnose(self, traces: Sequence[Trace]) -> str | None:
+        """A notice for the user when this policy clearly did nothing in `traces` (0 takeovers), else None."""
+        return None
 
 
-def _check_rate(name: str, value: float) -> float:
-    if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0 and math.isfinite(value)):
-        raise InvalidInputError(f"{name} must be a fraction in [0, 1], got {value!r}")
-    return float(value)
+def within_budget(taken: np.ndarray, limit: int, budget: float | None, max_takeovers: int | None) -> np.ndarray:
+    """(B,) bool: one more takeover keeps the count ≤ ceil(budget · limit) and < max_takeovers.
 
-
-def within_budget(taken: np.ndarray, t: int, budget: float, max_takeovers: int | None) -> np.ndarray:
-    """(B,) bool: one more takeover keeps the count ≤ ceil(budget · (t+1)) and under the absolute cap."""
-    ok = taken + 1 <= math.ceil(budget * (t + 1) - 1e-9)
+    None means no cap. The budget is a share of the whole response (`limit` = max_new_tokens), not of the
+    tokens so far, so early takeovers are never starved.
+    """
+    ok = np.ones(len(taken), dtype=bool)
+    if budget is not None:
+        ok &= taken + 1 <= math.ceil(budget * limit - 1e-9)
     if max_takeovers is not None:
         ok &= taken < max_takeovers
     return ok
+
+
+def _silent(policy: Policy, traces: Sequence[Trace], why: str) -> str | None:
+    """The notice for a policy that made no takeover in `traces` (None when it made one, or no tokens)."""
+    n_tokens = sum(len(t) for t in traces)
+    if n_tokens == 0 or any(t.n_takeovers for t in traces):
+        return None
+    return f"{policy.label} made 0 takeovers in {len(traces)} trace(s) ({n_tokens} tokens): {why}"
+
+
+_BUDGET_HELP = "Cap on takeovers as a share of max_new_tokens (empty = no cap, as in the paper)."
+_MAX_HELP = "Cap on takeovers per response (empty = no cap)."
 
 
 @dataclass
@@ -75,6 +138,8 @@ class BaseOnly(Policy):
     """The base model writes every token (the reasoner still scores each one)."""
 
     name: ClassVar[str] = "base_only"
+    label: ClassVar[str] = "BaseOnly"
+    help: ClassVar[str] = "The base writes every token; the reasoner only scores."
 
     def takeover(self, step: Step) -> np.ndarray:
         return np.zeros(len(step.taken), dtype=bool)
@@ -85,6 +150,8 @@ class ReasonOnly(Policy):
     """The reasoning model writes every token, with its own prompt: the reference upper bound."""
 
     name: ClassVar[str] = "reason_only"
+    label: ClassVar[str] = "ReasonOnly"
+    help: ClassVar[str] = "The reasoner writes every token (upper bound)."
 
     def takeover(self, step: Step) -> np.ndarray:
         return np.ones(len(step.taken), dtype=bool)
@@ -92,61 +159,57 @@ class ReasonOnly(Policy):
 
 @dataclass
 class Guided(Policy):
-    """Disagreement-guided takeover: s_t > tau and s_t > lam · mean(previous `window` scores),
-    within `budget` (fraction of tokens so far) and `max_takeovers` (absolute cap, None = none)."""
+    """Disagreement-guided takeover (the paper's gate): s_t > tau and s_t > lam · mean(previous `window`
+    scores). No cap by default; `budget` / `max_takeovers` add one."""
 
     name: ClassVar[str] = "guided"
-    tau: float = 0.0
-    lam: float = 1.0
-    window: int = 16
-    budget: float = 0.1
-    score: str = DEFAULT_SCORE
-    max_takeovers: int | None = None
+    label: ClassVar[str] = "Guided"
+    help: ClassVar[str] = "Take over where the calibrated disagreement gate fires (the paper's policy)."
+    calibration: ClassVar[tuple[str, ...]] = ("ratio", "window")
+    tau: float = param(0.0, "Gate absolute threshold τ (set by calibration).", from_gate=True)
+    lam: float = param(1.0, "Gate relative threshold λ (set by calibration).", low=0.0, from_gate=True)
+    window: int = param(settings.WINDOW, settings.SETTINGS["window"].help, low=1, from_gate=True)
+    budget: float | None = param(None, _BUDGET_HELP, low=0.0, high=1.0)
+    score: str = param(DEFAULT_SCORE, "Disagreement score the gate reads.", choices=GATE_SCORES)
+    max_takeovers: int | None = param(None, _MAX_HELP, low=0)
 
     def __post_init__(self) -> None:
-        check_score(self.score)
-        if self.score == "delta_logp":
-            raise InvalidInputError("delta_logp depends on the emitted token, so it cannot gate a takeover; "
-                                    "use cross_entropy, kl_base_reason, kl_reason_base, jsd or entropy_base")
-        _check_rate("budget", self.budget)
+        check_gate_score(self.score)  # the clearer message for delta_logp
+        super().__post_init__()
         self.gate = Gate(self.tau, self.lam, self.window)
-
-    @classmethod
-    def from_gate(cls, gate: Gate, budget: float = 0.1, **kwargs: Any) -> Guided:
-        return cls(tau=gate.tau, lam=gate.lam, window=gate.window, budget=budget, **kwargs)
-
-    def record(self) -> dict[str, Any]:
-        params = {"tau": self.tau, "lam": self.lam, "window": self.window, "budget": self.budget,
-                  "score": self.score, "max_takeovers": self.max_takeovers}
-        return {"name": self.name, "params": params}
 
     def takeover(self, step: Step) -> np.ndarray:
         assert step.score is not None
         fires = np.array([gate_fires(h, float(s), self.gate) for h, s in zip(step.history, step.score)])
-        return fires & within_budget(step.taken, step.t, self.budget, self.max_takeovers)
+        return fires & within_budget(step.taken, step.limit, self.budget, self.max_takeovers)
+
+    def diagnose(self, traces: Sequence[Trace]) -> str | None:
+        return _silent(self, traces, f"{self.score} never passed the gate (τ={self.tau:.3g}, "
+                       f"λ={self.lam:.3g}); calibrate with a larger ratio r")
 
 
 @dataclass
 class EntropyGated(Policy):
-    """Take over where the base model is uncertain: entropy_base > threshold (nats), within `budget`.
+    """Take over where the base model is uncertain: entropy_base > threshold (nats).
 
     The reasoner is run only when a takeover is considered (lazy catch-up of its cache).
     """
 
     name: ClassVar[str] = "entropy_gated"
+    label: ClassVar[str] = "EntropyGated"
+    help: ClassVar[str] = "Take over where the base's entropy exceeds a threshold (baseline)."
     lazy: ClassVar[bool] = True
-    threshold: float = 1.0
-    budget: float = 0.1
-    max_takeovers: int | None = None
-
-    def __post_init__(self) -> None:
-        _check_rate("budget", self.budget)
-        if not math.isfinite(self.threshold) or self.threshold < 0:
-            raise InvalidInputError(f"threshold must be a non-negative entropy in nats, got {self.threshold!r}")
+    threshold: float = param(1.0, "Base entropy (nats) above which the reasoner takes over.", low=0.0)
+    budget: float | None = param(None, _BUDGET_HELP, low=0.0, high=1.0)
+    max_takeovers: int | None = param(None, _MAX_HELP, low=0)
 
     def takeover(self, step: Step) -> np.ndarray:
-        return (step.entropy_base > self.threshold) & within_budget(step.taken, step.t, self.budget,
+        return (step.entropy_base > self.threshold) & within_budget(step.taken, step.limit, self.budget,
                                                                      self.max_takeovers)
+
+    def diagnose(self, traces: Sequence[Trace]) -> str | None:
+        return _silent(self, traces, f"the base's entropy never exceeded threshold="
+                       f"{self.threshold:g} nats; lower it (see the entropy_base column of a BaseOnly trace)")
 
 
 @dataclass
@@ -155,18 +218,17 @@ class RandomPositions(Policy):
     depends only on (seed, i, t), so a branch (which starts mid-response) replays its parent's draws."""
 
     name: ClassVar[str] = "random_positions"
-    rate: float = 0.05
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        _check_rate("rate", self.rate)
-
-    def record(self) -> dict[str, Any]:
-        return {"name": self.name, "params": {"rate": self.rate, "seed": self.seed}}
+    label: ClassVar[str] = "RandomPositions"
+    help: ClassVar[str] = "Take over at random positions with probability rate (baseline)."
+    rate: float = param(0.05, "Share of positions taken over.", low=0.0, high=1.0)
+    seed: int = param(settings.SEED, "Seed of the position draws.", low=0)
 
     def takeover(self, step: Step) -> np.ndarray:
         return np.array([np.random.default_rng([self.seed, row, step.t]).random() < self.rate
                          for row in range(len(step.taken))], dtype=bool)
+
+    def diagnose(self, traces: Sequence[Trace]) -> str | None:
+        return _silent(self, traces, f"rate={self.rate:g} is too small for these lengths")
 
 
 @dataclass
@@ -174,13 +236,15 @@ class EarlyOnly(Policy):
     """Baseline: the reasoner writes the first ceil(rate · max_new_tokens) tokens, then the base."""
 
     name: ClassVar[str] = "early_only"
-    rate: float = 0.05
-
-    def __post_init__(self) -> None:
-        _check_rate("rate", self.rate)
+    label: ClassVar[str] = "EarlyOnly"
+    help: ClassVar[str] = "The reasoner writes the first rate · max_new_tokens tokens (baseline)."
+    rate: float = param(0.05, "Share of max_new_tokens written by the reasoner first.", low=0.0, high=1.0)
 
     def takeover(self, step: Step) -> np.ndarray:
         return np.full(len(step.taken), step.t < math.ceil(self.rate * step.limit - 1e-9))
+
+    def diagnose(self, traces: Sequence[Trace]) -> str | None:
+        return _silent(self, traces, f"rate={self.rate:g} · max_new_tokens rounds to 0")
 
 
 @dataclass
@@ -189,11 +253,17 @@ class Forced(Policy):
     {pos: "reason"} lets the reasoning model choose there."""
 
     name: ClassVar[str] = "forced"
-    at: dict[int, int | str] = field(default_factory=dict)
+    label: ClassVar[str] = "Forced"
+    help: ClassVar[str] = "Emit given tokens (or the reasoner's choice) at given positions."
+    internal: ClassVar[bool] = True
+    at: dict[int, int | str] = param({}, "{position: token id or 'reason'}.")  # noqa: RUF009  (param gives a default_factory)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         clean: dict[int, int | str] = {}
         for pos, what in dict(self.at).items():
+            if isinstance(pos, str) and pos.isdigit():  # as read back from JSON
+                pos = int(pos)
             if not isinstance(pos, (int, np.integer)) or pos < 0:
                 raise InvalidInputError(f"Forced positions must be non-negative ints, got {pos!r}")
             if not (what == REASON or (isinstance(what, (int, np.integer)) and what >= 0)):
@@ -212,17 +282,71 @@ class Forced(Policy):
         return value if isinstance(value, int) else None
 
 
-POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (BaseOnly, ReasonOnly, Guided, EntropyGated, RandomPositions, EarlyOnly, Forced)
-}
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register_policy(cls: type[Policy]) -> type[Policy]:
+    """Add a policy class (a dataclass subclass of `Policy`) to the registry; usable as a decorator."""
+    if not (isinstance(cls, type) and issubclass(cls, Policy) and hasattr(cls, "__dataclass_fields__")):
+        raise InvalidInputError(f"register_policy needs a dataclass subclass of Policy, got {cls!r}")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+for _cls in (BaseOnly, Guided, EntropyGated, RandomPositions, EarlyOnly, ReasonOnly, Forced):
+    register_policy(_cls)
+
+
+def policy_spec(name: str) -> PolicySpec:
+    """The spec of the registered policy `name`, or raise with the valid names."""
+    if name not in POLICIES:
+        raise InvalidInputError(f"Unknown policy {name!r}; choose one of: {', '.join(POLICIES)}")
+    cls = POLICIES[name]
+    params = declared_params(cls)
+    return PolicySpec(name=name, label=cls.label, help=cls.help, params=params, cls=cls, lazy=cls.lazy,
+                      needs_gate=any(p.from_gate for p in params), calibration=cls.calibration,
+                      internal=cls.internal)
+
+
+def list_policies(include_internal: bool = False) -> list[PolicySpec]:
+    """Specs of the registered policies a user may choose (plus Forced with include_internal=True)."""
+    specs = [policy_spec(name) for name in POLICIES]
+    return [s for s in specs if include_internal or not s.internal]
+
+
+def make_policy(name: str, *, gate: Gate | None = None, **params: Any) -> Policy:
+    """The one constructor from user input: `make_policy("guided", gate=gate, budget=0.1)`.
+
+    Unknown names or parameters raise InvalidInputError with the valid choices; values are checked
+    against the declared ranges. A gate-based policy takes `gate=` (a calibrated `Gate`) or explicit
+    tau/lam/window; unspecified parameters take their declared defaults.
+    """
+    spec = policy_spec(name)
+    known = {p.name for p in spec.params}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise InvalidInputError(f"Policy {name!r} has no parameter {', '.join(map(repr, unknown))}; it takes: "
+                                f"{', '.join(sorted(known)) or 'none'}")
+    gated = [p.name for p in spec.params if p.from_gate]
+    if gate is not None:
+        if not spec.needs_gate:
+            raise InvalidInputError(f"Policy {name!r} takes no gate; only {', '.join(gate_policies())} do")
+        if set(gated) & set(params):
+            raise InvalidInputError(f"Give either gate= or {'/'.join(gated)}, not both")
+        params.update({p: getattr(gate, p) for p in gated})
+    elif spec.needs_gate and "tau" not in params:
+        raise InvalidInputError(f"Policy {name!r} needs a calibrated gate: make_policy({name!r}, gate="
+                                f"calibrate(pair, problems, ratio=..., window=...)) or explicit tau/lam/window")
+    return spec.cls(**{k: spec.param(k).check(v, name) for k, v in params.items()})
+
+
+def gate_policies() -> list[str]:
+    """Names of the policies built from a calibrated gate."""
+    return [s.name for s in list_policies(include_internal=True) if s.needs_gate]
 
 
 def policy_from_record(record: dict[str, Any]) -> Policy:
-    """Rebuild a policy from its `record()` (e.g. a trace's meta["policy"])."""
-    name = record.get("name")
-    if name not in POLICIES:
-        raise InvalidInputError(f"Unknown policy {name!r}; choose one of: {', '.join(POLICIES)}")
-    params = dict(record.get("params") or {})
-    if name == "forced":
-        params["at"] = {int(k): v for k, v in params.get("at", {}).items()}
-    return POLICIES[name](**params)
+    """Rebuild a policy from its `record()` (e.g. a trace's meta["policy"]) through `make_policy`."""
+    if not isinstance(record, dict):
+        raise InvalidInputError(f"A policy record is a dict with 'name' and 'params', got {record!r}")
+    return make_policy(str(record.get("name")), **dict(record.get("params") or {}))

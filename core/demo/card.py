@@ -17,7 +17,7 @@ import numpy as np
 
 
 from core.evaluation import harness as ev
-from core.decoding.policies import BaseOnly, EarlyOnly, Guided, RandomPositions, ReasonOnly
+from core.decoding.policies import BaseOnly, EarlyOnly, RandomPositions, ReasonOnly, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,8 @@ def _one_setting(pair: Any, problems: Sequence[Any], gate: Any, *, budget: float
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
                   max_new_tokens=max_new_tokens, batch_size=batch_size, keep=keep, progress=progress)
     first = ev.run_records(pair, problems, {"base": BaseOnly(), "reason": ReasonOnly(),
-                                            "guided": Guided.from_gate(gate, budget=budget)}, **common)
-    summary = ev.summarise(first).set_index("policy")
+                                            "guided": make_policy("guided", gate=gate, budget=budget)}, **common)
+    summary = ev.policy_table(first).set_index("policy")
     rho, mean_tokens = float(summary.loc["guided", "rho"]), float(summary.loc["base", "mean_tokens"])
     # the baselines at the realised rate Guided reached (EarlyOnly's rate is a share of max_new_tokens)
     # and at the bar's ceiling ρ = budget, where a blind baseline has its best chance
@@ -68,7 +68,7 @@ def _one_setting(pair: Any, problems: Sequence[Any], gate: Any, *, budget: float
     second = ev.run_records(pair, problems, baselines, **common)
     import pandas as pd
 
-    return ev.summarise(pd.concat([first, second], ignore_index=True)), keep
+    return ev.policy_table(pd.concat([first, second], ignore_index=True)), keep
 
 
 class _Counted:
@@ -84,9 +84,10 @@ class _Counted:
         self.reused += 1
         return self.store.get(key)
 
-    def put(self, trace: Any) -> Any:
-        self.generated += 1
-        return self.store.put(trace) if self.store is not None else None
+    def put(self, trace: Any, overwrite: bool = False) -> Any:
+        if not overwrite:  # a rewrite (a stored trace newly graded) is not a generation
+            self.generated += 1
+        return self.store.put(trace, overwrite=overwrite) if self.store is not None else None
 
 
 def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any], *, ratio: float = 0.05,
@@ -96,7 +97,7 @@ def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
     """All measured properties of a pair on `problems`, with the gate calibrated on base rollouts of
     `calibration`: {"settings", "gate", "greedy", "sampled" (summary records), "values", "passed"}."""
     from core.analysis.tables import enrichment, gini, gini_table, position_density
-    from core.decoding.engine import calibrate
+    from core.decoding import calibrate
 
     t0 = time.perf_counter()
     store = _Counted(store)

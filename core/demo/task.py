@@ -17,6 +17,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from core.errors import InvalidInputError
+
 OPS: tuple[str, ...] = ("add", "subtract", "multiply", "divide")
 SYMBOL = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/"}
 MAX_VALUE = 99  # every operand and result stays in 0..MAX_VALUE
@@ -85,7 +87,7 @@ def apply(op: str, x: int, y: int) -> int | None:
             return None
         r = x // y
     else:
-        raise ValueError(f"Unknown op {op!r}; choose one of: {', '.join(OPS)}")
+        raise InvalidInputError(f"Unknown op {op!r}; choose one of: {', '.join(OPS)}")
     return r if 0 <= r <= MAX_VALUE else None
 
 
@@ -109,7 +111,7 @@ def render_solution(route: tuple[str, str], numbers: tuple[int, int, int], name:
     a, b, c = numbers
     results = run_route(route, numbers)
     if results is None:
-        raise ValueError(f"route {route} is not executable on {numbers}")
+        raise InvalidInputError(f"route {route} is not executable on {numbers}")
     r1, r2 = results
     return (
         f" The numbers are {a}, {b} and {c}. {render_plan(route)}"

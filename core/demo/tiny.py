@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from core.errors import InvalidInputError
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
@@ -61,7 +63,7 @@ def tiny_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 2, h
         return Qwen3Config(head_dim=hidden // heads, **common)
     if arch == "llama":
         return LlamaConfig(**common)
-    raise ValueError(f"Unknown arch {arch!r}; choose qwen3 or llama")
+    raise InvalidInputError(f"Unknown arch {arch!r}; choose qwen3 or llama")
 
 
 def build_tiny_model(out_dir: str | Path, tokenizer: Any, arch: str = "qwen3", seed: int = 0,
@@ -88,3 +90,26 @@ def build_tiny_pair(out_dir: str | Path, arch: str = "qwen3", seed: int = 0, **c
     base = build_tiny_model(out / "base", tokenizer, arch, seed=seed, **config_kwargs)
     reason = build_tiny_model(out / "reason", tokenizer, arch, seed=seed + 1, **config_kwargs)
     return base, reason
+
+
+def word_tokenizer(vocab_size: int = 151_936, corpus: list[str] | None = None) -> Any:
+    """A word-level tokenizer of exactly `vocab_size` entries (the specials, the corpus' words, then
+    filler words "w0", "w1", ...): a full-size vocabulary in a fraction of a second, for tests and benchmarks."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = list(SPECIALS) + ["<unk>"]
+    for word in " ".join(corpus or CORPUS).split() + ["user", "assistant", "system"]:
+        if word not in words:
+            words.append(word)
+    if vocab_size < len(words):
+        raise InvalidInputError(f"vocab_size {vocab_size} is below the {len(words)} words the corpus needs")
+    words += [f"w{i}" for i in range(vocab_size - len(words))]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token="<unk>",
+        additional_special_tokens=SPECIALS[1:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast

@@ -22,9 +22,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from core.evaluation import mathverify_worker
-from core.errors import ForkpointError, InvalidInputError
+from core.errors import GradingError, InvalidInputError
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,12 @@ _NUMBER_THEN_WORDS = re.compile(
     r"(?P<n>[-+]?(?:\\?\$)?\s*\d[\d,]*(?:\.\d+)?)\s*(?:,\s*|\s+)(?P<w>[A-Za-z]{3,})\b[A-Za-z\s.,'’-]*"
 )
 _MATH_WORDS = {"sqrt", "frac", "cdot", "times", "pi"}
+THINK_CLOSE_TAGS = ("</think>", "</thinking>", "</reasoning>")
+# Special-token markup of the common families (Qwen/ChatML, Llama 3, DeepSeek's full-width bars, Gemma,
+# SentencePiece); answers never contain these strings.
+_SPECIAL = re.compile(
+    r"<\|[A-Za-z0-9_.:\-]{1,40}\|>|<｜[^｜<>\n]{1,40}｜>|</?s>|<(?:eos|bos|pad|unk)>|<(?:start|end)_of_turn>"
+)
 _WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"), ("**", "**"), ("`", "`"))
 
 
@@ -84,14 +91,29 @@ def _braced(text: str, open_at: int) -> str | None:
     return None
 
 
+def strip_special(text: str) -> str:
+    """`text` without special-token markup ("<|im_end|>", "<｜end▁of▁sentence｜>", "</s>", "<eos>", ...);
+    the think tags stay (see `answer_part`)."""
+    return _SPECIAL.sub("", text or "")
+
+
+def answer_part(text: str) -> str:
+    """The answer part of a chain of thought: the text after the last closing think tag when there is
+    one, else the whole text (a response that never closes its thought is graded on all of it)."""
+    ends = [text.rfind(tag) + len(tag) for tag in THINK_CLOSE_TAGS if tag in text]
+    return text[max(ends):] if ends else text
+
+
 def extract_answer(text: str, last_number: bool = False) -> str | None:
     """The response's final answer, or None.
 
+    Special tokens are stripped and only the part after a closing think tag is read (`answer_part`).
     Order: last \\boxed{}; else the last "#### X" (GSM8K); else the last "answer is X" / "answer: X"
     (X up to the end of its sentence or line); else, only with `last_number=True`, the last number.
     The last-number fallback is off by default: a rollout that trails off mid-computation would
     otherwise be graded on an intermediate result, and would sometimes be counted right by chance.
     """
+    text = answer_part(strip_special(text))
     if not text:
         return None
     boxed = last_boxed(text)
@@ -162,6 +184,40 @@ def check_answer(answer: str | None, gold: str, timeout_s: int = DEFAULT_TIMEOUT
 def grade(response_text: str, gold: str, *, timeout_s: int = DEFAULT_TIMEOUT_S, last_number: bool = False) -> bool:
     """Whether a response's final answer (see `extract_answer`) equals `gold`."""
     return check_answer(extract_answer(response_text or "", last_number=last_number), gold, timeout_s)
+
+
+def gold_of(trace: Any) -> str | None:
+    """The trace's gold answer as a string, or None when its problem has none (or an empty one)."""
+    gold = (trace.meta.get("problem") or {}).get("gold")
+    return None if gold is None or not str(gold).strip() else str(gold)
+
+
+def grade_trace(trace: Any) -> bool | None:
+    """Grade a trace in place (meta "answer" and "correct") against its problem's gold answer, unless it
+    is graded already or has no gold; returns meta["correct"] (None when ungradable). The one rule
+    every edge uses (CLI, harness, app)."""
+    gold = gold_of(trace)
+    if gold is None or trace.meta.get("correct") is not None:
+        return trace.meta.get("correct")
+    trace.meta["answer"] = extract_answer(trace.text)
+    trace.meta["correct"] = bool(check_answer(trace.meta["answer"], gold))
+    return trace.meta["correct"]
+
+
+def graded_put(store: Any, trace: Any) -> Any:
+    """Grade (see `grade_trace`) and store: a new trace is written, a stored one is rewritten only when
+    it was just graded (so an older run's ungraded copy gains its grade). Returns the trace."""
+    was_graded = trace.meta.get("correct") is not None
+    grade_trace(trace)
+    newly = not was_graded and trace.meta.get("correct") is not None
+    if store is None:
+        return trace
+    stored = trace.key is not None and trace.key in store
+    if not stored:
+        store.put(trace)
+    elif newly:
+        store.put(trace, overwrite=True)
+    return trace
 
 
 def _balanced(s: str) -> bool:
@@ -238,7 +294,7 @@ class _Worker:
             errors.seek(0)
             tail = errors.read()[-2000:].decode("utf-8", "replace")
             errors.close()
-            raise ForkpointError(f"could not start the math-verify worker ({' '.join(self.argv)}): {tail}")
+            raise GradingError(f"could not start the math-verify worker ({' '.join(self.argv)}): {tail}")
         errors.close()
         logger.debug("math-verify worker started (pid %s)", self.proc.pid)
 

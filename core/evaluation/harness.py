@@ -1,8 +1,11 @@
-"""Evaluation harness: problems x policies x samples -> graded traces -> accuracy, pass@k, realised rate,
-recovery of the base-to-reference gap; plus a budget sweep (recovery vs realised takeover rate ρ).
+"""Evaluation harness: problems x policies x samples -> graded traces -> accuracy, pass@k, realised rate ρ
+and recovery of the base-to-reference gap (one row per benchmark and policy, `policy_table`).
 
-Every trace goes through the store when one is given, so a rerun (or a run over another shard)
-skips what is stored. Grading uses `core.grading.grade` on the response text against the gold answer.
+Generation runs through `core.decoding.generate_many` (the one batch loop); every trace is graded by
+`core.evaluation.grading.grade_trace` (the one rule) before it is stored, so a rerun (or a run over another
+shard) skips what is stored and an older ungraded copy gains its grade.
+The recovery reference is a policy label (e.g. "thinking": a same-size thinking model run alone, as in
+the paper), or numbers the user supplies per benchmark; every table says which one it used.
 """
 
 from __future__ import annotations
@@ -10,19 +13,25 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import pandas as pd
 
+from core import settings
+from core.decoding.policies import BaseOnly, Policy, ReasonOnly
 from core.errors import InvalidInputError
-from core.decoding.policies import BaseOnly, EarlyOnly, Guided, Policy, RandomPositions, ReasonOnly
+from core.evaluation.grading import grade_trace
 
 log = logging.getLogger(__name__)
 
-BASE, REFERENCE = "base", "reason"
-SUMMARY_COLUMNS = ("benchmark", "policy", "problems", "samples", "accuracy", "pass@k", "k", "rho",
-                   "mean_tokens", "recovery", "recovery@k")
+BASE, GUIDE, THINKING = "base", "reason", "thinking"
+REFERENCE = GUIDE  # evaluate()'s default reference when no thinking model is given (not the paper's)
+RECORD_COLUMNS = ("benchmark", "policy", "problem", "index", "sample", "correct", "tokens", "taken", "key")
+POLICY_TABLE_COLUMNS = ("benchmark", "policy", "problems", "samples", "accuracy", "pass@k", "k", "rho",
+                        "mean_tokens", "recovery", "recovery@k", "reference")
+# A reference: a policy label, a Pass@k number, or per benchmark a number or {"accuracy": x, "pass@k": y}.
+Reference = Union[str, float, Mapping[str, Union[float, Mapping[str, float]]]]
 
 
 # -- pure maths --------------------------------------------------------------------------------
@@ -59,34 +68,8 @@ def shard_of(items: Sequence[Any], shard: tuple[int, int] | None) -> list[Any]:
 
 
 # -- running -----------------------------------------------------------------------------------
-class _GradingStore:
-    """Wraps a store (or nothing) so that every new trace is graded before it is written."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-
-    def __contains__(self, key: object) -> bool:
-        return self.store is not None and key in self.store
-
-    def get(self, key: str) -> Any:
-        return self.store.get(key)
-
-    def put(self, trace: Any) -> Any:
-        _grade_trace(trace)
-        return self.store.put(trace) if self.store is not None else None
-
-
-def _grade_trace(trace: Any) -> None:
-    from core.evaluation.grading import extract_answer, grade
-
-    gold = (trace.meta.get("problem") or {}).get("gold")
-    if gold is None or trace.meta.get("correct") is not None:
-        return
-    trace.meta["answer"] = extract_answer(trace.text)
-    trace.meta["correct"] = bool(grade(trace.text, str(gold)))
-
-
-def _named(policies: Mapping[str, Policy] | Iterable[Policy]) -> dict[str, Policy]:
+def named_policies(policies: Mapping[str, Policy] | Iterable[Policy]) -> dict[str, Policy]:
+    """{label: policy}; a plain list is labelled by policy names (repeats get _2, _3, ...)."""
     if isinstance(policies, Mapping):
         named = dict(policies)
     else:
@@ -102,63 +85,82 @@ def _named(policies: Mapping[str, Policy] | Iterable[Policy]) -> dict[str, Polic
     return named
 
 
-def _benchmarks(problems: Any) -> dict[str, list[Any]]:
+def benchmarks_of(problems: Any) -> dict[str, list[Any]]:
+    """{benchmark: problems}: a mapping as is, a plain list as one benchmark named "problems"."""
     if isinstance(problems, Mapping):
         return {str(name): list(ps) for name, ps in problems.items()}
     return {"problems": list(problems)}
 
 
 def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Iterable[Policy], *,
-                samples: int = 1, store: Any = None, temperature: float = 0.0, top_p: float = 1.0,
-                seed: int = 0, max_new_tokens: int = 256, shard: tuple[int, int] | None = None,
-                batch_size: int = 64, progress: Callable[[int, int], None] | None = None,
-                keep: dict[str, list[Any]] | None = None) -> pd.DataFrame:
-    """One row per generated trace: benchmark, policy, problem, sample, correct, tokens, taken, key.
-
-    `problems` is a list (one benchmark) or {benchmark: list}. Rows come from the store when present.
-    With `keep` (a dict), the traces are also collected there, keep[policy label] -> list of Trace.
-    """
-    from core.decoding.engine import generate
+                samples: int = settings.SAMPLES, store: Any = None, temperature: float = settings.TEMPERATURE,
+                top_p: float = settings.TOP_P, seed: int = settings.SEED,
+                max_new_tokens: int = settings.MAX_NEW_TOKENS, shard: tuple[int, int] | None = None,
+                batch_size: int = settings.BATCH_SIZE, progress: Callable[[int, int], None] | None = None,
+                keep: dict[str, list[Any]] | None = None, executor: Any = None) -> pd.DataFrame:
+    """One row per generated trace (RECORD_COLUMNS): benchmark, policy, problem, index, sample, correct,
+    tokens, taken, key. `problems` is a list (one benchmark) or {benchmark: list}. Rows come from the
+    store when present. With `keep` (a dict), traces are also collected, keep[policy label] -> [Trace].
+    `executor` (e.g. `core.RayExecutor()`) makes the traces elsewhere; grading and the table stay here."""
+    from core.decoding import generate_many
 
     if samples < 1:
         raise InvalidInputError(f"samples must be ≥ 1, got {samples}")
     if samples > 1 and temperature == 0.0:
         log.warning("%d samples at temperature 0 are identical; pass@k equals accuracy", samples)
-    named = _named(policies)
+    named = named_policies(policies)
     # (global index in its benchmark, problem): indices stay unique when shards are concatenated
-    benches = {name: shard_of(list(enumerate(ps)), shard) for name, ps in _benchmarks(problems).items()}
-    grading = _GradingStore(store)
+    benches = {name: shard_of(list(enumerate(ps)), shard) for name, ps in benchmarks_of(problems).items()}
     total = sum(len(ps) for ps in benches.values()) * len(named)
     done, rows = 0, []
     for bench, ps in benches.items():
         for label, policy in named.items():
-            for start in range(0, len(ps), batch_size):
-                indices = [i for i, _ in ps[start:start + batch_size]]
-                chunk = [p for _, p in ps[start:start + batch_size]]
-                traces = generate(pair, chunk, policy, max_new_tokens=max_new_tokens, temperature=temperature,
-                                  top_p=top_p, seed=seed, samples=samples, store=grading)
-                traces = traces if isinstance(traces, list) else [traces]
-                if keep is not None:
-                    keep.setdefault(label, []).extend(traces)
-                for j, trace in enumerate(traces):
-                    _grade_trace(trace)  # traces stored by an older run may lack a grade
-                    src = np.asarray(trace.source)
-                    rows.append({
-                        "benchmark": bench, "policy": label, "problem": trace.meta["problem"].get("id"),
-                        "index": indices[j // samples], "sample": j % samples,
-                        "correct": bool(trace.meta.get("correct")), "tokens": len(trace),
-                        "taken": int((src != "base").sum()), "key": trace.key,
-                    })
-                done += len(chunk)
+            def step(rows_done: int, _rows: int, _done: int = done) -> None:
                 if progress is not None:
-                    progress(done, total)
-    return pd.DataFrame(rows)
+                    progress(_done + rows_done // samples, total)
+
+            traces = generate_many(pair, [p for _, p in ps], policy, samples=samples, batch_size=batch_size,
+                                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                   store=store, on_trace=grade_trace, progress=step, executor=executor)
+            if keep is not None:
+                keep.setdefault(label, []).extend(traces)
+            for j, trace in enumerate(traces):
+                rows.append({
+                    "benchmark": bench, "policy": label, "problem": trace.meta["problem"].get("id"),
+                    "index": ps[j // samples][0], "sample": j % samples,
+                    "correct": bool(trace.meta.get("correct")), "tokens": len(trace), "taken": int(trace.n_takeovers),
+                    "key": trace.key,
+                })
+            done += len(ps)
+    return pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
 
 
-def summarise(records: pd.DataFrame, k: int | None = None, base: str = BASE,
-              reference: str = REFERENCE) -> pd.DataFrame:
-    """Per benchmark and policy: accuracy, unbiased pass@k, realised ρ (token-weighted), mean tokens,
-    and recovery of the gap between the `base` and `reference` policy rows (on accuracy and pass@k)."""
+# -- summarising -------------------------------------------------------------------------------
+def reference_values(table: pd.DataFrame, bench: str, reference: Reference) -> tuple[float, float, str]:
+    """(reference accuracy, reference pass@k, description) for one benchmark of a policy table."""
+    if isinstance(reference, str):
+        rows = table[(table["benchmark"] == bench) & (table["policy"] == reference)]
+        if rows.empty:
+            return float("nan"), float("nan"), f"policy {reference} (missing)"
+        return float(rows["accuracy"].iloc[0]), float(rows["pass@k"].iloc[0]), f"policy {reference}"
+    value: Any = reference.get(bench, reference.get("*")) if isinstance(reference, Mapping) else reference
+    if value is None:
+        return float("nan"), float("nan"), "given numbers (none for this benchmark)"
+    if isinstance(value, Mapping):
+        bad = set(value) - {"accuracy", "pass@k"}
+        if bad:
+            raise InvalidInputError(f"reference numbers take keys accuracy and pass@k, got {sorted(bad)}")
+        return float(value.get("accuracy", math.nan)), float(value.get("pass@k", math.nan)), "given numbers"
+    if not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+        raise InvalidInputError(f"a reference number is a Pass@k in [0, 1], got {value!r} for {bench!r}")
+    return float("nan"), float(value), "given Pass@k"
+
+
+def policy_table(records: pd.DataFrame, k: int | None = None, base: str = BASE,
+                 reference: Reference = REFERENCE) -> pd.DataFrame:
+    """Per benchmark and policy (POLICY_TABLE_COLUMNS): accuracy, unbiased pass@k, realised ρ
+    (token-weighted), mean tokens, and recovery of the gap between the `base` row and the `reference`
+    (a policy label or numbers, see `reference_values`) on accuracy and on pass@k ("recovery@k")."""
     out = []
     for (bench, label), g in records.groupby(["benchmark", "policy"], sort=False):
         per = g.groupby("index")["correct"].agg(["size", "sum"])
@@ -173,81 +175,65 @@ def summarise(records: pd.DataFrame, k: int | None = None, base: str = BASE,
             "k": kk, "rho": float(g["taken"].sum() / max(1, g["tokens"].sum())),
             "mean_tokens": float(g["tokens"].mean()),
         })
-    frame = pd.DataFrame(out, columns=[c for c in SUMMARY_COLUMNS if c not in ("recovery", "recovery@k")])
-    for col, metric in (("recovery", "accuracy"), ("recovery@k", "pass@k")):
-        values = []
-        for _, row in frame.iterrows():
-            bench = frame[frame["benchmark"] == row["benchmark"]].set_index("policy")[metric]
-            if base in bench and reference in bench:
-                values.append(recovery(row[metric], bench[base], bench[reference]))
-            else:
-                values.append(float("nan"))
-        frame[col] = values
-    return frame
+    frame = pd.DataFrame(out, columns=list(POLICY_TABLE_COLUMNS[:-3]))
+    return add_recovery(frame, base=base, reference=reference)
 
 
-def evaluate(pair: Any, problems: Any, policies: Mapping[str, Policy] | Iterable[Policy], samples: int = 1,
-             store: Any = None, reference: str = REFERENCE, temperature: float = 0.0, seed: int = 0,
+def add_recovery(frame: pd.DataFrame, base: str = BASE, reference: Reference = REFERENCE,
+                 ends: pd.DataFrame | None = None) -> pd.DataFrame:
+    """`frame` with recovery, recovery@k and reference columns, base and reference rows looked up in
+    `ends` (default: `frame` itself), per benchmark."""
+    ends = frame if ends is None else ends
+    rec, rec_k, names = [], [], []
+    for _, row in frame.iterrows():
+        b = ends[(ends["benchmark"] == row["benchmark"]) & (ends["policy"] == base)]
+        ref_acc, ref_k, name = reference_values(ends, row["benchmark"], reference)
+        acc_b = float(b["accuracy"].iloc[0]) if len(b) else float("nan")
+        k_b = float(b["pass@k"].iloc[0]) if len(b) else float("nan")
+        rec.append(recovery(row["accuracy"], acc_b, ref_acc))
+        rec_k.append(recovery(row["pass@k"], k_b, ref_k))
+        names.append(name)
+    return frame.assign(recovery=rec, **{"recovery@k": rec_k}, reference=names)
+
+
+def evaluate(pair: Any, problems: Any, policies: Mapping[str, Policy] | Iterable[Policy],
+             samples: int = settings.SAMPLES, store: Any = None, reference: Reference | None = None,
+             temperature: float = settings.TEMPERATURE, seed: int = settings.SEED,
              shard: tuple[int, int] | None = None, progress: Callable[[int, int], None] | None = None,
-             *, top_p: float = 1.0, max_new_tokens: int = 256, k: int | None = None,
-             batch_size: int = 64) -> pd.DataFrame:
-    """Run problems x policies x samples, grade, and summarise (see `summarise`), one row per
-    benchmark and policy. BaseOnly ("base") and ReasonOnly ("reason") are added when missing, since
-    recovery needs both; `reference` names the row recovery is measured against."""
-    named = _named(policies)
+             *, top_p: float = settings.TOP_P, max_new_tokens: int = settings.MAX_NEW_TOKENS, k: int | None = None,
+             batch_size: int = settings.BATCH_SIZE, thinking: Any = None, executor: Any = None) -> pd.DataFrame:
+    """Run problems x policies x samples, grade, and summarise (`policy_table`), one row per benchmark
+    and policy. BaseOnly ("base") and ReasonOnly ("reason", the guide) are added when missing. With
+    `thinking` (a pair from `core.evaluation.thinking.load_thinking`), its model's solo run is the "thinking"
+    row and the default reference, as in the paper; else the default reference is the guide.
+    `executor`: where the traces are made (None: here; `core.RayExecutor()`: Ray workers, same table)."""
+    named = named_policies(policies)
     kinds = {type(p) for p in named.values()}
     extra: dict[str, Policy] = {}
     if BASE not in named and BaseOnly not in kinds:
         extra[BASE] = BaseOnly()
-    if reference == REFERENCE and REFERENCE not in named and ReasonOnly not in kinds:
-        extra[REFERENCE] = ReasonOnly()
+    if GUIDE not in named and ReasonOnly not in kinds:
+        extra[GUIDE] = ReasonOnly()
     named = {**extra, **named}
     base_label = next(label for label, p in named.items() if isinstance(p, BaseOnly))
-    if reference not in named:
-        raise InvalidInputError(f"reference {reference!r} is not a policy label; choose one of: {', '.join(named)}")
-    records = run_records(pair, problems, named, samples=samples, store=store, temperature=temperature,
-                          top_p=top_p, seed=seed, max_new_tokens=max_new_tokens, shard=shard,
-                          batch_size=batch_size, progress=progress)
-    return summarise(records, k=k, base=base_label, reference=reference)
-
-
-# -- budget sweep ------------------------------------------------------------------------------
-def budget_sweep(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
-                 ratios: Sequence[float] = (0.01, 0.02, 0.05, 0.1), *, window: int = 16, budget: float = 0.1,
-                 baselines: bool = True, samples: int = 1, store: Any = None, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0, max_new_tokens: int = 256, batch_size: int = 64,
-                 progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """Recovery vs realised ρ: for each calibration ratio r, a Guided policy calibrated on base
-    rollouts of `calibration`, and (with `baselines`) RandomPositions and EarlyOnly at the realised ρ
-    Guided reached. Columns: ratio, policy, rho, accuracy, pass@k, recovery, recovery@k (+ gate)."""
-    from core.decoding.engine import calibrate
-
+    if reference is None:
+        reference = THINKING if thinking is not None else GUIDE
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
-                  max_new_tokens=max_new_tokens, batch_size=batch_size)
-    ends = summarise(run_records(pair, problems, {BASE: BaseOnly(), REFERENCE: ReasonOnly()}, **common))
-    p = ends.set_index("policy")
-    mean_tokens = float(p.loc[BASE, "mean_tokens"])
-    rows = [{"ratio": float("nan"), **r} for r in ends.to_dict("records")]
-    for i, ratio in enumerate(ratios):
-        gate = calibrate(pair, list(calibration), ratio=ratio, window=window, temperature=temperature, seed=seed,
-                         max_new_tokens=max_new_tokens, batch_size=batch_size, store=store)
-        guided = summarise(run_records(pair, problems, {"guided": Guided.from_gate(gate, budget=budget)}, **common))
-        rho = float(guided["rho"].iloc[0])
-        found = [{"ratio": ratio, "tau": gate.tau, "lam": gate.lam, "window": gate.window,
-                  **guided.iloc[0].to_dict()}]
-        if baselines and rho > 0:
-            # EarlyOnly hands over the first ceil(rate · max_new_tokens) tokens: match ρ on mean length
-            others = {"random_positions": RandomPositions(rate=min(1.0, rho), seed=seed),
-                      "early_only": EarlyOnly(rate=early_rate_for(rho, mean_tokens, max_new_tokens))}
-            base_summary = summarise(run_records(pair, problems, others, **common))
-            found += [{"ratio": ratio, **r} for r in base_summary.to_dict("records")]
-        for r in found:
-            r["recovery"] = recovery(r["accuracy"], p.loc[BASE, "accuracy"], p.loc[REFERENCE, "accuracy"])
-            r["recovery@k"] = recovery(r["pass@k"], p.loc[BASE, "pass@k"], p.loc[REFERENCE, "pass@k"])
-        rows += found
-        if progress is not None:
-            progress(i + 1, len(ratios))
-    return pd.DataFrame(rows)
+                  max_new_tokens=max_new_tokens, shard=shard, batch_size=batch_size, executor=executor)
+    records = run_records(pair, problems, named, progress=progress, **common)
+    if thinking is not None:
+        records = pd.concat([records, thinking_records(thinking, problems, **common)], ignore_index=True)
+    if isinstance(reference, str) and reference not in set(records["policy"]):
+        raise InvalidInputError(f"reference {reference!r} is not a policy label; choose one of: "
+                                f"{', '.join(dict.fromkeys(records['policy']))}, or give numbers")
+    return policy_table(records, k=k, base=base_label, reference=reference)
+
+
+def thinking_records(thinking: Any, problems: Any, **common: Any) -> pd.DataFrame:
+    """Records of the thinking model writing every token alone (`Solo` on a `load_thinking` pair)."""
+    from core.evaluation.thinking import Solo
+
+    return run_records(thinking, problems, {THINKING: Solo()}, **common)
 
 
 # -- output ------------------------------------------------------------------------------------

@@ -15,14 +15,13 @@ import json
 import logging
 import sys
 
-from math_verify import parse, verify
-from math_verify.errors import TimeoutException
-
 logger = logging.getLogger(__name__)
 
 
 def _parse(text: str, timeout: int | None) -> list:
     # \boxed{} makes math-verify read the whole string as one LaTeX answer (its highest priority).
+    from math_verify import parse
+
     return parse("\\boxed{" + text + "}", parsing_timeout=timeout)
 
 
@@ -31,6 +30,10 @@ def check(answer: str, gold: str, timeout: int | None) -> bool:
 
     `timeout` (seconds, int) uses SIGALRM: pass None off the main thread.
     """
+    # math-verify (sympy) loads on the first comparison, not with `import core`
+    from math_verify import verify
+    from math_verify.errors import TimeoutException
+
     try:
         gold_parsed = _parse(gold, timeout)
         answer_parsed = _parse(answer, timeout)
@@ -48,6 +51,8 @@ def check(answer: str, gold: str, timeout: int | None) -> bool:
 def main() -> None:
     """Serve comparison requests from stdin until it closes."""
     logging.basicConfig(level=logging.ERROR)
+    import math_verify  # noqa: F401  (load before announcing "ready", so no request waits on the import)
+
     out = sys.stdout
     out.write('{"ready": true}\n')
     out.flush()

@@ -9,12 +9,13 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidInputError
+from core.io.foreign import MAX_DEPTH, MAX_LINE_BYTES, json_depth_exceeds
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +62,18 @@ def load_problems(
         raise InvalidInputError(f"unknown problem file type {path.name!r}; use one of: .{', .'.join(FORMATS)}")
     if not path.is_file():
         raise InvalidInputError(f"problem file {str(path)!r} does not exist")
+    return problems_from_rows(_rows(path, kind), path.stem, where=str(path), question_field=question_field,
+                              answer_field=answer_field, id_field=id_field, limit=limit, skip_bad=skip_bad)
+
+
+def problems_from_rows(rows: Iterable[tuple[int, Any]], stem: str, *, where: str, question_field: str | None = None,
+                       answer_field: str | None = None, id_field: str | None = None, limit: int | None = None,
+                       skip_bad: bool = False) -> list[Problem]:
+    """Problems from (line, row dict) pairs (a file's rows or a hub dataset's), with the field detection
+    and error handling of `load_problems`; `where` names the source in messages."""
     problems: list[Problem] = []
     seen: dict[str, int] = {}
-    for index, (line, row) in enumerate(_rows(path, kind)):
+    for index, (line, row) in enumerate(rows):
         if limit is not None and len(problems) >= limit:
             break
         try:
@@ -71,11 +81,11 @@ def load_problems(
                 raise InvalidInputError(row.problem)
             if not isinstance(row, dict):
                 raise InvalidInputError(f"expected an object with fields, got {type(row).__name__}")
-            problem = _problem(row, path.stem, index, question_field, answer_field, id_field)
+            problem = _problem(row, stem, index, question_field, answer_field, id_field)
             if problem.id in seen:
                 raise InvalidInputError(f"duplicate id {problem.id!r} (first on line {seen[problem.id]})")
         except InvalidInputError as exc:
-            message = f"{path}:{line}: {exc}"
+            message = f"{where}:{line}: {exc}"
             if not skip_bad:
                 raise InvalidInputError(message) from None
             logger.warning("skipping bad problem row: %s", message)
@@ -83,7 +93,7 @@ def load_problems(
         seen[problem.id] = line
         problems.append(replace(problem, meta={**problem.meta, "line": line}))
     if not problems:
-        logger.warning("no problems read from %s", path)
+        logger.warning("no problems read from %s", where)
     return problems
 
 
@@ -106,6 +116,8 @@ def _rows(path: Path, kind: str) -> Iterator[tuple[int, Any]]:
             else:
                 yield reader.line_num, {k: v for k, v in row.items() if v is not None}
     elif kind == "json":
+        if json_depth_exceeds(text):
+            raise InvalidInputError(f"{path}: JSON nested deeper than {MAX_DEPTH} levels (the limit)")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -116,6 +128,9 @@ def _rows(path: Path, kind: str) -> Iterator[tuple[int, Any]]:
     else:
         for number, raw in enumerate(text.splitlines(), start=1):
             if not raw.strip():
+                continue
+            if len(raw) > MAX_LINE_BYTES or json_depth_exceeds(raw):  # before parsing: no RecursionError
+                yield number, _Bad(f"line over {MAX_LINE_BYTES} bytes or nested deeper than {MAX_DEPTH} levels")
                 continue
             try:
                 yield number, json.loads(raw)
@@ -129,7 +144,11 @@ def _pick(row: dict[str, Any], given: str | None, candidates: tuple[str, ...], w
         if given not in row:
             raise InvalidInputError(f"no {what} field {given!r}; fields are: {', '.join(map(str, row))}")
         return given
-    return next((name for name in candidates if name in row), None)
+    found = next((name for name in candidates if name in row), None)
+    if found is None:  # "Problem" / "Answer" / "ID" spellings
+        lower = {str(k).lower(): k for k in row}
+        found = next((lower[name] for name in candidates if name in lower), None)
+    return found
 
 
 def _text(value: Any) -> str | None:
@@ -155,7 +174,7 @@ def _problem(
     if prompt is None:
         raise InvalidInputError(f"empty question in field {q_name!r}")
     a_name = _pick(row, answer_field, ANSWER_FIELDS, "answer")
-    s_name = next((n for n in SOLUTION_FIELDS if n in row and n != a_name), None)
+    s_name = _pick(row, None, tuple(n for n in SOLUTION_FIELDS if n != a_name), "solution")
     i_name = _pick(row, id_field, ID_FIELDS, "id")
     answer = _text(row[a_name]) if a_name else None
     solution = _text(row[s_name]) if s_name else None

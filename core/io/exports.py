@@ -1,5 +1,5 @@
-"""Files others open: JSONL (lossless), CSV and Parquet (one row per token), self-contained HTML;
-and the import of foreign `{id, prompt, response[, answer]}` JSONL files.
+"""Files others open: JSONL (lossless), CSV and Parquet (one row per token), self-contained HTML.
+(Reading files made elsewhere is `core/io/imports.py`.)
 
 Every export carries the reproducibility record (each trace's meta plus the exporting forkpoint's
 version). All model text that reaches HTML goes through `core.heatmap` or `html.escape`.
@@ -7,7 +7,6 @@ version). All model text that reaches HTML goes through `core.heatmap` or `html.
 
 from __future__ import annotations
 
-import html
 import importlib.metadata
 import json
 import logging
@@ -22,17 +21,86 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core import settings
 from core.metrics import DEFAULT_SCORE, check_score
 from core.errors import InvalidInputError
-from core.heatmap import heatmap_css, legend_html, tokens_html
+from core.heatmap import tag_colour
 from core.io.atomic import write_atomic
-from core.trace import SIDES, Trace, _json_default
+from core.io.csvsafe import neutralise_frame
+from core.io.jsonsafe import dumps_strict
+from core.rank_shift import rank_shift
+from core.trace import SIDES, Trace
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("jsonl", "csv", "parquet", "html")
 JSONL_VERSION = 1  # the `forkpoint_trace` field of each JSONL line
 PER_TOKEN_LAYERS = ("tags", "segments")  # annotation layers that become columns in CSV/Parquet
+Decoder = Callable[[int], str]
+
+
+# -- the annotations every format carries ------------------------------------------------------------
+
+
+def annotated(trace: Trace, score: str = DEFAULT_SCORE, top: float | None = None, gate: Any = None) -> Trace:
+    """The trace with what the user sees: spikes (under `top` or `gate`; else the trace's own layer; else
+    the top settings.SPIKE_TOP) and planning tags / think-answer segments (computed when missing)."""
+    from core.planning import annotate_tags
+    from core.spike_rules import spikes
+
+    out = trace
+    if gate is not None:
+        out = spikes(out, score=score, gate=gate)
+    elif top is not None or "spikes" not in out.annotations:
+        out = spikes(out, score=score, top=settings.SPIKE_TOP if top is None else top)
+    if "tags" not in out.annotations or "segments" not in out.annotations:
+        tagged = annotate_tags(out)
+        out = out.annotate(**{k: tagged.annotations[k] for k in ("tags", "segments") if k not in out.annotations})
+    return out
+
+
+def spike_flags(trace: Trace) -> list[bool]:
+    """Per token: is it a spike under the trace's spike layer (all False without one)."""
+    flags = [False] * len(trace)
+    for p in (trace.annotations.get("spikes") or {}).get("positions", []):
+        if 0 <= int(p) < len(trace):
+            flags[int(p)] = True
+    return flags
+
+
+def tag_column(trace: Trace) -> list[str]:
+    """Per token: its planning category, "" for none (untagged / execution), as the app underlines them."""
+    tags = trace.annotations.get("tags") or [""] * len(trace)
+    return [str(t) if tag_colour(t) is not None else "" for t in tags]
+
+
+def token_decoder(traces: Sequence[Trace]) -> Decoder | None:
+    """Token-id -> text through the tokenizer the traces record (local files only, no download, no remote
+    code); None when it cannot be loaded or the traces come from different pairs."""
+    ids = {str(((t.meta.get("pair") or {}).get("base") or {}).get("id") or "") for t in traces}
+    if len(ids) != 1 or not next(iter(ids)):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(next(iter(ids)), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - any loading failure means "no token strings", never a crash
+        log.info("no tokenizer for token strings in the export (%s); top-k shows ids as #id", exc)
+        return None
+    cache: dict[int, str] = {}
+
+    def decode(i: int) -> str:
+        if i not in cache:
+            cache[i] = tok.decode([int(i)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return cache[i]
+
+    return decode
+
+
+def _topk_text(trace: Trace, side: str, decode: Decoder | None) -> list[list[str]]:
+    ids = np.asarray(trace.topk[side][0])
+    show = decode if decode is not None else (lambda i: f"#{i}")
+    return [[show(int(i)) for i in row] for row in ids.tolist()] if len(trace) else []
 
 
 def forkpoint_version() -> str:
@@ -48,7 +116,7 @@ def _now() -> str:
 
 
 def _dumps(value: Any, indent: int | None = None) -> str:
-    return json.dumps(value, default=_json_default, ensure_ascii=False, indent=indent)
+    return dumps_strict(value, ensure_ascii=False, indent=indent)  # NaN/inf -> null (core/io/jsonsafe.py)
 
 
 # -- JSONL: lossless -------------------------------------------------------------------------------
@@ -66,8 +134,12 @@ def _k(ids: Any) -> int:
     return int(np.shape(ids)[-1]) if np.ndim(ids) == 2 else 0
 
 
-def trace_to_record(trace: Trace) -> dict[str, Any]:
-    """One trace as a JSON-ready dict (the JSONL line), with dtypes so that reading it back is exact."""
+def trace_to_record(trace: Trace, decode: Decoder | None = None) -> dict[str, Any]:
+    """One trace as a JSON-ready dict (the JSONL line), with dtypes so that reading it back is exact.
+
+    Besides the lossless arrays it carries what the user sees: per token `spike` (bool), `tag` ("" for
+    none) and `rank_shift`, the top-k as token strings next to the ids and probabilities, and `annotations` (the spike
+    rule and positions, tags, segments)."""
     metrics = {name: np.asarray(values) for name, values in trace.metrics.items()}
     return {
         "forkpoint_trace": JSONL_VERSION,
@@ -80,9 +152,13 @@ def trace_to_record(trace: Trace) -> dict[str, Any]:
         "source": [str(s) for s in trace.source],
         "metrics": {name: _floats_out(values) for name, values in metrics.items()},
         "topk": {
-            side: {"ids": np.asarray(trace.topk[side][0]).tolist(), "probs": np.asarray(trace.topk[side][1]).tolist()}
+            side: {"ids": np.asarray(trace.topk[side][0]).tolist(), "probs": np.asarray(trace.topk[side][1]).tolist(),
+                   "tokens": _topk_text(trace, side, decode)}
             for side in SIDES
         },
+        "spike": spike_flags(trace),
+        "tag": tag_column(trace),
+        "rank_shift": [str(c) for c in rank_shift(trace)],  # unshifted / marginal / shifted (core/rank_shift.py)
         "dtypes": {
             "metrics": {name: str(values.dtype) for name, values in metrics.items()},
             "topk_probs": {side: str(np.asarray(trace.topk[side][1]).dtype) for side in SIDES},
@@ -147,17 +223,20 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Trace]:
 # -- CSV / Parquet: one row per token ---------------------------------------------------------------
 
 
-def long_frame(traces: Sequence[Trace]) -> pd.DataFrame:
-    """All traces, one row per token: trace_key, pos, token_id, token, metrics, source, annotations,
-    and topk_{base,reason}_{ids,probs} as lists."""
+def long_frame(traces: Sequence[Trace], decode: Decoder | None = None) -> pd.DataFrame:
+    """All traces, one row per token: trace_key, pos, token_id, token, metrics, source, spike (bool),
+    tag ("" for none), segment, and topk_{base,reason}_{tokens,probs,ids} as lists."""
     frames = []
     for trace in traces:
-        frame = trace.frame().drop(columns=[f"topk_{side}" for side in SIDES])
+        frame = trace.frame().drop(columns=[f"topk_{side}" for side in SIDES] + ["tag", "spike"], errors="ignore")
         frame.insert(0, "trace_key", trace.key)
+        frame["spike"] = np.asarray(spike_flags(trace), dtype=bool)
+        frame["tag"] = tag_column(trace)
         for side in SIDES:
             ids, probs = trace.topk[side]
-            frame[f"topk_{side}_ids"] = np.asarray(ids).tolist() if len(trace) else []
+            frame[f"topk_{side}_tokens"] = _topk_text(trace, side, decode)
             frame[f"topk_{side}_probs"] = np.asarray(probs, dtype=np.float64).tolist() if len(trace) else []
+            frame[f"topk_{side}_ids"] = np.asarray(ids).tolist() if len(trace) else []
         frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -187,134 +266,6 @@ def sidecar_path(path: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name + ".meta.json")
 
 
-# -- HTML -------------------------------------------------------------------------------------------
-
-_PAGE_CSS = """
-body { font: 14px system-ui, sans-serif; margin: 24px auto; max-width: 1100px; padding: 0 16px; color: #111; }
-header h1 { margin: 0 0 4px; font-size: 22px; }
-.muted { color: #6b7280; }
-section.trace { border-top: 1px solid #e5e7eb; margin-top: 24px; padding-top: 12px; }
-table.settings { border-collapse: collapse; font-size: 12px; margin: 8px 0; }
-table.settings td { border: 1px solid #e5e7eb; padding: 2px 8px; vertical-align: top; }
-table.settings td:first-child { color: #6b7280; white-space: nowrap; }
-pre.prompt, pre.record { white-space: pre-wrap; background: #f9fafb; padding: 8px; font-size: 12px; }
-#fp-tip { position: fixed; display: none; z-index: 10000; max-width: 640px; white-space: pre; pointer-events: none;
-  background: #111827; color: #f9fafb; font: 12px/1.35 ui-monospace, monospace; padding: 6px 8px; border-radius: 4px; }
-#fp-tip.pinned { pointer-events: auto; outline: 2px solid #2563eb; }
-"""
-
-# Tooltips: the tip text is set with textContent, so nothing in it is ever parsed as HTML.
-_PAGE_JS = """
-(function () {
-  var tip = document.getElementById("fp-tip"), pinned = null;
-  function show(el, x, y) {
-    tip.textContent = el.getAttribute("data-tip");
-    tip.style.display = "block";
-    var w = tip.offsetWidth, h = tip.offsetHeight;
-    tip.style.left = Math.max(4, Math.min(x + 12, window.innerWidth - w - 8)) + "px";
-    tip.style.top = (y + h + 24 > window.innerHeight ? Math.max(4, y - h - 12) : y + 16) + "px";
-  }
-  document.addEventListener("mouseover", function (e) {
-    var el = e.target.closest && e.target.closest(".tok[data-tip]");
-    if (el && !pinned) show(el, e.clientX, e.clientY);
-  });
-  document.addEventListener("mouseout", function (e) {
-    var el = e.target.closest && e.target.closest(".tok[data-tip]");
-    if (el && !pinned) tip.style.display = "none";
-  });
-  document.addEventListener("click", function (e) {
-    var el = e.target.closest && e.target.closest(".tok[data-tip]");
-    if (pinned) { pinned.classList.remove("sel"); tip.classList.remove("pinned"); }
-    if (el && el !== pinned) {
-      pinned = el; el.classList.add("sel"); tip.classList.add("pinned"); show(el, e.clientX, e.clientY);
-    } else { pinned = null; tip.style.display = "none"; }
-  });
-})();
-"""
-
-
-def _model_text(side: Any) -> str:
-    if not isinstance(side, dict):
-        return str(side) if side is not None else "?"
-    text = str(side.get("id") or "?")
-    if side.get("revision"):
-        text += f" @ {side['revision']}"
-    if side.get("gguf_file"):
-        text += f" ({side['gguf_file']})"
-    return text
-
-
-def settings_rows(trace: Trace) -> list[tuple[str, str]]:
-    """(label, value) rows of a trace's reproducibility record, as plain (unescaped) text."""
-    meta = trace.meta
-    pair = meta.get("pair") or {}
-    formats = meta.get("formats") or {}
-    policy = meta.get("policy") or {}
-    sampling = meta.get("sampling") or {}
-    problem = meta.get("problem") or {}
-    n = len(trace)
-    takeovers = int(np.sum(np.asarray(trace.source, dtype=object) != "base")) if n else 0
-    spikes = trace.annotations.get("spikes")
-    rows = [
-        ("key", str(trace.key)),
-        ("kind", str(meta.get("kind"))),
-        ("parent", f"{meta.get('parent')} at token {meta.get('branch_pos')}" if meta.get("parent") else "none"),
-        ("problem", f"{problem.get('id')} (gold: {problem.get('gold')})"),
-        ("base model", _model_text(pair.get("base"))),
-        ("reasoning model", _model_text(pair.get("reason"))),
-        ("dtype / device", f"{pair.get('dtype')} / {pair.get('device')}"),
-        ("base prompt format", str(formats.get("base"))),
-        ("reasoning prompt format", str(formats.get("reason"))),
-        ("policy", f"{policy.get('name')} {_dumps(policy.get('params') or {})}"),
-        ("sampling", ", ".join(f"{k}={v}" for k, v in sampling.items()) or "none"),
-        ("seed", str(sampling.get("seed"))),
-        ("answer / correct", f"{meta.get('answer')} / {meta.get('correct')}"),
-        ("tokens / takeovers", f"{n} / {takeovers} (ρ = {takeovers / n if n else 0:.3f})"),
-        ("spike rule", _dumps(spikes.get("rule")) if isinstance(spikes, dict) else "none"),
-        ("created", str(meta.get("created"))),
-        ("versions", _dumps(meta.get("versions") or {})),
-        ("schema", str(meta.get("schema"))),
-    ]
-    return rows
-
-
-def html_page(
-    traces: Sequence[Trace],
-    score: str = DEFAULT_SCORE,
-    decode: Callable[[int], str] | None = None,
-    title: str = "forkpoint export",
-    scale: str = "linear",
-) -> str:
-    """A self-contained HTML page (inline CSS/JS, no external resources) with each trace's heatmap."""
-    check_score(score)
-    esc = html.escape
-    parts = [
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{esc(title)}</title><style>{_PAGE_CSS}{heatmap_css()}</style></head><body>",
-        f"<header><h1>{esc(title)}</h1><p class='muted'>{len(traces)} trace(s) · colour: {esc(score)} ({esc(scale)})"
-        f" · exported {esc(_now())} by forkpoint {esc(forkpoint_version())}"
-        " · hover a token for both models' top-k; click to pin</p></header>",
-    ]
-    for trace in traces:
-        problem = trace.meta.get("problem") or {}
-        rows = "".join(f"<tr><td>{esc(label)}</td><td>{esc(value)}</td></tr>" for label, value in settings_rows(trace))
-        parts += [
-            f'<section class="trace" data-key="{esc(str(trace.key), quote=True)}">',
-            f"<h2>{esc(str(problem.get('id', 'trace')))} <span class='muted'>{esc(str(trace.key))}</span></h2>",
-            f'<table class="settings">{rows}</table>',
-            "<details><summary>prompt</summary>"
-            f"<pre class='prompt'>{esc(str(problem.get('prompt', '')))}</pre></details>",
-            legend_html(trace.annotations.get("tags"), score=score, scale=scale),
-            tokens_html(trace, score=score, decode=decode, scale=scale, css_tips=False),
-            "<details><summary>full reproducibility record (JSON)</summary>"
-            f"<pre class='record'>{esc(_dumps(trace.meta, indent=1))}</pre></details>",
-            "</section>",
-        ]
-    parts.append(f'<div id="fp-tip"></div><script>{_PAGE_JS}</script></body></html>')
-    return "".join(parts)
-
-
 # -- export entry point -------------------------------------------------------------------------------
 
 
@@ -332,38 +283,47 @@ def export(
     *,
     score: str = DEFAULT_SCORE,
     overwrite: bool = False,
-    decode: Callable[[int], str] | None = None,
+    decode: Decoder | None = None,
+    top: float | None = None,
+    gate: Any = None,
 ) -> Path:
     """Write traces to `path` as jsonl | csv | parquet | html (default: from the file suffix).
 
-    Refuses to replace an existing file unless overwrite=True. CSV keeps its reproducibility record in
-    `<file>.meta.json`; Parquet in its schema metadata; JSONL and HTML inline. Returns the path.
+    Every format carries the annotations the app shows (see `annotated`: spikes under `top`/`gate`, else
+    the trace's own or the top settings.SPIKE_TOP; planning tags) and the top-k as token strings (through
+    `decode`, else the recorded tokenizer when it is on disk, else "#id"). Refuses to replace an existing
+    file unless overwrite=True. CSV keeps its reproducibility record in `<file>.meta.json`; Parquet in its
+    schema metadata; JSONL and HTML inline. Returns the path.
     """
     traces = [traces] if isinstance(traces, Trace) else list(traces)
     path = Path(path)
     fmt = check_format(format if format is not None else path.suffix.lstrip(".").lower())
     if not traces:
         raise InvalidInputError("No traces to export")
-    if fmt == "html":
-        check_score(score)
+    check_score(score)
     targets = [path, sidecar_path(path)] if fmt == "csv" else [path]
     existing = [str(p) for p in targets if p.exists()]
     if existing and not overwrite:
         raise InvalidInputError(f"{', '.join(existing)} already exists; pass overwrite=True to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
+    traces = [annotated(t, score, top, gate) for t in traces]
+    if decode is None:
+        decode = token_decoder(traces)
     if fmt == "jsonl":
-        write_atomic(path, lambda fh: fh.writelines(_dumps(trace_to_record(t)) + "\n" for t in traces))
+        write_atomic(path, lambda fh: fh.writelines(_dumps(trace_to_record(t, decode)) + "\n" for t in traces))
     elif fmt == "html":
+        from core.io.html_page import html_page  # (it imports this module's record helpers)
+
         page = html_page(traces, score=score, decode=decode)
         write_atomic(path, lambda fh: fh.write(page))
     else:
-        frame = long_frame(traces)
+        frame = long_frame(traces, decode)
         header = _record_header(traces, fmt)
         if fmt == "csv":
             for col in [c for c in frame.columns if c.startswith("topk_")]:
-                frame[col] = [json.dumps(v) for v in frame[col]]
+                frame[col] = [json.dumps(v, ensure_ascii=False) for v in frame[col]]
             write_atomic(sidecar_path(path), lambda fh: fh.write(_dumps(header, indent=1)))
-            write_atomic(path, lambda fh: frame.to_csv(fh, index=False))
+            write_atomic(path, lambda fh: neutralise_frame(frame).to_csv(fh, index=False))  # no formula injection
         else:
             table = pa.Table.from_pandas(frame, preserve_index=False)
             metadata = {**(table.schema.metadata or {}), b"forkpoint": _dumps(header).encode("utf-8")}

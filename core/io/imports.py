@@ -1,8 +1,16 @@
-"""Imports of traces made elsewhere: `{id, prompt, response[, answer]}` JSONL lines scored into a store."""
+"""Imports of responses made elsewhere: `{id, prompt, response[, answer]}` records scored into a store.
+
+Each record is handled on its own (reading: core/io/foreign.py). A record's identity is what makes it
+distinct to the user: (id, answer, prompt, response, pair), and its trace key is derived from exactly
+that. Records differing in any of these are two traces; an identical repeat in the file is skipped
+as a duplicate; a record already in the store is skipped without being scored again (so re-running
+an interrupted import finishes it). The result says what was stored, skipped and failed, also after
+Ctrl-C, a cancel or a full disk; with `report_path` every outcome is appended to a JSONL file as it
+happens, so even a killed import leaves an account that matches the store.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -10,117 +18,197 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import ForkpointError, InvalidInputError
-from core.trace import Trace
+from core.errors import WriteError
+from core.io.foreign import (  # noqa: F401  (re-exported)
+    IMPORT_FORMATS,
+    MAX_DEPTH,
+    MAX_LINE_BYTES,
+    ForeignRecord,
+    count_records,
+    detect_format,
+    iter_foreign,
+    json_depth_exceeds,
+    read_foreign_jsonl,
+)
+from core.io.jsonsafe import dumps_strict
+from core.trace import Trace, request_key
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ForeignRecord:
-    """One `{id, prompt, response[, answer]}` line; `answer` is the reference (gold) answer."""
-
-    line: int
-    id: str
-    prompt: str
-    response: str | list[int]
-    answer: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _parse_foreign(obj: Any) -> tuple[str, str, str | list[int], str | None, dict[str, Any]]:
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    if "id" not in obj or isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)) or obj["id"] == "":
-        raise ValueError("missing or invalid 'id' (a non-empty string or an integer)")
-    prompt = obj.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError("missing or empty 'prompt' (a string)")
-    response = obj.get("response")
-    if isinstance(response, list):
-        if not response or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in response):
-            raise ValueError("'response' as a list must hold non-negative integer token ids")
-    elif not isinstance(response, str) or not response:
-        raise ValueError("missing or empty 'response' (a string or a list of token ids)")
-    answer = obj.get("answer")
-    if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (str, int, float))):
-        raise ValueError("'answer' must be a string or a number")
-    extra = {k: v for k, v in obj.items() if k not in {"id", "prompt", "response", "answer"}}
-    return str(obj["id"]), prompt, response, None if answer is None else str(answer), extra
-
-
-def read_foreign_jsonl(path: str | os.PathLike[str]) -> tuple[list[ForeignRecord], list[tuple[int, str]]]:
-    """Parse `{id, prompt, response[, answer]}` lines: (good records, [(line number, reason)] for the rest)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InvalidInputError(f"No such file: {path}")
-    records: list[ForeignRecord] = []
-    errors: list[tuple[int, str]] = []
-    first_line: dict[str, int] = {}
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                errors.append((lineno, f"not UTF-8 text: {exc}"))
-                continue
-            except ValueError as exc:
-                errors.append((lineno, f"not valid JSON: {exc}"))
-                continue
-            try:
-                rid, prompt, response, answer, extra = _parse_foreign(obj)
-            except ValueError as exc:
-                errors.append((lineno, str(exc)))
-                continue
-            if rid in first_line:
-                errors.append((lineno, f"duplicate id {rid!r} (first on line {first_line[rid]})"))
-                continue
-            first_line[rid] = lineno
-            records.append(ForeignRecord(lineno, rid, prompt, response, answer, extra))
-    return records, errors
-
-
 @dataclass
 class ImportResult:
-    """What an import did: stored keys (in file order) and (line number, reason) for skipped lines."""
+    """What an import did, by line (row) number: stored (line, key), skipped (line, key, why),
+    failed (line, reason), notes (line, text); `stopped` says why it ended early (None: it read all)."""
 
-    keys: list[str]
-    errors: list[tuple[int, str]]
+    stored: list[tuple[int, str]] = field(default_factory=list)
+    skipped: list[tuple[int, str, str]] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)
+    notes: list[tuple[int, str]] = field(default_factory=list)
+    stopped: str | None = None
+    last_line: int = 0  # the last line read; lines after it were not read when `stopped` is set
+
+    @property
+    def keys(self) -> list[str]:
+        """Keys stored by this import, in file order."""
+        return [key for _, key in self.stored]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: {"stored": n, "keys": [...], "errors": [{"line", "reason"}, ...]}."""
-        errors = [{"line": line, "reason": reason} for line, reason in self.errors]
-        return {"stored": len(self.keys), "keys": list(self.keys), "errors": errors}
+        """JSON-ready: counts, then {"line", "key"/"reason"} lists, and why it stopped early (if it did)."""
+        return {
+            "stored": len(self.stored), "skipped": len(self.skipped), "failed": len(self.errors),
+            "complete": self.stopped is None, "stopped": self.stopped,
+            "last_line": self.last_line, "keys": self.keys,
+            "errors": [{"line": line, "reason": why} for line, why in self.errors],
+            "skipped_records": [{"line": line, "key": key, "reason": why} for line, key, why in self.skipped],
+            "notes": [{"line": line, "note": text} for line, text in self.notes],
+        }  # fmt: skip
 
 
-def import_jsonl(
+def _pair_identity(pair: Any) -> Any:
+    fingerprint = getattr(pair, "fingerprint", None)
+    return fingerprint() if callable(fingerprint) else repr(pair)
+
+
+def record_key(rec: ForeignRecord, pair_identity: Any) -> str:
+    """The trace key of an imported record: from (id, answer, prompt, response, pair), nothing else."""
+    return request_key({"kind": "import", "pair": pair_identity, "id": rec.id, "answer": rec.answer,
+                        "prompt": rec.prompt, "response": rec.response})  # fmt: skip
+
+
+class _Log:
+    """Appends one JSON line per outcome to the report file (flushed, so a killed import leaves it)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+        self.fh = None
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.fh = open(path, "a", encoding="utf-8")
+
+    def __call__(self, **entry: Any) -> None:
+        if self.fh is not None:
+            self.fh.write(dumps_strict(entry, ensure_ascii=True) + "\n")
+            self.fh.flush()
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+
+
+class _Run:
+    """One import's state: outcomes so far, what was seen, and the record being stored right now."""
+
+    def __init__(self, pair: Any, store: Any, score_fn: Callable[..., Trace], source: str, log_entry: _Log) -> None:
+        self.pair, self.store, self.score_fn, self.source, self.log = pair, store, score_fn, source, log_entry
+        self.identity = _pair_identity(pair)
+        self.result = ImportResult()
+        self.first_seen: dict[str, int] = {}  # record key -> first line
+        self.ids: dict[str, tuple[int, str]] = {}  # id -> (first line, record key)
+        self.in_flight: tuple[int, str] | None = None
+
+    def outcome(self, status: str, line: int, key: str | None = None, why: str | None = None) -> None:
+        """Record one line's outcome in the result and the report file."""
+        if status == "stored":
+            self.result.stored.append((line, str(key)))
+        elif status == "skipped":
+            self.result.skipped.append((line, str(key), str(why)))
+        else:
+            self.result.errors.append((line, str(why)))
+        self.log(line=line, status=status, **({"key": key} if key else {}), **({"reason": why} if why else {}))
+
+    def record(self, rec: ForeignRecord) -> None:
+        """Store one good record unless it is a duplicate or already stored."""
+        key = record_key(rec, self.identity)
+        if rec.id in self.ids and self.ids[rec.id][1] != key:
+            self.result.notes.append((rec.line, f"id {rec.id!r} also on line {self.ids[rec.id][0]}, with other content"))
+        self.ids.setdefault(rec.id, (rec.line, key))
+        if key in self.first_seen:
+            return self.outcome("skipped", rec.line, key, f"duplicate of line {self.first_seen[key]}")
+        self.first_seen[key] = rec.line
+        if key in self.store:
+            return self.outcome("skipped", rec.line, key, "already in the store (not scored again)")
+        self.in_flight = (rec.line, key)
+        self.score_and_put(rec, key)
+        self.in_flight = None
+
+    def score_and_put(self, rec: ForeignRecord, key: str) -> None:
+        """Score and store one record; WriteError (disk full) propagates to stop the import."""
+        try:
+            trace = self.score_fn(self.pair, {"id": rec.id, "prompt": rec.prompt, "gold": rec.answer}, rec.response)
+            trace = trace.annotate()  # a copy: the scorer's trace is left alone
+            trace.meta.update(kind="import", key=key)
+            trace.meta["import"] = {"file": self.source, "line": rec.line, "id": rec.id, "extra": rec.extra}
+            self.store.put(trace)
+        except WriteError:
+            raise
+        except Exception as exc:  # noqa: BLE001  one record's failure (any kind) never takes the rest down
+            if not type(exc).__module__.startswith("core"):
+                log.warning("line %d: %s", rec.line, exc, exc_info=True)
+            return self.outcome("failed", rec.line, why=f"{type(exc).__name__}: {exc}")
+        self.outcome("stored", rec.line, key)
+
+    def finish(self) -> ImportResult:
+        """Settle a record interrupted while storing (the store says whether it got there) and close the log."""
+        result = self.result
+        if self.in_flight is not None:
+            line, key = self.in_flight
+            if key in self.store:
+                self.outcome("stored", line, key)
+            else:
+                self.outcome("failed", line, why=result.stopped or "interrupted while storing")
+        self.log(status="end", complete=result.stopped is None, stopped=result.stopped,
+                 stored=len(result.stored), skipped=len(result.skipped), failed=len(result.errors))
+        self.log.close()
+        result.errors.sort()
+        return result
+
+
+def import_file(
     pair: Any,
     path: str | os.PathLike[str],
     store: Any,
     score_fn: Callable[..., Trace] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    *,
+    format: str | None = None,
+    report_path: str | os.PathLike[str] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> ImportResult:
-    """Score each foreign record with `score_fn(pair, {"id", "prompt", "gold"}, response)` (default
-    `core.scoring.score`), mark it kind="import" and put it in `store`; bad lines are skipped and listed."""
+    """Score each record with `score_fn(pair, {"id", "prompt", "gold"}, response)` (default
+    `core.scoring.score`), mark it kind="import" and put it in `store`, one record at a time.
+
+    Never raises for a bad record, a failed scoring, Ctrl-C or a full disk: the result says what
+    happened. `progress(lines done, lines total)`; `should_stop()` is asked before each record.
+    """
     if score_fn is None:
-        from core.scoring import score as score_fn  # lazily: scoring pulls in the model stack
-    records, errors = read_foreign_jsonl(path)
-    keys: list[str] = []
-    for done, rec in enumerate(records, start=1):
-        problem = {"id": rec.id, "prompt": rec.prompt, "gold": rec.answer}
-        try:
-            trace = score_fn(pair, problem, rec.response)
-        except ForkpointError as exc:
-            errors.append((rec.line, f"{type(exc).__name__}: {exc}"))
-            log.warning("%s, line %d: %s", path, rec.line, exc)
-        else:
-            trace = trace.annotate()  # a copy: the scorer's trace is left alone
-            trace.meta["kind"] = "import"
-            trace.meta["import"] = {"file": Path(path).name, "line": rec.line, "id": rec.id, "extra": rec.extra}
-            keys.append(store.put(trace))
-        if progress is not None:
-            progress(done, len(records))
-    errors.sort()
-    return ImportResult(keys, errors)
+        from core.scoring import (
+            score as score_fn,  # lazily: scoring pulls in the model stack
+        )
+    fmt = detect_format(path, format)
+    records = iter_foreign(path, fmt)  # raises InvalidInputError for a missing or unusable file
+    total = count_records(path, fmt) if progress is not None else 0
+    run = _Run(pair, store, score_fn, Path(path).name, _Log(report_path))
+    result = run.result
+    try:
+        for item in records:
+            line = item.line if isinstance(item, ForeignRecord) else item[0]
+            if should_stop is not None and should_stop():
+                result.stopped = f"cancelled before line {line}"
+                break
+            result.last_line = line
+            if isinstance(item, ForeignRecord):
+                run.record(item)
+            else:
+                run.outcome("failed", line, why=item[1])
+            if progress is not None:
+                progress(line, max(total, line))
+    except KeyboardInterrupt:
+        result.stopped = f"interrupted (Ctrl-C) at line {result.last_line}"
+    except WriteError as exc:
+        result.stopped = f"stopped at line {result.last_line}: {exc}"
+    finally:
+        run.finish()
+    return result
+
+
+import_jsonl = import_file  # the original name (JSONL was the first format); same function

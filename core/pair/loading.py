@@ -1,7 +1,8 @@
 """`ModelPair`: a base and a reasoning causal LM that share a vocabulary, each with its own prompt format.
 
 Loads from a hub id, a local directory or a GGUF file; checks that both tokenizers map the same
-strings to the same ids; formats prompts per model. Both models stay resident.
+strings to the same ids (renamed or added special tokens tolerated and reported); formats prompts per
+model (`core.pair.formats`). Both models stay resident (one copy when both sides are the same model).
 """
 
 from __future__ import annotations
@@ -14,54 +15,14 @@ from typing import Any
 import torch
 
 from core.errors import InvalidInputError, ModelLoadError, VocabularyMismatchError
+from core.pair.formats import (  # noqa: F401  (re-exported: the pair API names them)
+    CHAT_MODES, DEFAULT_BASE_FORMAT, NAMED_FORMATS, PAPER_INSTRUCTION, PREFILLS, PromptFormat, format_spec,
+)
 from core.pair.tokens import display_tokens
 
 log = logging.getLogger(__name__)
 
 SIDES = ("base", "reason")
-DEFAULT_BASE_FORMAT = "Question: {problem}\nAnswer:"
-
-
-@dataclass(frozen=True)
-class PromptFormat:
-    """How one model sees a problem: a raw template with `{problem}`, or the tokenizer's chat template.
-
-    Written as a string: a template like "Question: {problem}\\nAnswer:", or "chat", "chat:think",
-    "chat:nothink" (Qwen3's `enable_thinking` switch), optionally "chat|system text".
-    """
-
-    spec: str
-
-    def __post_init__(self) -> None:
-        if not self.is_chat and "{problem}" not in self.spec:
-            raise InvalidInputError(
-                f"Prompt format {self.spec!r} has no '{{problem}}' placeholder; use a template such as "
-                f"{DEFAULT_BASE_FORMAT!r} or one of: chat, chat:think, chat:nothink"
-            )
-
-    @property
-    def is_chat(self) -> bool:
-        return self.spec.split("|", 1)[0] in ("chat", "chat:think", "chat:nothink")
-
-    def render(self, tokenizer: Any, problem: str) -> list[int]:
-        """Token ids of the formatted prompt for `problem` (BOS and chat markup as the model expects)."""
-        if not self.is_chat:
-            text = self.spec.replace("{problem}", problem)
-            return list(tokenizer(text, add_special_tokens=True)["input_ids"])
-        if not getattr(tokenizer, "chat_template", None):
-            raise InvalidInputError(
-                "Prompt format 'chat' needs a tokenizer with a chat template; this one has none. "
-                f"Use a raw template such as {DEFAULT_BASE_FORMAT!r}."
-            )
-        mode, _, system = self.spec.partition("|")
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": problem}
-        ]
-        kwargs: dict[str, Any] = {}
-        if mode != "chat":
-            kwargs["enable_thinking"] = mode == "chat:think"
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 @dataclass(frozen=True)
@@ -90,13 +51,16 @@ class ModelPair:
     dtype: torch.dtype
     vocab_size: int
     eos_ids: frozenset[int] = field(default_factory=frozenset)
+    vocab_notes: list[str] = field(default_factory=list)  # tolerated special-token differences
+    prompt_tokenizers: dict[str, Any] = field(default_factory=dict)  # side -> own tokenizer for its template
 
     def model(self, side: str) -> Any:
         return self.base if side == "base" else self.reason
 
     def prompt_ids(self, problem: str) -> dict[str, list[int]]:
-        """Each model's formatted prompt for `problem`, as token ids."""
-        return {side: self.formats[side].render(self.tokenizer, problem) for side in SIDES}
+        """Each model's formatted prompt for `problem`, as token ids (each with its own tokenizer's template)."""
+        return {side: self.formats[side].render(self.prompt_tokenizers.get(side, self.tokenizer), problem)
+                for side in SIDES}
 
     def encode(self, text: str) -> list[int]:
         """Response text -> token ids (no special tokens added)."""
@@ -120,6 +84,8 @@ class ModelPair:
             "dtype": str(self.dtype).removeprefix("torch."),
             "device": str(self.device),
             "vocab_size": self.vocab_size,
+            "formats": {side: self.formats[side].describe() for side in SIDES},
+            "vocabulary": list(self.vocab_notes),
         }
 
     def fingerprint(self) -> dict[str, Any]:
@@ -129,6 +95,32 @@ class ModelPair:
             "reason": self.specs["reason"].as_dict(),
             "formats": {side: self.formats[side].spec for side in SIDES},
         }
+
+    def context_length(self, side: str) -> int | None:
+        """The `side` model's context in tokens (`max_position_embeddings`), or None when it declares none."""
+        limit = getattr(getattr(self.model(side), "config", None), "max_position_embeddings", None)
+        return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+    def check_context(self, prompt_ids: dict[str, list[int]], max_new_tokens: int) -> int:
+        """Refuse (InvalidInputError, before any forward) a prompt that leaves no room in either model's
+        context; returns how many new tokens fit (<= max_new_tokens). Tokens past the context are
+        meaningless, so a caller may stop there; a warning says when max_new_tokens reaches past it."""
+        room = max_new_tokens
+        for side in SIDES:
+            limit, n = self.context_length(side), len(prompt_ids[side])
+            if limit is None:
+                continue
+            if n >= limit:
+                raise InvalidInputError(
+                    f"The prompt is {n} tokens for the {side} model, whose context is {limit} tokens: it does not "
+                    f"fit (with --max-new-tokens {max_new_tokens}, prompt + response may be at most {limit}); "
+                    "shorten the prompt or use a model with a longer context"
+                )
+            if n + max_new_tokens > limit:
+                log.warning("prompt (%d tokens) + max_new_tokens (%d) exceeds the %s model's context of %d tokens;"
+                            " only %d new tokens fit", n, max_new_tokens, side, limit, limit - n)
+            room = min(room, limit - n)
+        return room
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -174,8 +166,19 @@ def _looks_local(source: str) -> bool:
     return Path(source).expanduser().exists() or source.startswith((".", "/", "~")) or source.count("/") > 1
 
 
-def _load_one(source: str, revision: str | None, device: torch.device, dtype: torch.dtype,
-              trust_remote_code: bool) -> tuple[Any, Any, ModelSpec]:
+def _check_gguf_deps(source: str) -> None:
+    """Loading a .gguf through transformers needs gguf, accelerate and psutil: name what is missing."""
+    import importlib.util
+
+    missing = [m for m in ("gguf", "accelerate", "psutil") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModelLoadError(f"Loading {source!r} needs the package(s) {', '.join(missing)}: "
+                             "pip install 'forkpoint[gguf]'")
+
+
+def load_one(source: str, revision: str | None, device: torch.device, dtype: torch.dtype,
+             trust_remote_code: bool = False) -> tuple[Any, Any, ModelSpec]:
+    """(model, tokenizer, spec) of one causal LM from a hub id, local directory or .gguf file."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     repo, gguf_file = _split_gguf(str(source))
@@ -183,12 +186,7 @@ def _load_one(source: str, revision: str | None, device: torch.device, dtype: to
     if local and not Path(source).expanduser().exists():
         raise ModelLoadError(f"Model path {source!r} does not exist")
     if gguf_file:
-        try:
-            import gguf  # noqa: F401
-        except ImportError as err:
-            raise ModelLoadError(
-                f"Loading {source!r} needs the 'gguf' package: pip install 'forkpoint[gguf]'"
-            ) from err
+        _check_gguf_deps(str(source))
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
@@ -197,35 +195,65 @@ def _load_one(source: str, revision: str | None, device: torch.device, dtype: to
         model = AutoModelForCausalLM.from_pretrained(
             repo, dtype=dtype, use_safetensors=None if gguf_file else True, **kwargs
         )
-    except (OSError, ValueError, KeyError) as err:
-        where = "local model directory" if local else "local directory or Hugging Face hub id (is the network reachable?)"
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as err:
+        if gguf_file:
+            where = "GGUF file (is its architecture and quantisation supported by transformers' GGUF loader?)"
+        elif local:
+            where = "local model directory"
+        else:
+            where = "local directory or Hugging Face hub id (is the network reachable?)"
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if not trust_remote_code and any(s in str(err) for s in ("model type", "does not recognize", "Unrecognized",
+                                                                 "trust_remote_code", "custom code")):
+            first_line += (" — if this model ships its own code and you trust its author, pass --trust-remote-code "
+                           "(trust_remote_code=True in Python); it is off by default because it runs that code")
         raise ModelLoadError(f"Could not load {source!r} as a {where}: {first_line}") from err
     model.to(device).eval().requires_grad_(False)
     return model, tokenizer, ModelSpec(str(source), revision, gguf_file)
 
 
-def check_same_vocabulary(tok_a: Any, tok_b: Any, names: tuple[str, str] = ("base", "reason")) -> None:
-    """Raise VocabularyMismatchError unless both tokenizers map the same strings to the same ids
-    (added and special tokens included), naming the first differing tokens."""
+_load_one = load_one  # the old private name
+
+
+def _specials(tok: Any) -> set[str]:
+    """A tokenizer's special-token strings: its named/additional specials and added tokens marked special."""
+    out = set(getattr(tok, "all_special_tokens", []) or [])
+    for added in (getattr(tok, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            out.add(str(added))
+    return out
+
+
+def check_same_vocabulary(tok_a: Any, tok_b: Any, names: tuple[str, str] = ("base", "reason")) -> list[str]:
+    """Check that both tokenizers map the same strings to the same ids; returns notes on tolerated
+    differences (a special token renamed at the same id, or a special token only one side has).
+    Raise VocabularyMismatchError for any difference in the regular vocabulary, naming the first ones."""
     vocab_a, vocab_b = tok_a.get_vocab(), tok_b.get_vocab()
     if vocab_a == vocab_b:
-        for special in set(tok_a.all_special_tokens) | set(tok_b.all_special_tokens):
-            if vocab_a.get(special) != vocab_b.get(special):  # pragma: no cover - implied by equal vocabs
-                raise VocabularyMismatchError(f"special token {special!r} maps to different ids")
-        return
+        return []
+    special_a, special_b = _specials(tok_a), _specials(tok_b)
     by_id_a = {i: s for s, i in vocab_a.items()}
     by_id_b = {i: s for s, i in vocab_b.items()}
-    diffs = []
+    diffs, notes = [], []
     for i in sorted(set(by_id_a) | set(by_id_b)):
-        if by_id_a.get(i) != by_id_b.get(i):
-            diffs.append(f"id {i}: {by_id_a.get(i)!r} vs {by_id_b.get(i)!r}")
-        if len(diffs) == 3:
-            break
-    raise VocabularyMismatchError(
-        f"The {names[0]} and {names[1]} tokenizers differ ({len(vocab_a)} vs {len(vocab_b)} entries); "
-        f"first differences: {'; '.join(diffs)}. forkpoint needs two models with one shared vocabulary."
-    )
+        a, b = by_id_a.get(i), by_id_b.get(i)
+        if a == b:
+            continue
+        a_ok, b_ok = a is None or a in special_a, b is None or b in special_b
+        if a_ok and b_ok:
+            notes.append(f"id {i}: special token {a!r} ({names[0]}) vs {b!r} ({names[1]})" if a and b
+                         else f"id {i}: special token {a or b!r} only in the {names[0] if a else names[1]} tokenizer")
+        elif len(diffs) < 3:
+            diffs.append(f"id {i}: {a!r} vs {b!r}")
+    if diffs:
+        raise VocabularyMismatchError(
+            f"The {names[0]} and {names[1]} tokenizers differ ({len(vocab_a)} vs {len(vocab_b)} entries); "
+            f"first differences: {'; '.join(diffs)}. forkpoint needs two models with one shared vocabulary "
+            "(renamed or added special tokens are tolerated; regular tokens must match)."
+        )
+    for note in notes:
+        log.warning("vocabulary difference tolerated: %s", note)
+    return notes
 
 
 def load_pair(
@@ -242,23 +270,30 @@ def load_pair(
     """Load a base and a reasoning model (hub ids, local dirs or .gguf files) that share a vocabulary.
 
     Formats default to a plain "Question/Answer" template for the base and the chat template (when the
-    tokenizer has one) for the reasoner.
+    tokenizer has one) for the reasoner; named formats (NAMED_FORMATS, e.g. "paper-base") are expanded.
+    Special tokens renamed or added on one side are tolerated and listed in `pair.vocab_notes`.
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    base_model, base_tok, base_spec = _load_one(str(base), base_revision, dev, dt, trust_remote_code)
-    reason_model, reason_tok, reason_spec = _load_one(str(reason), reason_revision, dev, dt, trust_remote_code)
-    check_same_vocabulary(base_tok, reason_tok)
-    vocab_size = len(base_tok)
+    base_model, base_tok, base_spec = load_one(str(base), base_revision, dev, dt, trust_remote_code)
+    if (str(base), base_revision) == (str(reason), reason_revision):  # a self-pair: one resident copy
+        reason_model, reason_tok, reason_spec = base_model, base_tok, base_spec
+    else:
+        reason_model, reason_tok, reason_spec = load_one(str(reason), reason_revision, dev, dt, trust_remote_code)
+    notes = check_same_vocabulary(base_tok, reason_tok)
+    vocab_size = max(len(base_tok), len(reason_tok))  # an added special token on one side still counts
     for side, model in (("base", base_model), ("reason", reason_model)):
         rows = model.get_output_embeddings().weight.shape[0]
-        if rows < vocab_size:
+        if rows < len(base_tok if side == "base" else reason_tok):
             raise VocabularyMismatchError(
-                f"The {side} model's output layer has {rows} rows but the tokenizer has {vocab_size} tokens"
+                f"The {side} model's output layer has {rows} rows but its tokenizer has "
+                f"{len(base_tok if side == 'base' else reason_tok)} tokens"
             )
+        vocab_size = min(vocab_size, rows)
     if reason_format is None:
         reason_format = "chat" if getattr(reason_tok, "chat_template", None) else (base_format or DEFAULT_BASE_FORMAT)
-    formats = {"base": PromptFormat(base_format or DEFAULT_BASE_FORMAT), "reason": PromptFormat(reason_format)}
+    formats = {"base": PromptFormat(format_spec(base_format or DEFAULT_BASE_FORMAT)),
+               "reason": PromptFormat(format_spec(reason_format))}
     eos: set[int] = set()
     for tok, model in ((base_tok, base_model), (reason_tok, reason_model)):
         for value in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
@@ -277,4 +312,6 @@ def load_pair(
         dtype=dt,
         vocab_size=vocab_size,
         eos_ids=frozenset(eos),
+        vocab_notes=notes,
+        prompt_tokenizers={"reason": reason_tok} if notes else {},
     )

@@ -1,0 +1,87 @@
+"""Calibrating the Guided gate: one path, keyed by the pair's fingerprint.
+
+The gate (tau, lam, window) is fit on BaseOnly rollouts of *this* pair: made for the given prompts
+(stored ones reused, by request key, which includes the fingerprint), or, without prompts, read from
+the store's existing rollouts whose recorded fingerprint is this pair's. Rollouts of another pair are
+never used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from core import settings
+from core.decoding.generation import generate_many
+from core.decoding.policies import BaseOnly
+from core.errors import InvalidInputError
+from core.metrics import check_score, score_values
+from core.pair.loading import ModelPair
+from core.spike_rules import Gate, calibrate_gate
+from core.trace import Trace
+
+ROLLOUT_LIMIT = 256  # most stored rollouts read when calibrating from the store alone
+
+
+def _candidate_keys(store: Any) -> list[str]:
+    """Keys of stored BaseOnly `generate` traces (any pair), newest first when the store knows."""
+    df = store.summaries()
+    if df.empty:
+        return []
+    rows = df[(df["policy"] == BaseOnly.name) & (df["kind"] == "generate")]
+    if "created" in rows:
+        rows = rows.sort_values("created", ascending=False, kind="stable")
+    return [str(k) for k in rows["key"]]
+
+
+def _is_this_pair(trace: Trace, pair: ModelPair) -> bool:
+    return (trace.meta.get("request") or {}).get("pair") == pair.fingerprint()
+
+
+def base_rollouts(pair: ModelPair, store: Any, limit: int | None = None) -> list[Trace]:
+    """The store's BaseOnly rollouts made with this pair (models and prompt formats), at most `limit`."""
+    if store is None:
+        return []
+    out = []
+    for key in _candidate_keys(store):
+        trace = store.get(key)
+        if _is_this_pair(trace, pair):
+            out.append(trace)
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def has_base_rollouts(pair: ModelPair, store: Any) -> bool:
+    """Whether the store holds any BaseOnly rollout of this pair (what calibrating from the store needs)."""
+    return bool(base_rollouts(pair, store, limit=1))
+
+
+def calibrate(pair: ModelPair, prompts: Sequence[Any] | None = None, ratio: float = settings.RATIO, *,
+              window: int = settings.WINDOW, score: str = settings.SCORE,
+              max_new_tokens: int = settings.MAX_NEW_TOKENS, temperature: float = settings.TEMPERATURE,
+              top_p: float = settings.TOP_P, seed: int = settings.SEED, batch_size: int = settings.BATCH_SIZE,
+              store: Any = None,
+              progress: Callable[[int, int], None] | None = None, limit: int = ROLLOUT_LIMIT,
+              executor: Any = None) -> Gate:
+    """Fit the Guided gate (tau, lam, window) on this pair's base rollouts, by the paper's rule:
+    tau = (1 - r) quantile of the scores, lam = E[s | s > tau] / E[s] (docs/REPRODUCE.md).
+
+    With `prompts`: rollouts of those prompts (stored ones reused; made by `executor` when given, e.g. on
+    Ray workers; the gate is always fit here). Without: the store's rollouts of this pair (at most
+    `limit`); none there raises InvalidInputError saying how to make them.
+    """
+    check_score(score)
+    if prompts is not None:
+        if not len(prompts):
+            raise InvalidInputError("calibrate needs at least one prompt")
+        traces = generate_many(pair, list(prompts), BaseOnly(), batch_size=batch_size, max_new_tokens=max_new_tokens,
+                               temperature=temperature, top_p=top_p, seed=seed, store=store, progress=progress,
+                               executor=executor)
+    else:
+        traces = base_rollouts(pair, store, limit=limit)
+        if not traces:
+            raise InvalidInputError(
+                "No base rollouts of this model pair in the store to calibrate the gate on; make some by "
+                "passing problems (core.calibrate(pair, problems, store=store)) or running BaseOnly on them")
+    return calibrate_gate([score_values(t.metrics, score) for t in traces], ratio, window)

@@ -1,0 +1,144 @@
+"""Generating traces: `generate` (one batch of problems x samples) and `generate_many` (the one path that
+runs many problems in batches, with progress, a store and a per-trace hook, used by the CLI, the app and
+the evaluation harness).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from core import settings
+from core.decoding.caches import hold
+from core.decoding.engine import Decoder, Row, check_lookahead
+from core.decoding.policies import BaseOnly, Policy
+from core.decoding.sampling import Sampling, row_seed
+from core.errors import InvalidInputError
+from core.pair.loading import ModelPair
+from core.scoring import assemble, make_meta, problem_record
+from core.trace import Trace
+
+Progress = Callable[[int, int], None]
+
+
+def make_rows(pair: ModelPair, problems: list[Any], samples: int, policy: Policy, sampling: Sampling, k: int,
+              kind: str = "generate", extra_request: dict[str, Any] | None = None, first_sample: int = 0) -> list[Row]:
+    """One `Row` per (problem, sample), problem-major, each with its request key and meta."""
+    rows = []
+    for problem in problems:
+        rec = problem_record(problem)
+        prompt_ids = pair.prompt_ids(rec["prompt"])
+        # refuse a prompt that cannot fit, before any forward; stop a response where the context ends
+        room = pair.check_context(prompt_ids, sampling.max_new_tokens)
+        for s in range(first_sample, first_sample + samples):
+            request = {"kind": kind, "pair": pair.fingerprint(), "prompt": rec["prompt"], "policy": policy.record(),
+                       "sampling": sampling.record(s), "k": k, **(extra_request or {})}
+            meta = make_meta(pair, kind=kind, request=request, problem=rec, policy=policy.record(),
+                             sampling=sampling.record(s))
+            if room < sampling.max_new_tokens:
+                meta["context_limit"] = {"max_response_tokens": room}
+            rows.append(Row(rec, prompt_ids, meta, row_seed(sampling, s),
+                            room=room if room < sampling.max_new_tokens else None))
+    return rows
+
+
+def generate(pair: ModelPair, prompt: Any | Sequence[Any], policy: Policy | None = None, *,
+             max_new_tokens: int = settings.MAX_NEW_TOKENS, temperature: float = settings.TEMPERATURE,
+             top_p: float = settings.TOP_P, seed: int = settings.SEED, stop: Sequence[str] = (),
+             samples: int = settings.SAMPLES, k: int = settings.K, lookahead: int | None = None, store: Any = None,
+             progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
+             on_trace: Callable[[Trace], Any] | None = None) -> Trace | list[Trace]:
+    """Generate with the base model, letting `policy` hand single tokens to the reasoner.
+
+    `prompt` is one problem (text, dict or Problem) -> one Trace, or a list -> a list of Traces
+    (problem-major, `samples` rows each, all decoded in one batch). `lookahead`: None = verify-ahead
+    with an adaptive block, 1 = lock-step, n = blocks of at most n (the tokens are the same). With
+    `store`, stored rows are returned without recomputation; `on_trace` (see `generate_many`) runs on
+    every trace before it is stored.
+    """
+    policy = policy or BaseOnly()
+    check_lookahead(lookahead)
+    sampling = Sampling(temperature, top_p, seed, max_new_tokens, tuple(stop))
+    single = isinstance(prompt, (str, dict)) or hasattr(prompt, "prompt")
+    problems = [prompt] if single else list(prompt)
+    if samples < 1:
+        raise InvalidInputError(f"samples must be ≥ 1, got {samples}")
+    rows = make_rows(pair, problems, samples, policy, sampling, k)
+    traces: list[Trace | None] = [None] * len(rows)
+    todo = []
+    for i, r in enumerate(rows):
+        if store is not None and r.meta["key"] in store:
+            traces[i] = _stored(store, r.meta["key"], on_trace)
+        else:
+            todo.append(i)
+    if todo:
+        t0 = time.perf_counter()
+        batch = [rows[i] for i in todo]
+        decoder = Decoder(pair, batch, policy, sampling, k, lookahead=lookahead, progress=progress,
+                          should_stop=should_stop)
+        arrays = decoder.run()
+        elapsed = time.perf_counter() - t0
+        for j, (i, r) in enumerate(zip(todo, batch)):
+            r.meta["timings"] = {"generate_s": round(elapsed, 4), "batch": len(batch)}
+            trace = assemble(pair, r.tokens, r.prompt_ids, arrays[j], r.source, r.meta)
+            if len(batch) == 1:
+                hold(trace, decoder.states)
+            if on_trace is not None:
+                on_trace(trace)
+            if store is not None:
+                store.put(trace)
+            traces[i] = trace
+    return traces[0] if single and samples == 1 else traces  # type: ignore[return-value]
+
+
+def _stored(store: Any, key: str, on_trace: Callable[[Trace], Any] | None) -> Trace:
+    """A stored trace, passed through `on_trace`; re-written only when the hook changed its meta."""
+    trace = store.get(key)
+    if on_trace is not None:
+        before = dict(trace.meta)
+        on_trace(trace)
+        if trace.meta != before:
+            store.put(trace, overwrite=True)
+    return trace
+
+
+def generate_many(pair: ModelPair, problems: Sequence[Any], policy: Policy | None = None, *,
+                  samples: int = settings.SAMPLES, batch_size: int = settings.BATCH_SIZE,
+                  max_new_tokens: int = settings.MAX_NEW_TOKENS, temperature: float = settings.TEMPERATURE,
+                  top_p: float = settings.TOP_P, seed: int = settings.SEED, stop: Sequence[str] = (),
+                  k: int = settings.K, lookahead: int | None = None, store: Any = None,
+                  on_trace: Callable[[Trace], Any] | None = None, progress: Progress | None = None,
+                  should_stop: Callable[[], bool] | None = None, executor: Any = None) -> list[Trace]:
+    """Run `policy` on `problems` x `samples` in batches of `batch_size` problems; problem-major traces.
+
+    `on_trace(trace)` runs on every trace (fresh or from the store) before it is written (e.g. grading);
+    a stored trace whose meta it changed is re-written. `progress(rows done, rows total)` is called
+    during each batch too. Without a store nothing is written. `executor` (e.g. `core.RayExecutor()`)
+    runs the same batches elsewhere, with the same results (docs/SCALE.md); None: in this process.
+    """
+    if executor is not None:
+        return executor.generate_many(pair, problems, policy, samples=samples, batch_size=batch_size,
+                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                      stop=stop, k=k, lookahead=lookahead, store=store, on_trace=on_trace,
+                                      progress=progress, should_stop=should_stop)
+    problems = list(problems)
+    if batch_size < 1:
+        raise InvalidInputError(f"batch_size must be ≥ 1, got {batch_size}")
+    total = len(problems) * samples
+    out: list[Trace] = []
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start:start + batch_size]
+        before, rows = len(out), len(chunk) * samples
+
+        def step(t: int, limit: int, _before: int = before, _rows: int = rows) -> None:
+            if progress is not None:
+                progress(_before + int(_rows * t / max(limit, 1)), total)
+
+        traces = generate(pair, chunk, policy, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                          seed=seed, stop=stop, samples=samples, k=k, lookahead=lookahead, store=store,
+                          progress=step, should_stop=should_stop, on_trace=on_trace)
+        out += [traces] if isinstance(traces, Trace) else traces
+        if progress is not None:
+            progress(len(out), total)
+    return out

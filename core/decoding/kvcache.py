@@ -1,0 +1,70 @@
+"""A KV cache whose layers grow by doubling instead of concatenating every step.
+
+transformers' `DynamicLayer.update` runs `torch.cat([keys, new])`: every decoding step copies the whole
+cache, O(T) per token on top of attention's own read. `GrowingLayer` writes new keys and values into a
+buffer with spare room and exposes the filled part as a view; crop just shortens the view. A layer only
+ever writes into a buffer it allocated itself: a `copy.copy` of it (a branch's cropped copy of a held
+cache) allocates its own buffer on its first update, so a held cache is never written through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+MIN_CAPACITY = 256  # positions allocated at least, so short prompts do not reallocate every few steps
+
+
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys/values (B, H, n, D) are views of (B, H, capacity, D) buffers."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys = self.values = None
+        n = 0 if self.keys is None else self.keys.shape[-2]
+        need = n + key_states.shape[-2]
+        buffers = getattr(self, "_buffers", None)
+        if buffers is None or buffers[0] is not self or buffers[1].shape[-2] < need:
+            self._grow(n, need, key_states)
+        _, kbuf, vbuf = self._buffers
+        kbuf[..., n:need, :] = key_states
+        vbuf[..., n:need, :] = value_states
+        self.keys, self.values = kbuf[..., :need, :], vbuf[..., :need, :]
+        return self.keys, self.values
+
+    def _grow(self, n: int, need: int, like: torch.Tensor) -> None:
+        """New buffers owned by this layer object, holding the first n positions."""
+        shape = list(like.shape)
+        shape[-2] = max(MIN_CAPACITY, 2 * need)
+        kbuf = like.new_empty(shape)
+        vbuf = like.new_empty(shape)
+        if n:
+            kbuf[..., :n, :] = self.keys
+            vbuf[..., :n, :] = self.values
+        self._buffers = (self, kbuf, vbuf)
+
+    def compact(self) -> None:
+        """Drop the spare room (e.g. before the cache is held): keys and values become exact-size tensors."""
+        if self.is_initialized and self.keys is not None:
+            self.keys, self.values = self.keys.clone(), self.values.clone()
+            self._buffers = None
+
+
+def growing_cache(config: Any) -> Any:
+    """A `DynamicCache` for `config` whose full-attention layers are `GrowingLayer`s (others stay as they are)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def compact(cache: Any) -> None:
+    """Compact every growing layer of `cache`."""
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer):
+            layer.compact()

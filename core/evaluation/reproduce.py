@@ -1,0 +1,219 @@
+"""Reproduce the seed paper on a real pair in one call: calibrate the gate on held-out base rollouts, sweep
+the calibration ratio r (and optionally a budget cap), run Guided with random / early baselines matched to
+its realised ρ, the base, the guide and the same-size thinking reference, then every analysis, and write
+one report laid out like the paper plus CSVs.
+
+Every trace goes through a store (default `<out>/store`), so an interrupted run resumes where it stopped
+when the same call is repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from core import settings
+from core.errors import InvalidInputError
+from core.io.atomic import write_atomic
+from core.evaluation.harness import GUIDE, THINKING, Reference
+from core.evaluation.sweep import DEFAULT_RATIOS, budget_sweep
+
+log = logging.getLogger(__name__)
+
+SAMPLING = ("samples", "temperature", "top_p", "max_new_tokens")
+PAPER_FORMATS = {"base_format": "paper-base", "reason_format": "paper-think", "thinking_format": "paper-think"}
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class Reproduction:
+    """What `reproduce` made: the report's path, the paper-style table, the sweep, the analyses."""
+
+    out: Path
+    report: Path
+    table: pd.DataFrame
+    sweep: pd.DataFrame
+    analyses: dict[str, pd.DataFrame] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_sampling(preset: str | None = None, **given: Any) -> dict[str, Any]:
+    """samples / temperature / top_p / max_new_tokens: given values, else the preset's, else the defaults."""
+    chosen = {name: settings.SETTINGS[name].value for name in SAMPLING}
+    if preset is not None:
+        chosen.update({k: v for k, v in settings.preset(preset).items() if k in SAMPLING})
+    chosen.update({k: v for k, v in given.items() if v is not None})
+    return chosen
+
+
+def split_calibration(benches: Mapping[str, list[Any]], n: int) -> tuple[list[Any], dict[str, list[Any]]]:
+    """Hold out about `n` problems for calibration, spread over the benchmarks (at most a quarter of each,
+    at least one from each with ≥ 2 problems); returns (calibration, remaining benchmarks)."""
+    per = max(1, math.ceil(n / max(1, len(benches))))
+    calibration, rest = [], {}
+    for name, ps in benches.items():
+        take = min(per, len(ps) // 4 or (1 if len(ps) >= 2 else 0))
+        calibration += ps[:take]
+        rest[name] = ps[take:]
+    if not calibration:
+        raise InvalidInputError("too few problems to hold any out for calibration; pass calibration= "
+                                "(--calibration) with problems of their own")
+    return calibration, rest
+
+
+def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: str | Path = "forkpoint-reproduce", *,
+              thinking: Any = None, preset: str | None = None, store: Any = None,
+              ratios: Sequence[float] = DEFAULT_RATIOS, budgets: Sequence[float | None] = (None,),
+              window: int = settings.WINDOW, score: str = settings.SCORE, calibration: Any = None,
+              calibration_problems: int = settings.CALIBRATION_PROBLEMS, reference: Reference | None = None,
+              baselines: bool = True, limit: int | None = None, samples: int | None = None,
+              temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
+              seed: int = settings.SEED, batch_size: int = settings.BATCH_SIZE, base_format: str | None = None,
+              reason_format: str | None = None, thinking_format: str | None = None, device: str = "auto",
+              dtype: str = "auto", revisions: Mapping[str, str | None] | None = None,
+              trust_remote_code: bool = False, progress: Progress | None = None, executor: Any = None) -> Reproduction:
+    """Run the paper's protocol and write `<out>/report.html` plus CSVs (see module doc).
+
+    `base`/`reason`: model sources, or a loaded `ModelPair` as `base` (then `reason` is ignored).
+    `thinking`: the same-size thinking model (a source, or a pair from `load_thinking`); it is the
+    recovery reference unless `reference` (a policy label or numbers per benchmark) says otherwise.
+    `problems`: a source (file, hf:..., benchmark short name), a list of sources ("name=source"), a mapping
+    {name: source or problems}, or a list of problem records. `preset="paper"` sets the paper's sampling
+    and prompt formats; explicit arguments override it. `revisions` pins {"base"|"reason"|"thinking": rev}.
+    `executor` (e.g. `core.RayExecutor()`) makes the traces on other workers (docs/SCALE.md)."""
+    from core.evaluation.sources import load_benchmarks
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    sampling = resolve_sampling(preset, samples=samples, temperature=temperature, top_p=top_p,
+                                max_new_tokens=max_new_tokens)
+    formats = _formats(preset, base_format=base_format, reason_format=reason_format, thinking_format=thinking_format)
+    revisions = dict(revisions or {})
+    pair = _pair(base, reason, formats, device, dtype, revisions, trust_remote_code)
+    thinking_pair = _thinking(pair, thinking, formats, revisions.get("thinking"), trust_remote_code)
+    benches = load_benchmarks(_as_sources(problems), limit=limit)
+    if calibration is None:
+        calibration, benches = split_calibration(benches, calibration_problems)
+    else:
+        calibration = [p for ps in load_benchmarks(_as_sources(calibration)).values() for p in ps]
+    if store is None:
+        from core.io.store import TraceStore
+
+        store = TraceStore(out / "store")
+    reference = reference if reference is not None else (THINKING if thinking_pair is not None else GUIDE)
+    keep: dict[str, list[Any]] = {}
+    sweep = budget_sweep(pair, benches, calibration, ratios, budgets=budgets, window=window, score=score,
+                         baselines=baselines, thinking=thinking_pair, reference=reference, store=store, seed=seed,
+                         batch_size=batch_size, progress=progress, keep=keep, executor=executor, **sampling)
+    info = _info(pair, thinking_pair, benches, calibration, sampling, reference, ratios, budgets, window, score,
+                 seed, store, preset)
+    return write_reproduction(out, sweep, keep, info, score=score, reference=reference)
+
+
+def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[Any]], info: dict[str, Any], *,
+                       score: str, reference: Reference) -> Reproduction:
+    """The analyses over the base rollouts (enrichment also over the tokens Guided took over), the
+    paper-style table, the CSVs and the HTML report in `out`."""
+    from core.analysis.paper import paper_table, reproduce_html
+    from core.analysis.report import report_tables
+    from core.analysis.tables import enrichment, first_token_artifact_share
+
+    if not isinstance(reference, str):
+        sweep.attrs["reference_numbers"] = reference
+    base_traces = list(keep.get("base", []))
+    analyses = report_tables(base_traces, str(out / "analysis"), score=score)
+    guided = [t for label, ts in keep.items() if label.startswith("r=") for t in ts]
+    try:
+        analyses["enrichment"] = enrichment(base_traces + guided, score)
+        analyses["enrichment"].to_csv(out / "analysis" / "enrichment.csv", index=False)
+    except (ImportError, OSError, ValueError) as exc:  # spaCy model missing etc.
+        log.warning("enrichment skipped: %s", exc)
+    info["first_token_artifact_share"] = {label: first_token_artifact_share(keep.get(label, []), score)
+                                          for label in ("base", "reason", THINKING) if keep.get(label)}
+    if info["first_token_artifact_share"].get("base", 0) > 0.5:
+        log.warning("t = 0 is the largest spike in most base rollouts: the reasoner's prompt format probably "
+                    "does not open its thought (use a +think format, e.g. paper-think)")
+    table = paper_table(sweep)
+    sweep.to_csv(out / "sweep.csv", index=False)
+    table.to_csv(out / "table.csv", index=False)
+    text = json.dumps(info, indent=1, default=str) + "\n"
+    write_atomic(out / "run.json", lambda fh: fh.write(text), what="run record")
+    report = Path(reproduce_html(str(out / "report.html"), table, analyses, info))
+    log.info("reproduction report: %s", report)
+    return Reproduction(out=out, report=report, table=table, sweep=sweep, analyses=analyses, info=info)
+
+
+def _as_sources(problems: Any) -> Any:
+    """Normalise `problems` to what `load_benchmarks` takes."""
+    if problems is None:
+        raise InvalidInputError("reproduce needs problems: a file, hf:<dataset id>, or one of gsm8k, math500, aime24, "
+                                "aime25, amc23")
+    if isinstance(problems, (str, Path)):
+        return [str(problems)]
+    if isinstance(problems, Mapping):
+        return problems
+    items = list(problems)
+    if items and all(isinstance(p, (str, Path)) for p in items):
+        return [str(p) for p in items]
+    return {"problems": items}  # records
+
+
+def _formats(preset: str | None, **given: str | None) -> dict[str, str | None]:
+    chosen = dict(PAPER_FORMATS) if preset == "paper" else {k: None for k in PAPER_FORMATS}
+    chosen.update({k: v for k, v in given.items() if v is not None})
+    return chosen
+
+
+def _pair(base: Any, reason: str | None, formats: Mapping[str, str | None], device: str, dtype: str,
+          revisions: Mapping[str, str | None], trust_remote_code: bool) -> Any:
+    from core.pair.loading import ModelPair, PromptFormat, format_spec, load_pair
+
+    if isinstance(base, ModelPair):
+        given = {side: formats[f"{side}_format"] for side in ("base", "reason") if formats[f"{side}_format"]}
+        if not given:
+            return base
+        from dataclasses import replace
+
+        return replace(base, formats={**base.formats, **{s: PromptFormat(format_spec(f)) for s, f in given.items()}})
+    if not reason:
+        raise InvalidInputError("reproduce needs both a base and a reasoning model (--base and --reason)")
+    return load_pair(str(base), str(reason), device=device, dtype=dtype, base_format=formats["base_format"],
+                     reason_format=formats["reason_format"], base_revision=revisions.get("base"),
+                     reason_revision=revisions.get("reason"), trust_remote_code=trust_remote_code)
+
+
+def _thinking(pair: Any, thinking: Any, formats: Mapping[str, str | None], revision: str | None,
+              trust_remote_code: bool) -> Any:
+    from core.evaluation.thinking import DEFAULT_THINKING_FORMAT, load_thinking
+    from core.pair.loading import ModelPair
+
+    if thinking is None or isinstance(thinking, ModelPair):
+        return thinking
+    return load_thinking(pair, str(thinking), formats["thinking_format"] or DEFAULT_THINKING_FORMAT, revision,
+                         trust_remote_code)
+
+
+def _info(pair: Any, thinking: Any, benches: Mapping[str, list[Any]], calibration: list[Any],
+          sampling: Mapping[str, Any], reference: Reference, ratios: Sequence[float],
+          budgets: Sequence[float | None], window: int, score: str, seed: int, store: Any,
+          preset: str | None) -> dict[str, Any]:
+    ref = f"policy {reference}" if isinstance(reference, str) else f"given numbers {reference}"
+    if reference == THINKING:
+        ref = f"same-size thinking model {thinking.specs['base'].id} ({thinking.formats['base'].spec})"
+    elif reference == GUIDE:
+        ref = "the guide (reasoner alone) — NOT the paper's same-size thinking reference"
+    return {
+        "reference": ref, "pair": pair.spec(), "thinking": None if thinking is None else thinking.spec()["base"],
+        "benchmarks": {name: len(ps) for name, ps in benches.items()},
+        "calibration_problems": [getattr(p, "id", None) or (p.get("id") if isinstance(p, dict) else None)
+                                 for p in calibration],
+        "sampling": dict(sampling), "seed": seed, "preset": preset, "ratios": list(ratios),
+        "budgets": list(budgets), "window": window, "score": score, "store": str(getattr(store, "path", store)),
+    }

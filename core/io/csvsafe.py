@@ -1,0 +1,32 @@
+"""CSV cells that spreadsheets cannot run: formula injection neutralised in text columns.
+
+A spreadsheet treats a cell starting with `=`, `+`, `-`, `@` (or a tab / carriage return before one)
+as a formula, and model text can start that way. Such a text cell gets a leading apostrophe (`'=1+1`),
+the OWASP recommendation; spreadsheets show the text, and the apostrophe is easy to strip. Numeric
+columns are left alone: a negative number is data, not a formula.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise_cell(value: Any) -> Any:
+    """`value` with a leading apostrophe when it is text a spreadsheet would run as a formula."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def neutralise_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of `frame` whose text (object/string) columns are neutralised; numeric columns untouched."""
+    out = frame.copy()
+    for name in out.columns:
+        column = out[name]
+        if pd.api.types.is_object_dtype(column) or pd.api.types.is_string_dtype(column):
+            out[name] = column.map(neutralise_cell)
+    return out

@@ -1,0 +1,302 @@
+"""Reading foreign files of `{id, prompt, response[, answer]}` records (JSONL, CSV, Parquet), streamed.
+
+Formats: JSONL (one object per line), CSV (a header row with at least id, prompt, response) and Parquet
+(columns of the same names; `response` may be a list of token ids). Every record is handled on its
+own: a bad one is reported with its line (row) number and the reason, and the rest are stored.
+
+Limits are checked before parsing, in bounded memory: a line over `MAX_LINE_BYTES` is skipped while
+being read (never held whole), and JSON nested deeper than `MAX_DEPTH` is refused before the parser
+sees it. A UTF-8 byte-order mark is ignored; lines may end in LF, CRLF or a bare CR.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.errors import InvalidInputError
+
+log = logging.getLogger(__name__)
+
+IMPORT_FORMATS = ("jsonl", "csv", "parquet")
+MAX_LINE_BYTES = 8 * 1024 * 1024  # one record (line, CSV row or Parquet row) at most 8 MiB
+MAX_DEPTH = 64  # JSON nesting ([ and {) allowed in one record
+_CHUNK = 1 << 20
+_EOL = re.compile(rb"\r\n|\r|\n")
+_STRUCT = re.compile(rb'["\\\[\]{}]')
+_BOM = b"\xef\xbb\xbf"
+_FIELDS = ("id", "prompt", "response", "answer")
+
+
+@dataclass(frozen=True)
+class ForeignRecord:
+    """One `{id, prompt, response[, answer]}` record; `answer` is the reference (gold) answer."""
+
+    line: int
+    id: str
+    prompt: str
+    response: str | list[int]
+    answer: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# -- reading, in bounded memory ---------------------------------------------------------------------
+
+
+def _lines(fh: io.BufferedIOBase, max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes without terminator), or (line number, None) for a line over `max_bytes`
+    (skipped as it streams by, never held). LF, CRLF and bare CR all end a line."""
+    lineno, buf, too_long, pending_cr, first = 0, bytearray(), False, False, True
+    while chunk := fh.read(_CHUNK):
+        if first:
+            chunk, first = chunk.removeprefix(_BOM), False
+        if pending_cr and chunk[:1] == b"\n":  # a CRLF split across two reads
+            chunk = chunk[1:]
+        pending_cr = False
+        start = 0
+        for m in _EOL.finditer(chunk):
+            piece = chunk[start : m.start()]
+            lineno += 1
+            if too_long or len(buf) + len(piece) > max_bytes:
+                yield lineno, None
+            else:
+                buf += piece
+                yield lineno, bytes(buf)
+            buf.clear()
+            too_long = False
+            start = m.end()
+            pending_cr = m.group() == b"\r" and start == len(chunk)
+        rest = chunk[start:]
+        if not too_long and len(buf) + len(rest) > max_bytes:
+            too_long = True
+            buf.clear()
+        elif not too_long:
+            buf += rest
+    if buf or too_long:
+        yield lineno + 1, None if too_long else bytes(buf)
+
+
+def json_depth_exceeds(raw: bytes | str, limit: int = MAX_DEPTH) -> bool:
+    """Whether JSON text nests arrays/objects deeper than `limit` (brackets inside strings don't count).
+
+    Checked before parsing: Python's parser would hit its recursion limit on deep input."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if raw.count(b"[") + raw.count(b"{") <= limit:  # cannot be deeper than the number of openers
+        return False
+    depth, in_string, skip = 0, False, -1
+    for m in _STRUCT.finditer(raw):
+        i = m.start()
+        if i < skip:
+            continue
+        c = raw[i]
+        if in_string:
+            if c == 0x5C:  # backslash: the next byte is escaped
+                skip = i + 2
+            elif c == 0x22:
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def _no_constants(name: str) -> Any:
+    raise InvalidInputError(f"non-standard JSON constant {name} (JSON has no NaN or Infinity)")
+
+
+def _surrogate_field(obj: dict[str, Any]) -> str | None:
+    """Name of the first field holding a lone surrogate (not valid Unicode text), if any."""
+    for name, value in obj.items():
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return name
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def _parse_foreign(obj: Any) -> tuple[str, str, str | list[int], str | None, dict[str, Any]]:
+    if not isinstance(obj, dict):
+        raise InvalidInputError(f"expected a JSON object, got {type(obj).__name__}")
+    bad = _surrogate_field(obj)
+    if bad is not None:
+        raise InvalidInputError(f"{bad!r} holds a lone surrogate (e.g. \\ud800), which is not valid Unicode text")
+    if "id" not in obj or isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)) or obj["id"] == "":
+        raise InvalidInputError("missing or invalid 'id' (a non-empty string or an integer)")
+    prompt = obj.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidInputError("missing or empty 'prompt' (a string)")
+    response = obj.get("response")
+    if isinstance(response, list):
+        if not response or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in response):
+            raise InvalidInputError("'response' as a list must hold non-negative integer token ids")
+    elif not isinstance(response, str) or not response:
+        raise InvalidInputError("missing or empty 'response' (a string or a list of token ids)")
+    answer = obj.get("answer")
+    if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (str, int, float))):
+        raise InvalidInputError("'answer' must be a string or a number")
+    extra = {k: v for k, v in obj.items() if k not in _FIELDS}
+    return str(obj["id"]), prompt, response, None if answer is None else str(answer), extra
+
+
+def _record(line: int, obj: Any) -> ForeignRecord:
+    rid, prompt, response, answer, extra = _parse_foreign(obj)
+    return ForeignRecord(line, rid, prompt, response, answer, extra)
+
+
+def _jsonl_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tuple[int, str]]:
+    with open(path, "rb") as fh:
+        for lineno, raw in _lines(fh, max_bytes):
+            if raw is None:
+                yield lineno, f"line is longer than {max_bytes} bytes (the limit); skipped unread"
+                continue
+            if not raw.strip():
+                continue
+            if json_depth_exceeds(raw):
+                yield lineno, f"JSON nested deeper than {MAX_DEPTH} levels (the limit)"
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constants)
+            except UnicodeDecodeError as exc:
+                yield lineno, f"not UTF-8 text: {exc}"
+                continue
+            except (ValueError, RecursionError) as exc:
+                yield lineno, f"not valid JSON: {exc}"
+                continue
+            try:
+                yield _record(lineno, obj)
+            except ValueError as exc:
+                yield lineno, str(exc)
+
+
+def _csv_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tuple[int, str]]:
+    csv.field_size_limit(max(max_bytes, csv.field_size_limit()))
+    # surrogateescape: bytes that are not UTF-8 become lone surrogates, which _parse_foreign reports
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
+        reader = csv.reader(fh)
+        try:
+            header = next(reader, None)
+        except csv.Error as exc:
+            raise InvalidInputError(f"{path}: the CSV header row cannot be read: {exc}") from exc
+        if header is None:
+            return
+        missing = [name for name in ("id", "prompt", "response") if name not in header]
+        if missing:
+            raise InvalidInputError(f"{path}: the CSV header lacks {', '.join(missing)} (has: {', '.join(header)})")
+        line = reader.line_num + 1
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:  # a broken quote: the rest of the file cannot be told apart reliably
+                yield line, f"CSV row cannot be read ({exc}); the rest of the file was not read"
+                return
+            start, line = line, reader.line_num + 1
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) != len(header):
+                yield start, f"row has {len(row)} cells, the header has {len(header)}"
+                continue
+            obj: dict[str, Any] = dict(zip(header, row))
+            if obj.get("answer") == "":
+                obj["answer"] = None
+            try:
+                yield _record(start, obj)
+            except ValueError as exc:
+                yield start, str(exc)
+
+
+def _parquet_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tuple[int, str]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise InvalidInputError(f"{path} is not a readable Parquet file: {exc}") from exc
+    with pf:
+        names = pf.schema_arrow.names
+        missing = [name for name in ("id", "prompt", "response") if name not in names]
+        if missing:
+            raise InvalidInputError(f"{path}: the Parquet file lacks column(s) {', '.join(missing)}")
+        row = 0
+        for batch in pf.iter_batches(batch_size=64):
+            for obj in batch.to_pylist():
+                row += 1
+                size = sum(len(v) for v in obj.values() if isinstance(v, (str, list)))
+                if size > max_bytes:
+                    yield row, f"row is larger than {max_bytes} bytes (the limit)"
+                    continue
+                try:
+                    yield _record(row, obj)
+                except ValueError as exc:
+                    yield row, str(exc)
+
+
+def detect_format(path: str | os.PathLike[str], format: str | None = None) -> str:
+    """The import format: `format` if given, else from the suffix (.jsonl/.json/.ndjson, .csv, .parquet)."""
+    if format is None:
+        suffix = Path(path).suffix.lower().lstrip(".")
+        format = {"json": "jsonl", "ndjson": "jsonl", "pq": "parquet"}.get(suffix, suffix)
+    if format not in IMPORT_FORMATS:
+        raise InvalidInputError(f"Unknown import format {format!r}; choose one of: {', '.join(IMPORT_FORMATS)}")
+    return format
+
+
+def iter_foreign(path: str | os.PathLike[str], format: str | None = None,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[ForeignRecord | tuple[int, str]]:
+    """Stream a foreign file: a ForeignRecord per good record, (line, reason) per bad one, in file order."""
+    path = Path(path)
+    fmt = detect_format(path, format)
+    if not path.is_file():
+        raise InvalidInputError(f"No such file: {path}")
+    readers = {"jsonl": _jsonl_records, "csv": _csv_records, "parquet": _parquet_records}
+    return readers[fmt](path, max_line_bytes)
+
+
+def read_foreign_jsonl(path: str | os.PathLike[str], format: str | None = None
+                       ) -> tuple[list[ForeignRecord], list[tuple[int, str]]]:
+    """All records of a foreign file: (good records, [(line number, reason)] for the bad ones)."""
+    records: list[ForeignRecord] = []
+    errors: list[tuple[int, str]] = []
+    for item in iter_foreign(path, format):
+        if isinstance(item, ForeignRecord):
+            records.append(item)
+        else:
+            errors.append(item)
+    return records, errors
+
+
+def count_records(path: str | os.PathLike[str], format: str | None = None) -> int:
+    """How many lines (JSONL, CSV) or rows (Parquet) a progress bar should expect; cheap, bounded memory."""
+    fmt = detect_format(path, format)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_metadata(path).num_rows
+        except Exception:  # an unreadable file is reported by the reader itself
+            return 0
+    n, last = 0, b"\n"
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            n += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+            last = chunk[-1:]
+    n += last not in (b"\n", b"\r")
+    return max(0, n - 1) if fmt == "csv" else n

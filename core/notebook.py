@@ -1,0 +1,308 @@
+"""`core.widget(pair, trace)`: the app's token view as a Jupyter widget (anywidget), with branching in the kernel.
+
+The front end is ONE source shared with the app: `app/components/token_view.{js,css}` (read at runtime;
+its default export is renamed to `fpTokenView`) plus the notebook's controls in `core/notebook_widget.js`.
+State flows through synced traits: the browser sets `score`, `selected` ({view, pos}) and `request`
+({action: take_over | show | note, ...}); Python answers with `views` (one payload per shown trace: the
+escaped heatmap from `core.heatmap.tokens_html` and hover data), `choices`, `tree`, `notes`, `status`.
+The Python side exposes the same objects: `w.selection`, `w.branches`, `w.take_over(pos, token)`.
+Needs the `notebook` extra (anywidget); `import core` never imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+from core import rank_shift, settings
+from core.errors import ForkpointError, InvalidInputError
+from core.metrics import DEFAULT_SCORE, METRICS, SCORES, check_score
+from core.trace import Trace
+
+log = logging.getLogger(__name__)
+
+_HERE = Path(__file__).resolve().parent
+COMPONENT_DIR = _HERE.parent / "app" / "components"  # the app's token view: the one renderer
+RANK_SHIFT_LABEL = "Rank shift (unshifted / marginal / shifted)"
+_DEFAULT_EXPORT = re.compile(r"^export\s+default\s+function\s*(\w*)\s*\(", re.MULTILINE)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ImportError(f"The notebook widget needs {path} (the app's token view); it could not be read: {exc}"
+                          ) from exc
+
+
+@functools.cache
+def _sources(js_mtime: float, css_mtime: float) -> tuple[str, str]:
+    view_js = _read(COMPONENT_DIR / "token_view.js")
+    renamed, n = _DEFAULT_EXPORT.subn("function fpTokenView(", view_js, count=1)
+    if n != 1:
+        raise ImportError(f"{COMPONENT_DIR / 'token_view.js'} has no `export default function (component)`; "
+                          "the notebook widget mounts the app's token view through it")
+    from core.heatmap import heatmap_css
+
+    esm_text = renamed + "\n\n" + _read(_HERE / "notebook_widget.js")
+    css_text = "\n".join([heatmap_css(), _read(COMPONENT_DIR / "token_view.css"), _read(_HERE / "notebook_widget.css")])
+    return esm_text, css_text
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def esm() -> str:
+    """The widget's ES module: the app's token_view.js (default export renamed) + the notebook controls."""
+    return _sources(_mtime(COMPONENT_DIR / "token_view.js"), _mtime(COMPONENT_DIR / "token_view.css"))[0]
+
+
+def css() -> str:
+    """The widget's stylesheet: core.heatmap's, the app's token_view.css and the notebook controls'."""
+    return _sources(_mtime(COMPONENT_DIR / "token_view.js"), _mtime(COMPONENT_DIR / "token_view.css"))[1]
+
+
+def view_payload(trace: Trace, score: str = DEFAULT_SCORE, decode: Any = None, k: int = settings.K) -> dict[str, Any]:
+    """The token view's `data` for one trace (as the app's component gets it): escaped heatmap HTML (one
+    data-pos span per token), hover data (both top-k), spike positions and a content version."""
+    from core.presentation import hover_data, spike_list
+    from core.heatmap import tokens_html
+    from core.spike_rules import spikes
+
+    colours = None
+    if score == rank_shift.NAME:  # categorical colours; hover and spikes stay on the default score
+        colours, score = rank_shift.colours(trace), DEFAULT_SCORE
+    if "spikes" not in trace.annotations:
+        trace = spikes(trace, score=score, top=settings.SPIKE_TOP)
+    body = tokens_html(trace, score=score, decode=decode, tips=False, css_tips=False, colours=colours)
+    return {
+        "html": body,
+        "version": hashlib.blake2b(body.encode("utf-8"), digest_size=8).hexdigest(),
+        "hover": hover_data(trace, score, decode, k),
+        "spikes": spike_list(trace),
+        "offset": 0,
+        "n": len(trace),
+        "height": 420,
+        "prob_mode": "prob",
+    }
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The token the user clicked: which shown trace (`view` 0 = the original), its position and token."""
+
+    view: int
+    trace: Trace = field(repr=False)
+    pos: int
+    token_id: int
+    token: str
+
+
+class TokenWidget(anywidget.AnyWidget):
+    """The interactive token view. Build it with `core.widget(pair, trace)`."""
+
+    _esm = traitlets.Unicode("").tag(sync=True)  # set per instance from the files (see esm())
+    _css = traitlets.Unicode("").tag(sync=True)
+    score = traitlets.Unicode(DEFAULT_SCORE).tag(sync=True)
+    scores = traitlets.List().tag(sync=True)
+    views = traitlets.List().tag(sync=True)
+    selected = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
+    selection_label = traitlets.Unicode("").tag(sync=True)
+    choices = traitlets.List().tag(sync=True)
+    request = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
+    tree = traitlets.List().tag(sync=True)
+    notes = traitlets.List().tag(sync=True)
+    can_note = traitlets.Bool(False).tag(sync=True)
+    status = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(self, pair: Any, trace: Trace, *, score: str = DEFAULT_SCORE, store: Any = None,
+                 max_new_tokens: int | None = None, k: int = settings.K) -> None:
+        super().__init__(_esm=esm(), _css=css())
+        if not isinstance(trace, Trace):
+            raise InvalidInputError(f"widget needs a core.Trace, got {type(trace).__name__}")
+        self.pair, self.original, self.store = pair, trace, store
+        self.max_new_tokens, self.k = max_new_tokens, k
+        self.branches: list[Trace] = []
+        self._shown: Trace | None = None
+        self._decode = getattr(pair, "token_text", None)
+        self.scores = [[name, METRICS[name].score_label] for name in SCORES] + [[rank_shift.NAME, RANK_SHIFT_LABEL]]
+        self.can_note = store is not None and trace.key is not None
+        self.score = score if score == rank_shift.NAME else check_score(score)
+        self._refresh()
+
+    # -- what Python code reads ---------------------------------------------------------------------
+    @property
+    def shown(self) -> list[Trace]:
+        """The traces on screen: the original, then the branch shown beside it (if any)."""
+        return [self.original] + ([self._shown] if self._shown is not None else [])
+
+    @property
+    def selection(self) -> Selection | None:
+        """The clicked token, or None."""
+        sel = self.selected
+        if not sel:
+            return None
+        trace = self.shown[int(sel["view"])]
+        pos = int(sel["pos"])
+        return Selection(int(sel["view"]), trace, pos, int(trace.token_ids[pos]), trace.tokens[pos])
+
+    def trace(self, key: str) -> Trace:
+        """The original or a branch by key."""
+        for t in [self.original, *self.branches]:
+            if t.key == key:
+                return t
+        raise InvalidInputError(f"No trace {key!r} in this widget; its traces: "
+                                f"{', '.join(str(t.key) for t in [self.original, *self.branches])}")
+
+    # -- actions (the front end's requests end here too) ------------------------------------------
+    def take_over(self, pos: int, token: int | None = None, *, view: int = 0) -> Trace:
+        """Branch the shown trace `view` at `pos` (the reasoner's own choice, or the forced `token`) with
+        `core.branch`; the branch is shown beside the original and added to `branches`."""
+        from core.decoding import branch
+
+        parent = self.shown[view]
+
+        def progress(done: int, total: int) -> None:  # live in the front end: traits sync as they are set
+            self.status = f"branching at #{pos}: {done} / {total} tokens"
+
+        child = branch(self.pair, parent, int(pos), token, max_new_tokens=self.max_new_tokens, store=self.store,
+                       progress=progress)
+        if all(child.key != b.key for b in self.branches):
+            self.branches.append(child)
+        self._shown = child
+        self.selected = None
+        self._refresh()
+        self.status = f"branched at #{pos}: {len(child)} tokens, {child.n_takeovers} takeover(s)"
+        return child
+
+    def show(self, key: str) -> None:
+        """Show the original alone (its key) or a branch beside it."""
+        trace = self.trace(key)
+        self._shown = None if trace is self.original else trace
+        self.selected = None
+        self._refresh()
+        self.status = "showing the original" if trace is self.original else f"showing the branch @ {trace.meta.get('branch_pos')}"
+
+    def add_note(self, pos: int, text: str, *, end: int | None = None, view: int = 0, bookmark: bool = False) -> Any:
+        """Note tokens pos..end of a shown trace in the store (see core/io/notes.py)."""
+        from core.io.notes import add_note
+
+        if self.store is None:
+            raise InvalidInputError("Notes are kept in a store: make the widget with store=core.TraceStore(...)")
+        trace = self.shown[view]
+        if trace.key not in self.store:
+            self.store.put(trace)
+        note = add_note(self.store, trace.key, int(pos), end, text, bookmark=bookmark, n_tokens=len(trace))
+        self._refresh_notes()
+        return note
+
+    # -- trait plumbing ----------------------------------------------------------------------------
+    @traitlets.observe("score")
+    def _on_score(self, change: dict[str, Any]) -> None:
+        if change["new"] not in (*SCORES, rank_shift.NAME):
+            self.status = f"error: unknown score {change['new']!r}"
+            self.score = change["old"] if change["old"] in SCORES else DEFAULT_SCORE
+            return
+        if hasattr(self, "original"):
+            self._refresh_views()
+
+    @traitlets.observe("selected")
+    def _on_selected(self, change: dict[str, Any]) -> None:
+        from core.presentation import takeover_choices
+
+        sel = self.selection if hasattr(self, "original") else None
+        if sel is None:
+            self.choices, self.selection_label = [], ""
+            return
+        choices = takeover_choices(sel.trace, sel.pos, self._decode)
+        self.choices = [[c.label, c.token] for c in choices]
+        self.selection_label = f"#{sel.pos} {sel.token!r} in {'the original' if sel.view == 0 else 'the branch'}"
+
+    @traitlets.observe("request")
+    def _on_request(self, change: dict[str, Any]) -> None:
+        req = change["new"]
+        if not req:
+            return
+        try:
+            action = req.get("action")
+            if action == "take_over":
+                token = self.choices[int(req.get("choice", 0))][1] if self.choices else req.get("token")
+                self.status = "branching…"
+                self.take_over(int(req["pos"]), token, view=int(req.get("view", 0)))
+            elif action == "show":
+                self.show(str(req["key"]))
+            elif action == "note":
+                self.add_note(int(req["pos"]), str(req.get("text", "")), view=int(req.get("view", 0)))
+                self.status = "note saved"
+            else:
+                raise InvalidInputError(f"Unknown widget action {action!r}; choose one of: take_over, show, note")
+        except ForkpointError as exc:
+            self.status = f"error: {exc}"
+
+    def _refresh(self) -> None:
+        self._refresh_views()
+        self._refresh_tree()
+        self._refresh_notes()
+
+    def _refresh_views(self) -> None:
+        views = []
+        for i, trace in enumerate(self.shown):
+            title = "original" if i == 0 else f"branch @ {trace.meta.get('branch_pos')}"
+            views.append({"title": f"{title} · {len(trace)} tokens", "key": trace.key,
+                          "data": view_payload(trace, self.score, self._decode, self.k)})
+        self.views = views
+
+    def _refresh_tree(self) -> None:
+        self.tree = [{"depth": d, "label": label, "key": key, "shown": key in {t.key for t in self.shown[1:]}}
+                     for d, label, key in tree_rows(self.original, self.branches, self._decode)]
+
+    def _refresh_notes(self) -> None:
+        if self.store is None:
+            return
+        from core.io.notes import read_notes
+
+        rows = []
+        for i, trace in enumerate(self.shown):
+            if trace.key:
+                title = "original" if i == 0 else "branch"
+                rows += [{**n.to_dict(), "view": i, "title": title} for n in read_notes(self.store, trace.key)]
+        self.notes = rows
+
+
+def tree_rows(root: Trace, branches: list[Trace], decode: Any = None) -> list[tuple[int, str, str]]:
+    """The branch tree of `root` and `branches` (by meta parent), depth-first: (depth, label, key) rows."""
+    from core.presentation import branch_token_text, tree_label
+
+    children: dict[str, list[Trace]] = {}
+    for b in branches:
+        children.setdefault(str(b.meta.get("parent")), []).append(b)
+    rows: list[tuple[int, str, str]] = []
+
+    def walk(trace: Trace, depth: int) -> None:
+        node = {"key": trace.key, "branch_pos": trace.meta.get("branch_pos") if depth else None, "n_tokens": len(trace)}
+        rows.append((depth, tree_label(depth, node, branch_token_text(trace, decode) if depth else ""), str(trace.key)))
+        for child in sorted(children.get(str(trace.key), []), key=lambda t: int(t.meta.get("branch_pos") or 0)):
+            walk(child, depth + 1)
+
+    walk(root, 0)
+    return rows
+
+
+def widget(pair: Any, trace: Trace, *, score: str = DEFAULT_SCORE, store: Any = None,
+           max_new_tokens: int | None = None, k: int = settings.K) -> TokenWidget:
+    """An interactive token view of `trace` for Jupyter: metric selector, hover top-k, click a token and branch
+    there (`core.branch` runs in the kernel; the branch shows beside the original, with the branch tree).
+    With `store`, branches are stored and notes can be added."""
+    return TokenWidget(pair, trace, score=score, store=store, max_new_tokens=max_new_tokens, k=k)

@@ -1,0 +1,146 @@
+"""Rank-shift categories: where the reasoner's top token sits in the base's ranking, per token.
+
+From the alignment token-distribution-shift work: a token is *unshifted* when the reasoner's top token
+is also the base's top token (base rank 1), *marginal* when it is the base's 2nd or 3rd choice, and
+*shifted* when it ranks below 3rd. Read off the `reason_top_rank_in_base` metric (0 = top), so no model
+is run. The "shifted ratio" is the share of tokens that are shifted. This module is the one home of
+the categories, their colours, and the per-trace / per-dataset / at-spikes-and-takeovers tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.errors import InvalidInputError
+from core.trace import Trace
+
+METRIC = "reason_top_rank_in_base"
+NAME = "rank_shift"  # the colouring mode, the export column, the frame column
+CATEGORIES = ("unshifted", "marginal", "shifted")
+UNKNOWN = ""  # no rank recorded (negative / NaN rank)
+MARGINAL_MAX_RANK = 2  # 0-based: base ranks 2..3 (1-based) are marginal
+# Categorical colours (light enough for black text): green = base agrees, amber = close call, red = shifted.
+COLOURS = {"unshifted": "#dcfce7", "marginal": "#fde68a", "shifted": "#fca5a5", UNKNOWN: "transparent"}
+LABELS = {
+    "unshifted": "unshifted (reasoner's top = base's top)",
+    "marginal": "marginal (base's 2nd-3rd)",
+    "shifted": "shifted (below base's 3rd)",
+}
+GROUPS = ("all tokens", "spikes", "takeovers")  # rows of `at_positions`
+
+
+def categorise(ranks: Any) -> np.ndarray:
+    """(T,) 0-based base ranks of the reasoner's top token -> (T,) category strings ("" when unknown)."""
+    r = np.asarray(ranks, dtype=np.float64).reshape(-1)
+    out = np.full(r.shape, UNKNOWN, dtype=object)
+    known = np.isfinite(r) & (r >= 0)
+    out[known & (r == 0)] = "unshifted"
+    out[known & (r >= 1) & (r <= MARGINAL_MAX_RANK)] = "marginal"
+    out[known & (r > MARGINAL_MAX_RANK)] = "shifted"
+    return out
+
+
+def rank_shift(trace: Trace) -> np.ndarray:
+    """(T,) rank-shift category of each token of `trace`."""
+    if METRIC not in trace.metrics:
+        raise InvalidInputError(f"The trace has no {METRIC!r} metric; rank-shift categories need it")
+    return categorise(trace.metrics[METRIC])
+
+
+def colours(trace: Trace) -> list[str]:
+    """(T,) css background colours of the categorical rank-shift heatmap."""
+    return [COLOURS[c] for c in rank_shift(trace)]
+
+
+def counts(categories: Any) -> dict[str, int]:
+    """{category: count} over the known categories (unknown tokens are left out)."""
+    cats = np.asarray(categories, dtype=object)
+    return {c: int(np.count_nonzero(cats == c)) for c in CATEGORIES}
+
+
+def ratio(counts_: dict[str, int], which: str = "shifted") -> float:
+    """Share of `which` among the known tokens (NaN when there are none)."""
+    if which not in CATEGORIES:
+        raise InvalidInputError(f"Unknown rank-shift category {which!r}; choose one of: {', '.join(CATEGORIES)}")
+    total = sum(counts_.values())
+    return counts_[which] / total if total else float("nan")
+
+
+def shifted_ratio(traces: Trace | Iterable[Trace], positions: Sequence[int] | None = None) -> float:
+    """Share of shifted tokens in one trace (optionally only at `positions`) or pooled over many traces."""
+    if isinstance(traces, Trace):
+        cats = rank_shift(traces)
+        if positions is not None:
+            cats = cats[np.asarray(list(positions), dtype=np.int64)] if len(positions) else cats[:0]
+        return ratio(counts(cats))
+    if positions is not None:
+        raise InvalidInputError("positions= applies to one trace, not to a list of traces")
+    pooled = {c: 0 for c in CATEGORIES}
+    for trace in traces:
+        for c, n in counts(rank_shift(trace)).items():
+            pooled[c] += n
+    return ratio(pooled)
+
+
+def _row(cats: np.ndarray) -> dict[str, Any]:
+    c = counts(cats)
+    total = sum(c.values())
+    row: dict[str, Any] = {"n": total, **c}
+    for name in CATEGORIES:
+        row[f"{name}_share"] = c[name] / total if total else float("nan")
+    return row
+
+
+def trace_table(traces: Sequence[Trace]) -> pd.DataFrame:
+    """One row per trace: key, n, counts per category and their shares (shifted_share = the shifted ratio)."""
+    rows = [{"key": t.key, **_row(rank_shift(t))} for t in traces]
+    return pd.DataFrame(rows, columns=["key", "n", *CATEGORIES, *(f"{c}_share" for c in CATEGORIES)])
+
+
+def spike_positions(trace: Trace) -> list[int]:
+    """The trace's annotated spike positions ([] without a spike layer)."""
+    layer = trace.annotations.get("spikes") or {}
+    return [int(p) for p in layer.get("positions", []) if 0 <= int(p) < len(trace)]
+
+
+def at_positions(traces: Sequence[Trace], score: str | None = None, top: float | None = None) -> pd.DataFrame:
+    """Categories over all tokens, at spikes and at takeovers (source != "base"), pooled over `traces`:
+    one row per group with n, counts and shares. Spikes are each trace's top-`top` tokens by `score` when
+    `top` is given, else its spike layer. The ReasonMaxxer claim is that at spikes/takeovers the
+    reasoner's pick is mostly unshifted or marginal (already in the base's top few)."""
+    from core.metrics import DEFAULT_SCORE, score_values
+    from core.spike_rules import top_positions
+
+    pooled: dict[str, list[np.ndarray]] = {g: [] for g in GROUPS}
+    for trace in traces:
+        cats = rank_shift(trace)
+        if top is not None:
+            spikes = top_positions(np.asarray(score_values(trace.metrics, score or DEFAULT_SCORE)), top)
+        else:
+            spikes = np.asarray(spike_positions(trace), dtype=np.int64)
+        pooled["all tokens"].append(cats)
+        pooled["spikes"].append(cats[np.asarray(spikes, dtype=np.int64)])
+        pooled["takeovers"].append(cats[np.asarray(trace.source != "base", dtype=bool)])
+    rows = []
+    for group in GROUPS:
+        cats = np.concatenate(pooled[group]) if pooled[group] else np.zeros(0, dtype=object)
+        rows.append({"group": group, **_row(cats)})
+    return pd.DataFrame(rows)
+
+
+def legend_items() -> str:
+    """The three categories as legend chips (static text: nothing from a model)."""
+    items = "".join(
+        f'<span class="fp-heatmap"><span class="tok" style="background:{COLOURS[c]}">{LABELS[c]}</span></span>'
+        for c in CATEGORIES
+    )
+    return f"<span>rank shift of the reasoner's top token:</span>{items}"
+
+
+def legend_html() -> str:
+    """A small legend of the three categories."""
+    return f'<div class="fp-legend">{legend_items()}</div>'

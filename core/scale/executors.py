@@ -1,0 +1,157 @@
+"""Executors run generation jobs: `InProcessExecutor` (the default: this process, the pair already loaded)
+and `RayExecutor` (Ray actors, each holding the pair once, on a local machine or a cluster).
+
+Both go through one driver loop, so they share the store rules: rows already in the store are read, not
+made; every finished batch is written at once (a killed driver loses nothing written, and a re-run
+resumes); `on_trace` runs on every trace before it is written. Results come back in job order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pandas as pd
+
+from core import settings
+from core.errors import GenerationCancelled
+from core.scale.jobs import GenerateJob, Worker, WorkerStats, make_jobs
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+
+
+def _meta_blob(trace: Any) -> str:
+    return json.dumps(trace.meta, sort_keys=True, default=str)
+
+
+class _Driver:
+    """Store lookups, writes, `on_trace` and progress around a back-end that runs jobs."""
+
+    def __init__(self, store: Any, on_trace: Callable[[Any], None] | None, progress: Progress | None,
+                 total: int) -> None:
+        self.store, self.on_trace, self.progress = store, on_trace, progress
+        self.total, self.done = total, 0
+
+    def finish(self, traces: list[Any], keys: list[str] | None, fresh: list[bool]) -> list[Any]:
+        """Fill rows the worker skipped from the store, run on_trace, write; returns the traces."""
+        out = []
+        for j, (trace, new) in enumerate(zip(traces, fresh)):
+            if trace is None:
+                trace = self.store.get(keys[j])
+            before = None if new else _meta_blob(trace)
+            if self.on_trace is not None:
+                self.on_trace(trace)
+            if self.store is not None:
+                if new:
+                    self.store.put(trace)
+                elif before != _meta_blob(trace):  # a stored trace that on_trace changed (e.g. newly graded)
+                    self.store.put(trace, overwrite=True)
+            out.append(trace)
+        self.done += len(out)
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+        return out
+
+
+def drive(backend: Any, jobs: Sequence[GenerateJob], store: Any = None,
+          on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
+          should_stop: Callable[[], bool] | None = None) -> list[list[Any]]:
+    """Run `jobs` on `backend` (keys(jobs), run(pending) -> iterator of (i, traces, info)); per job, its
+    traces in row order. Rows whose key is in `store` are read from it instead of being made.
+    `should_stop()` is asked between batches; True raises GenerationCancelled (finished batches stay stored)."""
+    jobs = list(jobs)
+    driver = _Driver(store, on_trace, progress, sum(j.units for j in jobs))
+    keys = backend.keys(jobs) if store is not None and jobs else [None] * len(jobs)
+    results: list[list[Any] | None] = [None] * len(jobs)
+    pending: list[tuple[int, list[str]]] = []
+    for i, job_keys in enumerate(keys):
+        stored = [k for k in job_keys if k in store] if job_keys is not None else []
+        if job_keys is not None and len(stored) == len(job_keys):
+            results[i] = driver.finish([None] * len(job_keys), job_keys, [False] * len(job_keys))
+        else:
+            pending.append((i, stored))
+    for i, traces, _info in backend.run([(jobs[i], skip) for i, skip in pending], [i for i, _ in pending]):
+        if should_stop is not None and should_stop():
+            raise GenerationCancelled("generation cancelled; the batches finished so far are stored")
+        fresh = [t is not None for t in traces]
+        results[i] = driver.finish(traces, keys[i], fresh)
+        log.debug("job %d: %d rows made, %d read from the store", i, sum(fresh), len(fresh) - sum(fresh))
+    return results  # type: ignore[return-value]
+
+
+class _Executor:
+    """What both executors offer: `run_jobs` (the general form) and `generate_many` (problems in, a flat
+    problem-major list of traces out, like `core.decoding.generate_many`)."""
+
+    def run_jobs(self, pair: Any, jobs: Sequence[GenerateJob], *, store: Any = None,
+                 on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> list[list[Any]]:
+        raise NotImplementedError
+
+    def generate_many(self, pair: Any, problems: Sequence[Any], policy: Any = None, *,
+                      samples: int = settings.SAMPLES, batch_size: int = settings.BATCH_SIZE,
+                      max_new_tokens: int = settings.MAX_NEW_TOKENS, temperature: float = settings.TEMPERATURE,
+                      top_p: float = settings.TOP_P, seed: int = settings.SEED, stop: Sequence[str] = (),
+                      k: int = settings.K, lookahead: int | None = None, store: Any = None,
+                      on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
+                      should_stop: Callable[[], bool] | None = None) -> list[Any]:
+        """Problems x samples under `policy`, in batches of `batch_size` problems; traces problem-major."""
+        jobs = make_jobs(problems, policy, batch_size=batch_size, samples=samples, max_new_tokens=max_new_tokens,
+                         temperature=temperature, top_p=top_p, seed=seed, stop=tuple(stop), k=k, lookahead=lookahead)
+        out = self.run_jobs(pair, jobs, store=store, on_trace=on_trace, progress=progress, should_stop=should_stop)
+        return [t for traces in out for t in traces]
+
+
+class _LocalBackend:
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.stats = WorkerStats(worker.name, str(worker.pair.device))
+
+    def keys(self, jobs: Sequence[GenerateJob]) -> list[list[str]]:
+        return self.worker.keys(jobs)
+
+    def run(self, pending: Sequence[tuple[GenerateJob, list[str]]], ids: Sequence[int]) -> Iterator[tuple]:
+        for i, (job, skip) in zip(ids, pending):
+            traces, info = self.worker.run(job, skip)
+            self.stats.add(info)
+            yield i, traces, info
+
+
+class InProcessExecutor(_Executor):
+    """Runs every job here, on the given pair (a loaded ModelPair, or a PairSpec loaded once on first use)."""
+
+    def __init__(self, device: str = "auto") -> None:
+        self.device = device
+        self._loaded: dict[Any, Any] = {}
+        self.stats: list[WorkerStats] = []
+
+    def _pair(self, pair: Any) -> Any:
+        from core.scale.spec import PairSpec
+
+        if not isinstance(pair, PairSpec):
+            return pair
+        if pair not in self._loaded:
+            self._loaded[pair] = pair.load(self.device)
+        return self._loaded[pair]
+
+    def run_jobs(self, pair: Any, jobs: Sequence[GenerateJob], *, store: Any = None,
+                 on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> list[list[Any]]:
+        """Per job, its traces (row order), made in this process."""
+        backend = _LocalBackend(Worker(None, pair=self._pair(pair)))
+        out = drive(backend, jobs, store, on_trace, progress, should_stop)
+        self.stats = [backend.stats]
+        return out
+
+    def summary(self) -> pd.DataFrame:
+        """Per worker (here: one): jobs, units, tokens, busy seconds, units/s and tokens/s."""
+        return pd.DataFrame([s.row() for s in self.stats])
+
+
+def default_executor(executor: Any = None) -> Any:
+    """`executor`, or a fresh InProcessExecutor when None."""
+    return InProcessExecutor() if executor is None else executor

@@ -1,0 +1,158 @@
+"""Work for executors: a `GenerateJob` is one engine batch (problems x samples rows under one policy), and
+`Worker` is what runs jobs next to a loaded pair, in this process or inside a Ray actor.
+
+Jobs are cut by the caller's `batch_size`, never by the number of workers: a batch decodes the same rows
+together wherever it runs, so results do not depend on how many workers there are.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from core import settings
+from core.errors import InvalidInputError
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    """One batch for `core.generate`: problems (problem-major, `samples` rows each) under one policy."""
+
+    problems: tuple[Any, ...]
+    policy: Any = None
+    max_new_tokens: int = settings.MAX_NEW_TOKENS
+    temperature: float = settings.TEMPERATURE
+    top_p: float = settings.TOP_P
+    seed: int = settings.SEED
+    samples: int = settings.SAMPLES
+    k: int = settings.K
+    stop: tuple[str, ...] = ()
+    lookahead: int | None = None  # the engine's verify-ahead block; None: its default
+
+    @property
+    def units(self) -> int:
+        """Work units in the job: problem x sample rows (the policy is fixed per job)."""
+        return len(self.problems) * self.samples
+
+    def kwargs(self) -> dict[str, Any]:
+        out = {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
+               "seed": self.seed, "samples": self.samples, "k": self.k, "stop": tuple(self.stop)}
+        if self.lookahead is not None:
+            out["lookahead"] = self.lookahead
+        return out
+
+
+def make_jobs(problems: Sequence[Any], policy: Any = None, *, batch_size: int = settings.BATCH_SIZE,
+              **options: Any) -> list[GenerateJob]:
+    """Cut `problems` into jobs of `batch_size` problems each (the engine's batches, in order)."""
+    if batch_size < 1:
+        raise InvalidInputError(f"batch_size must be ≥ 1, got {batch_size}")
+    problems = list(problems)
+    return [GenerateJob(tuple(problems[i:i + batch_size]), policy, **options)
+            for i in range(0, len(problems), batch_size)]
+
+
+class _KeyProbe:
+    """A store that claims to hold everything and returns each key: `generate` then lists the request
+    keys of a batch without running a model (tokenising the prompts is all it does)."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def get(self, key: str) -> str:
+        return key
+
+    def put(self, trace: Any) -> None:  # pragma: no cover - never reached: everything is "stored"
+        raise AssertionError("the key probe never stores")
+
+
+class _Skip:
+    """A store that holds exactly `keys` (contents unknown here: `get` gives None, the driver fills in).
+    With `target` (a TraceStore every node sees), new traces are also written there by the worker."""
+
+    def __init__(self, keys: set[str], target: Any = None) -> None:
+        self.keys, self.target = keys, target
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys
+
+    def get(self, key: str) -> None:
+        return None
+
+    def put(self, trace: Any) -> None:
+        if self.target is not None:
+            self.target.put(trace)
+
+
+@dataclass
+class WorkerStats:
+    """What one worker did: jobs, rows (units), tokens generated, seconds busy."""
+
+    worker: str
+    device: str = "cpu"
+    jobs: int = 0
+    units: int = 0
+    tokens: int = 0
+    busy_s: float = 0.0
+    retried: int = 0
+
+    def add(self, info: dict[str, Any]) -> None:
+        """Count one finished job from `Worker.run`'s info (units, tokens, seconds)."""
+        self.jobs += 1
+        self.units += info["units"]
+        self.tokens += info["tokens"]
+        self.busy_s += info["seconds"]
+
+    def row(self) -> dict[str, Any]:
+        busy = max(self.busy_s, 1e-9)
+        return {"worker": self.worker, "device": self.device, "jobs": self.jobs, "units": self.units,
+                "tokens": self.tokens, "busy_s": round(self.busy_s, 3),
+                "units_per_s": round(self.units / busy, 3), "tokens_per_s": round(self.tokens / busy, 1),
+                "retried": self.retried}
+
+
+class Worker:
+    """Holds one loaded pair and runs jobs on it. Ray wraps this class as an actor; in-process, it is used
+    as is. `threads` caps torch's intra-op threads (1 for many small CPU workers on one machine)."""
+
+    def __init__(self, spec: Any, device: str = "auto", threads: int | None = None, pair: Any = None) -> None:
+        import torch
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.pair = pair if pair is not None else spec.load(device)
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+
+    def where(self) -> dict[str, Any]:
+        """Host, process id and device of this worker (for the throughput summary)."""
+        return {"worker": self.name, "pid": os.getpid(), "device": str(self.pair.device)}
+
+    def keys(self, jobs: Sequence[GenerateJob]) -> list[list[str]]:
+        """The store keys of each job's rows, in row order (no model forward)."""
+        from core.decoding import generate
+
+        return [list(generate(self.pair, list(j.problems), j.policy, store=_KeyProbe(), **j.kwargs())) for j in jobs]
+
+    def run(self, job: GenerateJob, skip: Sequence[str] = (), store_path: str | None = None,
+            on_trace: Any = None) -> tuple[list[Any], dict[str, Any]]:
+        """Generate the job's rows except those whose key is in `skip` (None in their place), and
+        (rows made, tokens made, seconds) for the throughput summary. With `store_path` (a store on a
+        filesystem this worker sees), each new trace is passed through `on_trace` and written here too."""
+        from core.decoding import generate
+
+        target = None
+        if store_path is not None:
+            from core.io.store import TraceStore
+
+            target = TraceStore(store_path)
+        t0 = time.perf_counter()
+        extra = {"on_trace": on_trace} if on_trace is not None else {}
+        traces = generate(self.pair, list(job.problems), job.policy, store=_Skip(set(skip), target), **extra,
+                          **job.kwargs())
+        made = [t for t in traces if t is not None]
+        info = {"units": len(made), "tokens": sum(len(t) for t in made), "seconds": time.perf_counter() - t0}
+        return traces, info

@@ -1,0 +1,68 @@
+"""`PairSpec`: a model pair described by where it comes from, small enough to ship to remote workers.
+
+A worker rebuilds the same pair (same models, revisions, prompt formats, dtype) on its own device, so
+traces made there carry the same fingerprint, hence the same store keys, as traces made in-process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import InvalidInputError
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Arguments of `core.load_pair`, minus the device (each worker picks its own)."""
+
+    base: str
+    reason: str
+    base_format: str | None = None
+    reason_format: str | None = None
+    base_revision: str | None = None
+    reason_revision: str | None = None
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+
+    @classmethod
+    def from_pair(cls, pair: Any) -> PairSpec:
+        """The spec of a loaded `ModelPair` (hub ids or local paths, revisions, formats, dtype)."""
+        specs, formats = pair.specs, pair.formats
+        for side in ("base", "reason"):
+            if specs[side].gguf_file:
+                raise InvalidInputError(
+                    f"The {side} model was loaded from GGUF ({specs[side].gguf_file}); scale-out ships hub ids "
+                    "or local directories. Convert it, or run in-process (no --ray)."
+                )
+        return cls(
+            base=specs["base"].id, reason=specs["reason"].id,
+            base_format=formats["base"].spec, reason_format=formats["reason"].spec,
+            base_revision=specs["base"].revision, reason_revision=specs["reason"].revision,
+            dtype=str(pair.dtype).removeprefix("torch."),
+        )
+
+    @classmethod
+    def demo(cls) -> PairSpec:
+        """The bundled demo pair (its files ship inside the package, so every node has them)."""
+        from core.demo.pair import DEMO_DIR, demo_formats
+
+        return cls(base=str(DEMO_DIR / "base"), reason=str(DEMO_DIR / "reason"), dtype="float32",
+                   **demo_formats(DEMO_DIR))
+
+    def load(self, device: str = "auto") -> Any:
+        """Load the pair on `device` (auto: CUDA when this process sees a GPU, else CPU)."""
+        from core.pair.loading import load_pair
+
+        return load_pair(self.base, self.reason, device=device, dtype=self.dtype, base_format=self.base_format,
+                         reason_format=self.reason_format, base_revision=self.base_revision,
+                         reason_revision=self.reason_revision, trust_remote_code=self.trust_remote_code)
+
+
+def as_spec(pair: Any) -> PairSpec:
+    """A PairSpec from a PairSpec or a loaded ModelPair (anything else: InvalidInputError)."""
+    if isinstance(pair, PairSpec):
+        return pair
+    if hasattr(pair, "specs") and hasattr(pair, "formats"):
+        return PairSpec.from_pair(pair)
+    raise InvalidInputError(f"Expected a ModelPair or a PairSpec, got {type(pair).__name__}")

@@ -1,0 +1,104 @@
+"""Shared scaffolding for the browser tests: `streamlit run app/main.py` as a server, and a Playwright Chromium page.
+
+Used by test_browser.py, test_journeys.py and test_notebook.py (the notebook widget's page).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("FORKPOINT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+START_TIMEOUT_S = 120
+STEP_TIMEOUT_MS = 90_000
+
+
+def require_chromium(hint: str = "") -> None:
+    """Skip the test unless Chromium and Playwright are installed (`hint` is appended to the skip reason)."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no chromium at {CHROMIUM}{hint}")
+    pytest.importorskip("playwright.sync_api")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"streamlit not healthy after {START_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
+
+
+def pair_args(tmp_path_factory) -> list[str]:
+    """The demo pair (the default: no arguments); a tiny random pair only while the demo is not built."""
+    from core.demo.pair import DEMO_DIR
+
+    if (DEMO_DIR / "pair.json").exists():
+        return []
+    from core.demo.tiny import build_tiny_pair
+
+    base, reason = build_tiny_pair(tmp_path_factory.mktemp("browser_pair"))
+    return ["--base", str(base), "--reason", str(reason), "--max-new-tokens", "48", "--device", "cpu"]
+
+
+@contextmanager
+def run_app(app_args: list[str], log: Path, env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """`streamlit run app/main.py -- *app_args` on a free local port, output to `log`; yields the app's URL once
+    healthy, and stops the server on exit. `env` is added to the environment."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), "--server.headless", "true",
+           "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+           "--", *app_args]
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    try:
+        wait_healthy(port, proc, log)
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextmanager
+def chromium_page(profile: Path, viewport: dict[str, int], timeout_ms: int = STEP_TIMEOUT_MS,
+                  **context_options) -> Iterator:
+    """A page of a headless Chromium with a persistent profile at `profile`; the browser closes on exit."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, viewport=viewport,
+            **context_options)
+        try:
+            page = context.new_page()
+            page.set_default_timeout(timeout_ms)
+            yield page
+        finally:
+            context.close()

@@ -1,0 +1,249 @@
+"""The three journeys a user takes, end to end in a real Chromium (Playwright) against `streamlit run app/main.py`:
+browse heatmaps (every page, every link and programmatic navigation), take over / force / branch a branch,
+and export each format and read the file back checking the annotation columns. No page may show an error.
+Screenshots of each page go to test-output/journeys/.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.browser import ROOT, STEP_TIMEOUT_MS, chromium_page, pair_args, require_chromium, run_app
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+OUT = ROOT / "test-output" / "journeys"
+PAGES = ["Trace", "Problems", "Generate", "Dataset", "Compare", "Export", "About"]  # app/main.py PAGES
+ERROR_BOXES = '[data-testid="stException"], [data-testid="stAlertContentError"]'
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    require_chromium()
+    OUT.mkdir(parents=True, exist_ok=True)
+    store = tmp_path_factory.mktemp("journey_store")
+    log = OUT / "streamlit.log"
+    with run_app(["--store", str(store), *pair_args(tmp_path_factory)], log, env={"OMP_NUM_THREADS": "1"}) as url:
+        yield url, store, log
+
+
+@pytest.fixture(scope="module")
+def page(server, tmp_path_factory):
+    profile = tmp_path_factory.mktemp("journey_profile")
+    with chromium_page(profile, viewport={"width": 1440, "height": 2200}, accept_downloads=True) as pg:
+        pg.bad_responses = []
+        pg.on("response", lambda r: pg.bad_responses.append(r.url) if r.status >= 400 else None)
+        yield pg
+
+
+IDLE_JS = """() => !document.querySelector('[data-testid="stStatusWidget"]') &&
+  ![...document.querySelectorAll('[data-testid="stToolbar"] button, header button')]
+    .some(b => /^(Stop|Running)/.test(b.innerText.trim()))"""
+
+
+def _settle(page) -> None:
+    """Wait until Streamlit has finished the current run (no running indicator, no Stop button) twice."""
+    for _ in range(2):
+        page.wait_for_timeout(400)
+        page.wait_for_function(IDLE_JS, timeout=STEP_TIMEOUT_MS)
+
+
+def _no_error(page, where: str, log: Path) -> None:
+    boxes = page.locator(ERROR_BOXES)
+    texts = [boxes.nth(i).inner_text() for i in range(boxes.count())]
+    assert not texts, f"{where}: error box(es) {texts}\nserver log tail:\n{log.read_text()[-2000:]}"
+
+
+def _shot(page, name: str) -> None:
+    page.mouse.move(0, 0)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=STEP_TIMEOUT_MS)
+    page.wait_for_timeout(1500)  # lazily loaded widgets (data grids, multiselects) draw after the run ends
+    page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
+
+
+def _nav(page, title: str) -> None:
+    page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=title).first.click()
+    _settle(page)
+
+
+def _wait_trace(page) -> None:
+    page.locator(".fp-scroll [data-pos]").first.wait_for()
+    _settle(page)
+
+
+def _select(page, pos: int) -> None:
+    page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
+    page.get_by_text(re.compile(rf"^Token #{pos}$")).first.wait_for()
+    _settle(page)
+
+
+def _click_first_grid_row(page, testid_key: str) -> None:
+    """Tick the first row of a selectable st.dataframe (its row-marker column sits at the far left)."""
+    grid = page.locator(f'.st-key-{testid_key} [data-testid="stDataFrame"]').first
+    grid.wait_for()
+    box = grid.bounding_box()
+    page.mouse.click(box["x"] + 18, box["y"] + 35 + 17)
+
+
+def test_every_page_from_every_link_without_an_error(server, page):
+    listed = re.findall(r'\("[a-z_]+\.py", "([^"]+)"', (ROOT / "app" / "main.py").read_text())
+    assert listed == PAGES, "the journey must visit every page the app lists"
+    url, _, log = server
+    page.goto(url)
+    _wait_trace(page)
+    for title in PAGES:
+        _nav(page, title)
+        _no_error(page, title, log)
+        _shot(page, title.lower())
+    page.goto(f"{url}problems")  # a deep link to another page
+    _settle(page)
+    _no_error(page, "deep link /problems", log)
+
+
+@pytest.mark.xfail(strict=True, reason="Streamlit's frontend probes <page>/_stcore/{health,host-config} to find "
+                   "its base path before falling back to /_stcore (404s in the log; the page works). Not fixed.")
+def test_deep_link_logs_no_404(server, page):
+    url, _, _ = server
+    page.bad_responses.clear()
+    page.goto(f"{url}problems")
+    _settle(page)
+    assert not [u for u in page.bad_responses if "_stcore" in u], page.bad_responses
+
+
+def test_open_a_trace_from_the_problems_table(server, page):
+    url, store, log = server
+    page.goto(url)
+    _wait_trace(page)
+    _nav(page, "Problems")
+    _click_first_grid_row(page, "problems_traces")
+    _wait_trace(page)  # lands on the Trace page with the chosen trace, no KeyError ("score")
+    _no_error(page, "Problems -> Trace", log)
+    assert "trace=" in page.url
+    for title in PAGES[:3]:  # every page still works after the programmatic switch
+        _nav(page, title)
+        _no_error(page, f"{title} after opening from Problems", log)
+
+
+def test_open_a_trace_from_generate(server, page):
+    url, store, log = server
+    page.goto(url)
+    _wait_trace(page)
+    _nav(page, "Generate")
+    page.get_by_role("button", name=re.compile(r"^Run on \d+ problem")).click()
+    page.get_by_text(re.compile(r"trace\(s\) stored")).first.wait_for()
+    _settle(page)
+    page.get_by_role("button", name="Open in Trace").click()
+    _wait_trace(page)
+    _no_error(page, "Generate -> Trace", log)
+
+
+def _wait_for(cond, timeout_s: float = 90.0) -> None:
+    import time
+
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.5)
+
+
+def _bg(page, selector: str) -> str:
+    return page.locator(selector).first.evaluate("e => getComputedStyle(e).backgroundColor")
+
+
+def test_take_over_force_and_branch_a_branch_with_one_colour_scale(server, page):
+    from core.io.store import TraceStore
+
+    url, store_dir, log = server
+    page.goto(url)
+    _wait_trace(page)
+    parent = re.search(r"trace=([0-9a-f]+)", page.url).group(1)
+    store = TraceStore(store_dir)
+    trace = store.get(parent)
+    pos = next((p for p in range(1, len(trace)) if int(trace.topk["reason"][0][p][0]) != int(trace.token_ids[p])), 1)
+    _select(page, pos)
+    page.get_by_role("button", name="Reasoning model takes over here").click()
+    page.locator('.fp-compare[data-side="branch"]').wait_for()
+    _settle(page)
+    _no_error(page, "take over", log)
+    # the same token has the same colour in the main view and in the comparison (one shared range)
+    n = len(trace)
+    checked = 0
+    for i in range(pos, min(n, pos + 12)):
+        main = _bg(page, f'.fp-scroll [data-pos="{i}"]')
+        side = _bg(page, f'.fp-compare[data-side="original"] [data-pos="{i}"]')
+        assert main == side, (i, main, side)
+        checked += 1
+    assert checked >= 2
+    _shot(page, "takeover")
+    # force a token from the top-k
+    page.get_by_role("button", name="Branch with this token").click()
+    _wait_for(lambda: len(TraceStore(store_dir).children(parent)) >= 2)
+    _settle(page)
+    _no_error(page, "force a token", log)
+    kids = [store.get(k) for k in TraceStore(store_dir).children(parent)]
+    assert any(str(k.source[pos]) == "forced" for k in kids) and any(str(k.source[pos]) == "reason" for k in kids)
+    # branch the branch: open it, take over later on
+    page.get_by_role("button", name="Open the branch").click()
+    page.wait_for_function(f"() => !window.location.search.includes('trace={parent}')")
+    _wait_trace(page)
+    child = re.search(r"trace=([0-9a-f]+)", page.url).group(1)
+    assert child != parent
+    later = min(pos + 3, len(TraceStore(store_dir).get(child)) - 1)
+    _select(page, later)
+    page.get_by_role("button", name="Reasoning model takes over here").click()
+    page.locator('.fp-compare[data-side="branch"]').wait_for()
+    _settle(page)
+    _no_error(page, "branch a branch", log)
+    assert TraceStore(store_dir).children(child), "the branch of a branch is stored under the branch"
+    tree = page.get_by_text(re.compile(r"branch @ \d+ (forced|reasoner) ")).count()
+    assert tree >= 2  # the tree names what each branch put at its position
+    _shot(page, "branch_of_branch")
+
+
+def _download(page, fmt_label: str, tmp: Path, ext: str) -> Path:
+    page.get_by_text(fmt_label, exact=True).first.click()
+    _settle(page)
+    button = page.get_by_role("button", name=re.compile(rf"Download forkpoint-.*\.{ext}$"))  # this format's file
+    button.wait_for()
+    with page.expect_download() as info:
+        button.click()
+    out = tmp / info.value.suggested_filename
+    info.value.save_as(out)
+    return out
+
+
+def test_export_each_format_carries_the_annotations(server, page, tmp_path):
+    url, store_dir, log = server
+    page.goto(url)
+    _wait_trace(page)
+    _nav(page, "Export")
+    jsonl = _download(page, "JSONL (lossless)", tmp_path, "jsonl")
+    record = json.loads(jsonl.read_text(encoding="utf-8").splitlines()[0])
+    n = len(record["token_ids"])
+    assert len(record["spike"]) == n and len(record["tag"]) == n and any(record["spike"])
+    assert record["annotations"]["spikes"]["rule"]["top"] == pytest.approx(0.05)
+    assert sorted(i for i, s in enumerate(record["spike"]) if s) == record["annotations"]["spikes"]["positions"]
+    assert all(isinstance(t, str) and not t.startswith("#") for t in record["topk"]["base"]["tokens"][0])
+    csv_zip = _download(page, "CSV (+ record, zipped)", tmp_path, "zip")
+    with zipfile.ZipFile(csv_zip) as zf:
+        name = next(x for x in zf.namelist() if x.endswith(".csv"))
+        frame = pd.read_csv(io.BytesIO(zf.read(name)), keep_default_na=False)
+    assert {"spike", "tag", "topk_base_tokens", "topk_reason_probs"} <= set(frame.columns)
+    assert frame["spike"].astype(str).isin(["True"]).sum() == sum(record["spike"])
+    parquet = _download(page, "Parquet", tmp_path, "parquet")
+    pq_frame = pd.read_parquet(parquet)
+    assert pq_frame["spike"].sum() == sum(record["spike"]) and list(pq_frame["tag"]) == record["tag"]
+    html_file = _download(page, "HTML (self-contained)", tmp_path, "html")
+    text = html_file.read_text(encoding="utf-8")
+    outlined = [int(p) for p in re.findall(r'class="tok[^"]*\bspike\b[^"]*" data-pos="(\d+)"', text)]
+    assert sorted(outlined) == record["annotations"]["spikes"]["positions"]  # the legend's swatch is not a token
+    assert "spike rule</td><td>none" not in text and "top 5% by" in text
+    _no_error(page, "export", log)
+    _shot(page, "export")

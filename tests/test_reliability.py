@@ -1,0 +1,495 @@
+"""Issue 16: damage is detected and never blocks the rest, writes are checked, bad input gets a message.
+
+Store checksums and index CRCs, damaged traces set aside on a re-run, verify / repair / remove, temp
+files of killed writers, short writes and full disks, permissions, strict JSON, CSV formula cells,
+the context-length check and argument validation at the edges.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import multiprocessing
+import os
+import random
+import signal
+import stat
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from fakes import make_trace
+
+import core.io.atomic as atomic
+from core.cli import main
+from core.errors import InvalidInputError, StoreError, WriteError
+from core.io.exports import export, read_jsonl
+from core.io.store import TraceStore
+
+FORK = multiprocessing.get_context("fork")
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    assert "Traceback" not in result.output, result.output
+    return result.exit_code, result.output
+
+
+def trace_path(store: TraceStore, key: str):
+    return store.traces_dir / f"{key}.parquet"
+
+
+def damage(path, how: str = "truncate") -> None:
+    data = path.read_bytes()
+    if how == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "zeros":
+        path.write_bytes(bytes(len(data)))
+    else:  # a data page, same size, footer intact: only a full read sees it
+        raw = bytearray(data)
+        for i in range(200, 260):
+            raw[i] ^= 0xFF
+        path.write_bytes(bytes(raw))
+
+
+# -- checksums: a flipped bit never changes a trace silently -----------------------------------------
+
+
+def test_single_bit_flips_in_the_footer_are_detected_or_harmless(tmp_path):
+    trace = make_trace(40, seed=3, annotate=True)
+    store = TraceStore(tmp_path / "s")
+    key = store.put(trace)
+    good = trace_path(store, key).read_bytes()
+    footer_len = int.from_bytes(good[-8:-4], "little")
+    blob = json.dumps(store.get(key).meta["key"]).encode()[1:-1]  # the key appears inside the JSON record
+    record_at = good.rindex(blob)  # an offset inside the forkpoint record
+    rng = random.Random(7)
+    footer = range(len(good) - 8 - footer_len, len(good) - 8)
+    positions = rng.sample(footer, 150) + [record_at + d for d in rng.sample(range(-400, 400), 100)]
+    silent = []
+    for n, pos in enumerate(positions):
+        raw = bytearray(good)
+        raw[pos] ^= 1 << rng.randrange(8)
+        fresh = TraceStore(tmp_path / f"f{n}")
+        fresh.traces_dir.mkdir(parents=True)
+        trace_path(fresh, key).write_bytes(bytes(raw))
+        try:
+            back = fresh.get(key)
+        except StoreError:
+            assert key not in fresh and fresh.unreadable() and len(fresh.summaries()) == 0
+            continue
+        if back != trace or back.meta != trace.meta:
+            silent.append(pos)
+        else:
+            assert fresh.summaries().iloc[0]["key"] == key
+    assert silent == []
+
+
+def test_an_index_line_edited_by_hand_is_not_believed(tmp_path):
+    store = TraceStore(tmp_path)
+    key = store.put(make_trace(20, seed=1, meta={"correct": False}))
+    line = store.index_path.read_text()
+    assert '"correct"' not in line and "false" in line
+    store.index_path.write_text(line.replace("false", "true "))  # same length, same file identity
+    fresh = TraceStore(tmp_path)
+    assert fresh.summaries().set_index("key").loc[key, "correct"] == False  # noqa: E712  (from the footer)
+    assert fresh.bad_index_lines == 1
+
+
+def test_a_torn_index_line_does_not_swallow_the_next_append(tmp_path):
+    store = TraceStore(tmp_path)
+    store.put(make_trace(10, seed=1))
+    with open(store.index_path, "ab") as fh:
+        fh.write(b'{"key": "torn", "id": [1, 2')  # a writer killed mid-line, no newline
+    key = store.put(make_trace(10, seed=2))
+    lines = store.index_path.read_bytes().splitlines()
+    assert lines[-1].startswith(f'{{"key": "{key}"'.encode()) and len(lines) == 3
+    fresh = TraceStore(tmp_path)
+    fresh.summaries()
+    assert fresh.index.entries[key] and fresh.bad_index_lines == 1
+
+
+def test_index_replaced_by_a_folder_gives_a_clear_error(tmp_path):
+    store = TraceStore(tmp_path / "s")
+    store.put(make_trace(10, seed=1))
+    store.index_path.unlink()
+    store.index_path.mkdir()
+    with pytest.raises(StoreError, match="index.jsonl is a folder"):
+        TraceStore(store.path).summaries()
+    code, out = cli("ls", "--store", str(store.path))
+    assert code == 1 and "is a folder" in out
+
+
+# -- damaged traces never block: re-runs, put, listing, export, analyze ----------------------------------
+
+
+def test_put_on_a_damaged_key_rewrites_it_and_keeps_the_damaged_file_aside(tmp_path):
+    store = TraceStore(tmp_path)
+    trace = make_trace(30, seed=4)
+    key = store.put(trace)
+    for how in ("truncate", "zeros", "page"):
+        damage(trace_path(store, key), how)
+        fresh = TraceStore(tmp_path)
+        assert key not in fresh  # a damaged file counts as absent: a re-run recomputes it
+        assert fresh.put(trace) == key and fresh.get(key) == trace
+    kept = store.set_aside_files()
+    assert len(kept) == 3 and all(p.name.startswith(key) for p in kept)
+    assert TraceStore(tmp_path).verify().ok
+
+
+def test_put_of_identical_content_writes_nothing(tmp_path):
+    store = TraceStore(tmp_path)
+    trace = make_trace(30, seed=4)
+    key = store.put(trace)
+    before = os.stat(trace_path(store, key))
+    assert store.put(trace, overwrite=True) == key
+    assert os.stat(trace_path(store, key)).st_ino == before.st_ino
+    assert len(store.index_path.read_bytes().splitlines()) == 1
+    changed = trace.annotate()
+    changed.meta["answer"] = "graded since"
+    store.put(changed, overwrite=True)
+    assert store.get(key).meta["answer"] == "graded since" and len(store.index_path.read_bytes().splitlines()) == 2
+
+
+def test_rerunning_score_or_generate_over_a_damaged_trace_recomputes_it(tmp_path, qwen_pair):
+    from core.scoring import score
+
+    store = TraceStore(tmp_path)
+    first = score(qwen_pair, "What is 2+3?", "5", store=store)
+    damage(trace_path(store, first.key), "zeros")
+    again = score(qwen_pair, "What is 2+3?", "5", store=TraceStore(tmp_path))
+    assert again.key == first.key and np.allclose(again.metrics["cross_entropy"], first.metrics["cross_entropy"])
+    assert TraceStore(tmp_path).get(first.key).key == first.key and len(store.set_aside_files()) == 1
+
+    from core.decoding.generation import generate
+
+    made = generate(qwen_pair, "What is 1+1?", max_new_tokens=4, store=store)
+    damage(trace_path(store, made.key), "page")
+    again = generate(qwen_pair, "What is 1+1?", max_new_tokens=4, store=TraceStore(tmp_path))
+    assert again.token_ids.tolist() == made.token_ids.tolist() and TraceStore(tmp_path).get(made.key) == again
+    assert len(store.set_aside_files()) == 2
+
+
+def test_listing_marks_damage_and_batch_readers_skip_it(tmp_path):
+    store = TraceStore(tmp_path / "s")
+    keys = [store.put(make_trace(20, seed=s)) for s in range(4)]
+    damage(trace_path(store, keys[0]), "page")  # data pages only: a footer-only listing would call it healthy
+    damage(trace_path(store, keys[1]), "zeros")
+    frame, bad = TraceStore(store.path).listing()
+    assert sorted(frame["key"]) == sorted(keys[2:]) and {p.name[:-8] for p, _ in bad} == set(keys[:2])
+    traces, bad = TraceStore(store.path).load_all()
+    assert sorted(t.key for t in traces) == sorted(keys[2:]) and len(bad) == 2
+
+    code, out = cli("ls", "--store", str(store.path))
+    assert code == 0 and out.count("DAMAGED") == 2 and "2 unreadable" in out
+    out_file = tmp_path / "all.jsonl"
+    code, out = cli("export", "--store", str(store.path), "--out", str(out_file))
+    assert code == 0 and "2 traces ->" in out and "2 unreadable" in out
+    assert sorted(t.key for t in read_jsonl(out_file)) == sorted(keys[2:])
+    code, out = cli("export", "--store", str(store.path), keys[0], "--out", str(tmp_path / "one.jsonl"))
+    assert code == 1 and "unreadable" in out  # a key asked for by name is never dropped silently
+
+
+@pytest.mark.slow
+def test_analyze_skips_damaged_traces(tmp_path):
+    store = TraceStore(tmp_path / "s")
+    keys = [store.put(make_trace(40, seed=s, annotate=True)) for s in range(3)]
+    damage(trace_path(store, keys[0]))
+    code, out = cli("analyze", "--store", str(store.path), "--out", str(tmp_path / "report"))
+    assert code == 0, out
+    assert "1 unreadable" in out and (tmp_path / "report" / "report.html").exists()
+
+
+def test_ls_on_a_missing_or_empty_store_says_so(tmp_path):
+    code, out = cli("ls", "--store", str(tmp_path / "nope"))
+    assert code == 1 and "No trace store at" in out
+    (tmp_path / "empty").mkdir()
+    code, out = cli("ls", "--store", str(tmp_path / "empty"))
+    assert code == 0 and "has no traces" in out
+
+
+def test_verify_repair_remove(tmp_path):
+    store = TraceStore(tmp_path / "s")
+    keys = [store.put(make_trace(20, seed=s)) for s in range(4)]
+    damage(trace_path(store, keys[0]), "page")
+    (store.traces_dir / "Bad Name.parquet").write_bytes(b"x")
+    with open(store.index_path, "ab") as fh:
+        fh.write(b'{"forged": 1}\n')
+    check = TraceStore(store.path).verify()
+    assert not check.ok and check.n_files == 5 and check.n_readable == 3
+    assert {p.name for p, _ in check.damaged} == {f"{keys[0]}.parquet", "Bad Name.parquet"}
+    assert check.bad_index_lines == 1 and check.index_lines == 5
+    code, out = cli("verify", "--store", str(store.path))
+    assert code == 1 and json.loads(out)["readable"] == 3
+
+    code, out = cli("repair", "--store", str(store.path))
+    report = json.loads(out)
+    assert code == 0 and [e["key"] for e in report["set_aside"]] == [keys[0]]
+    assert report["index_lines_after"] == 3 and len(report["not_moved"]) == 1
+    assert keys[0] not in TraceStore(store.path).keys() and len(store.set_aside_files()) == 1
+
+    code, out = cli("remove", "--store", str(store.path), keys[1], "--yes")
+    assert code == 0 and keys[1] not in TraceStore(store.path).keys()
+    code, out = cli("remove", "--store", str(store.path), "deadbeef", "--yes")
+    assert code == 1 and "No trace with key 'deadbeef'" in out
+    check = TraceStore(store.path).verify()
+    assert check.n_readable == 2 and check.bad_index_lines == 0 and len(check.damaged) == 1
+    code, out = cli("remove", "--store", str(store.path), "--damaged", "--yes")
+    assert code == 0 and out.strip() == "removed Bad Name.parquet" and TraceStore(store.path).verify().ok
+    code, out = cli("remove", "--store", str(store.path), "--damaged", "--yes")
+    assert code == 0 and "No unreadable" in out
+
+
+# -- temp files, short writes, full disks, permissions ----------------------------------------------
+
+
+def _write_slowly(path: str, started) -> None:
+    def write(fh):
+        fh.write(b"x" * 1000)
+        started.set()
+        time.sleep(60)
+
+    atomic.write_atomic(atomic.Path(path), write, binary=True)
+
+
+def test_temp_files_of_killed_writers_are_removed_on_open_live_ones_kept(tmp_path, monkeypatch):
+    store = TraceStore(tmp_path)
+    key = store.put(make_trace(10, seed=1))
+    procs = []
+    for name in ("dead", "live"):
+        started = FORK.Event()
+        proc = FORK.Process(target=_write_slowly, args=(str(store.traces_dir / f"{name}.parquet"), started))
+        proc.start()
+        assert started.wait(30)
+        procs.append(proc)
+    os.kill(procs[0].pid, signal.SIGKILL)
+    procs[0].join()
+    monkeypatch.setattr(atomic, "STALE_TEMP_SECONDS", 0.0)
+    try:
+        fresh = TraceStore(tmp_path)
+        assert [p.name.split(".")[1] for p in fresh.removed_temp_files] == ["dead"]
+        assert [p.name.split(".")[1] for p in fresh.live_temp_files] == ["live"]
+        assert [state for _, state in fresh.verify().temp_files] == ["in use"]
+    finally:
+        os.kill(procs[1].pid, signal.SIGKILL)
+        procs[1].join()
+    assert TraceStore(tmp_path).keys() == [key]
+    assert not [p for p in store.traces_dir.iterdir() if p.name.startswith(".")]
+
+
+def test_short_writes_still_append_whole_index_lines(tmp_path, monkeypatch):
+    real_write = os.write
+    monkeypatch.setattr(atomic.os, "write", lambda fd, data: real_write(fd, bytes(data[:7])))
+    store = TraceStore(tmp_path)
+    keys = [store.put(make_trace(10, seed=s)) for s in range(3)]
+    monkeypatch.undo()
+    fresh = TraceStore(tmp_path)
+    assert sorted(fresh.summaries()["key"]) == sorted(keys) and fresh.bad_index_lines == 0
+    assert all(fresh.index.entries[k] for k in keys)  # every line was read back from the index
+
+
+def test_a_failed_index_append_is_undone_and_does_not_fail_put(tmp_path, monkeypatch):
+    store = TraceStore(tmp_path)
+    store.put(make_trace(10, seed=1))
+    size = store.index_path.stat().st_size
+    real_write, calls = os.write, []
+
+    def write(fd, data):  # half a line, then the file-size limit
+        calls.append(1)
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(atomic.os, "write", write)
+    key = store.put(make_trace(10, seed=2))  # the trace is stored; only its cache line is missing
+    monkeypatch.undo()
+    assert store.index_path.stat().st_size == size  # the torn half line was truncated away
+    assert key in TraceStore(tmp_path) and len(TraceStore(tmp_path).summaries()) == 2
+
+
+def _put_under_size_limit(root: str, limit: int, seeds: list[int], queue) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    store, out = TraceStore(root), []
+    for seed in seeds:
+        try:
+            out.append(("stored", store.put(make_trace(10 if seed < 100 else 3000, seed=seed))))
+        except WriteError as exc:
+            out.append(("error", str(exc)))
+    queue.put(out)
+
+
+@pytest.mark.slow
+def test_a_real_file_size_limit(tmp_path):
+    store = TraceStore(tmp_path)
+    size = trace_path(store, store.put(make_trace(10, seed=1))).stat().st_size
+    with open(store.index_path, "ab") as fh:  # an index already past the limit: its appends fail
+        fh.write(b"\n" * (size + 4000))
+    # spawn, not fork: forking the multi-threaded test process (torch, grading worker threads) can deadlock
+    spawn = multiprocessing.get_context("spawn")
+    queue = spawn.Queue()
+    proc = spawn.Process(target=_put_under_size_limit, args=(str(tmp_path), size + 2000, [2, 200], queue))
+    proc.start()
+    outcome = queue.get(timeout=180)
+    proc.join()
+    assert outcome[0] == ("stored", make_trace(10, seed=2).key)  # the trace fit; only its index line did not
+    assert outcome[1][0] == "error" and "the file-size limit was reached; it was not written" in outcome[1][1]
+    fresh = TraceStore(tmp_path)
+    assert sorted(fresh.summaries()["key"]) == sorted([make_trace(10, seed=s).key for s in (1, 2)])
+    assert fresh.verify().ok and fresh.verify().temp_files == []
+
+
+def test_a_full_disk_while_writing_a_trace_is_a_clear_error(tmp_path, monkeypatch):
+    store = TraceStore(tmp_path)
+    first, trace = store.put(make_trace(10, seed=0)), make_trace(10, seed=1)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "fsync", full)
+    with pytest.raises(WriteError, match=f"trace {trace.key} .*the disk is full; it was not written") as err:
+        store.put(trace)
+    monkeypatch.undo()
+    assert f"The 1 trace(s) stored before it by this process are kept (last: {first})" in str(err.value)
+    assert store.keys() == [first] and [p.name for p in store.traces_dir.iterdir()] == [f"{first}.parquet"]
+
+
+def test_files_get_the_umask_mode_like_the_index(tmp_path):
+    old = os.umask(0o027)
+    try:
+        store = TraceStore(tmp_path / "s")
+        key = store.put(make_trace(10, seed=1))
+        out = export([store.get(key)], tmp_path / "t.csv")
+    finally:
+        os.umask(old)
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in (trace_path(store, key), store.index_path, out,
+                                                      out.with_name("t.csv.meta.json"))}  # fmt: skip
+    assert modes == {0o640}
+
+
+def test_export_to_an_unwritable_path_names_the_flag(tmp_path):
+    store = TraceStore(tmp_path / "s")
+    store.put(make_trace(10, seed=1))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "f").write_text("x")
+    code, out = cli("export", "--store", str(store.path), "--out", str(locked / "f" / "x.jsonl"))
+    assert code == 2 and "--out" in out and "not a folder" in out
+
+
+# -- strict JSON and CSV cells ---------------------------------------------------------------------------
+
+
+def test_nan_and_infinity_are_never_bare_in_jsonl(tmp_path):
+    trace = make_trace(12, seed=2, meta={"answer": float("nan"), "custom": {"x": float("inf")}})
+    trace.topk["base"][1][2, 1] = np.nan
+    trace.metrics["logp_base"][:2] = [np.nan, -np.inf]
+    path = export([trace], tmp_path / "t.jsonl")
+
+    def strict(name):
+        raise ValueError(f"bare {name}")
+
+    record = json.loads(path.read_text(), parse_constant=strict)
+    assert record["meta"]["answer"] is None and record["meta"]["custom"]["x"] is None
+    back = read_jsonl(path)[0]
+    assert np.isnan(back.topk["base"][1][2, 1]) and np.isnan(back.metrics["logp_base"][:2]).all()
+    assert np.array_equal(back.topk["base"][1][3:], trace.topk["base"][1][3:])
+
+
+def test_csv_text_cells_cannot_run_as_formulas(tmp_path):
+    import csv
+
+    trace = make_trace(text="=1+1 @SUM(A1) +cmd -2 ok", seed=3)
+    trace.meta["problem"]["id"] = "=HYPERLINK(1)"
+    path = export([trace], tmp_path / "t.csv")
+    rows = list(csv.DictReader(path.open(encoding="utf-8")))
+    cells = [row["token"] for row in rows]
+    assert cells[0] == "'=1+1" and all(not c.startswith(("=", "+", "-", "@")) for c in cells)
+    assert any(float(row["logp_base"]) < 0 for row in rows)  # numeric columns keep their minus sign
+
+
+# -- arguments and context length at the edges -------------------------------------------------------
+
+
+def test_score_arguments_are_validated(qwen_pair):
+    from core.scoring import score
+
+    with pytest.raises(InvalidInputError, match="chunk must be a whole number ≥ 1, got 0"):
+        score(qwen_pair, "p", "r", chunk=0)
+    with pytest.raises(InvalidInputError, match="response must be text or a list of token ids, got int"):
+        score(qwen_pair, "p", 5)
+    with pytest.raises(InvalidInputError, match="lone surrogate"):
+        score(qwen_pair, "p", "a\ud800")
+
+
+def test_prompts_that_do_not_fit_the_context_are_refused_fast(tmp_path, qwen_pair, monkeypatch):
+    from core.decoding.generation import generate
+    from core.scoring import score
+
+    for side in ("base", "reason"):
+        monkeypatch.setattr(qwen_pair.model(side).config, "max_position_embeddings", 64)
+    assert qwen_pair.context_length("base") == 64
+    store = TraceStore(tmp_path)
+    start = time.perf_counter()
+    with pytest.raises(InvalidInputError, match="context is 64 tokens: it does not fit"):
+        generate(qwen_pair, "what is 2+2? " * 8000, max_new_tokens=8, store=store)
+    assert time.perf_counter() - start < 5  # tokenising only: no forward over 100k characters
+    with pytest.raises(InvalidInputError, match="exceeds"):
+        score(qwen_pair, "what is 2+2? " * 30, "4")
+    assert store.keys() == []
+    assert qwen_pair.check_context(qwen_pair.prompt_ids("hi"), 8) == 8
+    assert qwen_pair.check_context(qwen_pair.prompt_ids("hi"), 1000) == 64 - max(
+        len(v) for v in qwen_pair.prompt_ids("hi").values())
+
+
+def test_generation_stops_where_the_context_ends(qwen_pair, monkeypatch):
+    """prompt + max_new_tokens past the context: the response stops at the last position that fits, and
+    the trace says so (positions past the context would be meaningless)."""
+    from core.decoding.generation import generate
+
+    for side in ("base", "reason"):
+        monkeypatch.setattr(qwen_pair.model(side).config, "max_position_embeddings", 40)
+    prompt = "what is 2+2?"
+    room = 40 - max(len(v) for v in qwen_pair.prompt_ids(prompt).values())
+    eos = set(qwen_pair.eos_ids)
+    monkeypatch.setattr(qwen_pair, "eos_ids", frozenset())  # nothing stops the row but the context
+    for lookahead in (1, None):
+        trace = generate(qwen_pair, prompt, max_new_tokens=room + 25, lookahead=lookahead)
+        assert len(trace) == room, lookahead
+        assert trace.meta["context_limit"] == {"max_response_tokens": room}
+    monkeypatch.setattr(qwen_pair, "eos_ids", eos)
+    short = generate(qwen_pair, prompt, max_new_tokens=3, lookahead=1)
+    assert "context_limit" not in short.meta and len(short) <= 3
+
+
+def test_cli_messages_instead_of_tracebacks(tmp_path, tiny_dirs):
+    pair = ["--base", str(tiny_dirs["qwen_base"]), "--reason", str(tiny_dirs["qwen_reason"]), "--device", "cpu"]
+    code, out = cli("score", *pair, "--prompt", "x", "--response", f"@{tmp_path / 'missing.txt'}")
+    assert code == 2 and "--response" in out and "No such file" in out
+    bad = tmp_path / "bad.txt"
+    bad.write_text("x")
+    code, out = cli("import", *pair, "--store", str(tmp_path / "s"), str(bad))
+    assert code == 1 and "Unknown import format 'txt'" in out
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["generate", "--batch-size", "0"], "--batch-size"),
+    (["generate", "--limit", "0"], "--limit"),
+    (["eval", "--budgets", "abc"], "--budgets"),
+])  # fmt: skip
+def test_bad_flag_values_name_the_flag(tmp_path, args, flag):
+    code, out = cli(*args, "--store", str(tmp_path / "s"))
+    assert code == 2 and flag in out and not (tmp_path / "s").exists()
+
+
+def test_unknown_model_type_mentions_trust_remote_code(tmp_path, tiny_dirs):
+    import shutil
+
+    model = tmp_path / "custom"
+    shutil.copytree(tiny_dirs["qwen_base"], model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "foobarnet"}))
+    code, out = cli("score", "--base", str(model), "--reason", str(model), "--prompt", "x", "--response", "y")
+    assert code == 1 and "foobarnet" in out and "--trust-remote-code" in out

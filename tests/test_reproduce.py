@@ -1,0 +1,196 @@
+"""`reproduce` (core.evaluation.reproduce, `forkpoint reproduce`): the paper's protocol end to end on the demo
+pair, the paper-style table's averages and recovery reference, sampling presets, calibration hold-out,
+and `forkpoint analyze --overwrite`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from core import settings
+from core.analysis.paper import AVERAGE, paper_table
+from core.cli import main
+from core.demo.pair import DEMO_DIR, demo_formats, demo_pair, demo_problems
+from core.evaluation import harness as ev
+from core.evaluation.reproduce import reproduce, resolve_sampling, split_calibration
+from core.io.store import TraceStore
+
+
+# -- pure parts ------------------------------------------------------------------------------------------
+
+
+def test_sampling_preset_and_overrides():
+    assert resolve_sampling() == {n: settings.SETTINGS[n].value for n in ("samples", "temperature", "top_p",
+                                                                           "max_new_tokens")}
+    paper = resolve_sampling("paper")
+    assert paper == {"samples": 8, "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 16384}
+    assert resolve_sampling("paper", max_new_tokens=64, samples=None)["max_new_tokens"] == 64
+    assert resolve_sampling("paper", max_new_tokens=64)["samples"] == 8
+
+
+def test_calibration_is_held_out_across_benchmarks():
+    benches = {"a": list(range(40)), "b": list(range(100, 108)), "c": [7]}
+    calib, rest = split_calibration(benches, 9)
+    assert calib == [0, 1, 2, 100, 101]  # 3 per benchmark, at most a quarter of each, none from a singleton
+    assert rest == {"a": list(range(3, 40)), "b": list(range(102, 108)), "c": [7]}
+    assert not set(calib) & {x for xs in rest.values() for x in xs}
+
+
+def _sweep_rows():
+    rows = []
+    for bench, (b, g, r, t) in {"x": (0.2, 0.5, 0.9, 0.6), "y": (0.4, 0.5, 1.0, 0.8)}.items():
+        for policy, config, pk, rho in (("base", "base", b, 0.0), ("guided", "r=0.05", g, 0.1),
+                                        ("reason", "reason", r, 1.0), ("thinking", "thinking", t, 0.0)):
+            rows.append({"benchmark": bench, "policy": policy, "config": config, "accuracy": pk / 2, "pass@k": pk,
+                         "rho": rho, "mean_tokens": 10.0, "k": 2, "reference": "policy thinking"})
+    return pd.DataFrame(rows)
+
+
+def test_paper_table_average_and_recovery_from_averages():
+    table = paper_table(_sweep_rows()).set_index(["benchmark", "setting"])
+    # per benchmark: (0.5 - 0.2) / (0.6 - 0.2) and (0.5 - 0.4) / (0.8 - 0.4)
+    assert table.loc[("x", "guided r=0.05"), "recovery@k"] == pytest.approx(0.75)
+    assert table.loc[("y", "guided r=0.05"), "recovery@k"] == pytest.approx(0.25)
+    # the average row: recovery of the averages (as the paper's 91%), not the average of recoveries
+    avg = table.loc[AVERAGE]
+    assert avg.loc["guided r=0.05", "pass@k"] == pytest.approx(0.5)
+    assert avg.loc["guided r=0.05", "recovery@k"] == pytest.approx((0.5 - 0.3) / (0.7 - 0.3))
+    assert avg.loc["same-size thinking model", "recovery@k"] == pytest.approx(1.0)
+    assert avg.loc["base alone", "recovery@k"] == 0.0
+    assert set(table["reference"]) == {"policy thinking"}
+
+
+def test_recovery_against_given_numbers():
+    records = pd.DataFrame(
+        [["x", "base", "p0", 0, s, ok, 10, 0, None] for s, ok in enumerate((True, False))]
+        + [["x", "guided", "p0", 0, s, True, 10, 1, None] for s in range(2)],
+        columns=list(ev.RECORD_COLUMNS))
+    # base: acc 0.5, pass@2 1.0 -> a reference Pass@k of 1.0 has no gap: NaN; per-benchmark numbers
+    table = ev.policy_table(records, reference={"x": {"accuracy": 0.75, "pass@k": 1.0}}).set_index("policy")
+    assert table.loc["guided", "recovery"] == pytest.approx((1.0 - 0.5) / (0.75 - 0.5))
+    assert math.isnan(table.loc["guided", "recovery@k"])
+    assert table.loc["guided", "reference"] == "given numbers"
+    one = ev.policy_table(records, k=1, reference=0.9).set_index("policy")
+    assert one.loc["guided", "recovery@k"] == pytest.approx((1.0 - 0.5) / (0.9 - 0.5))
+    assert math.isnan(one.loc["guided", "recovery"]) and one.loc["guided", "reference"] == "given Pass@k"
+    with pytest.raises(ev.InvalidInputError, match="Pass@k in \\[0, 1\\]"):
+        ev.policy_table(records, reference=64.1)
+
+
+# -- end to end on the demo pair ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_reproduce_end_to_end_on_the_demo_pair(tmp_path):
+    from core.evaluation.thinking import load_thinking
+
+    pair = demo_pair()
+    # the demo has no separate same-size thinking model: its reasoner, loaded again, stands in for it
+    thinking = load_thinking(pair, str(DEMO_DIR / "reason"), demo_formats()["reason_format"])
+    tests = demo_problems("test", limit=10)
+    problems = {"first": tests[:5], "second": tests[5:]}
+    seen = []
+    kwargs = dict(thinking=thinking, calibration=demo_problems("calib", limit=4), ratios=(0.05, 0.3), samples=2,
+                  temperature=0.6, top_p=0.95, max_new_tokens=64, batch_size=10)
+    result = reproduce(pair, None, problems, tmp_path / "out", progress=lambda *a: seen.append(a), **kwargs)
+    assert result.report == tmp_path / "out" / "report.html" and result.report.exists()
+    for name in ("table.csv", "sweep.csv", "run.json", "analysis/gini.csv", "analysis/position_density.csv",
+                 "analysis/entropy_iou.csv", "analysis/failure_auroc.csv", "analysis/reason_rank_all.csv"):
+        assert (tmp_path / "out" / name).exists(), name
+    table = result.table
+    assert set(table["benchmark"]) == {"first", "second", AVERAGE}
+    settings_ = set(table["setting"])
+    assert {"base alone", "guide (reasoner alone)", "same-size thinking model", "guided r=0.05",
+            "guided r=0.3"} <= settings_
+    assert set(table["reference"]) == {"policy thinking"}
+    assert "same-size thinking model" in result.info["reference"] and str(DEMO_DIR / "reason") in result.info["reference"]
+    # the thinking row is the reference: recovery 1 wherever it beats the base
+    for _, row in table[table["setting"] == "same-size thinking model"].iterrows():
+        base = table[(table["benchmark"] == row["benchmark"]) & (table["setting"] == "base alone")].iloc[0]
+        assert math.isnan(row["recovery@k"]) if row["pass@k"] <= base["pass@k"] else row["recovery@k"] == pytest.approx(1)
+    # baselines sit at the ρ Guided realised on each benchmark
+    sweep = result.sweep
+    for (bench, config), g in sweep[sweep["config"].str.startswith("r=")].groupby(["benchmark", "config"]):
+        guided = g[g["policy"] == "guided"].iloc[0]
+        for _, other in g[g["policy"] != "guided"].iterrows():
+            assert other["matched_rho"] == pytest.approx(guided["rho"])
+    html = result.report.read_text()
+    assert "<script src=" not in html and html.count("Plotly.newPlot") >= 6 and "same-size thinking model" in html
+    assert "Headline analyses" in html and "paper average" in html
+    assert {s for s, *_ in seen} >= {"base and guide", "thinking", "guided r=0.05 (first)",
+                                     "baselines at ρ of r=0.3 (second)"}
+    # resumable: the same call again generates nothing and gives the same table
+    store = TraceStore(tmp_path / "out" / "store")
+    before = sorted(store.keys())
+    again = reproduce(pair, None, problems, tmp_path / "out", **kwargs)
+    assert sorted(store.keys()) == before
+    pd.testing.assert_frame_equal(again.table, result.table)
+    info = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert info["sampling"] == {"samples": 2, "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64}
+
+
+@pytest.mark.slow
+def test_reproduce_command_on_the_demo_pair(tmp_path):
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("".join(json.dumps({"id": p.id, "question": p.prompt, "answer": p.gold}) + "\n"
+                                for p in demo_problems("test", limit=8)))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["reproduce", "--device", "cpu", "--problems", f"demo={problems}",
+                                       "--out", str(out), "--ratios", "0.2", "--budgets", "none,0.05",
+                                       "--max-new-tokens", "24", "--calibration-problems", "2", "--reference", "0.9"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert f"report -> {out / 'report.html'}" in result.output and "recovery against: given numbers" in result.output
+    table = pd.read_csv(out / "table.csv")
+    assert {"guided r=0.2", "guided r=0.2 cap=0.05"} <= set(table["setting"])
+    store = TraceStore(out / "store")
+    capped = [t for t in store.load_all()[0] if t.meta["policy"]["name"] == "guided"
+              and t.meta["policy"]["params"]["budget"] == 0.05]
+    assert len(capped) == 6  # 8 problems, 2 held out for calibration
+    assert all(t.n_takeovers <= math.ceil(0.05 * 24) for t in capped)  # the cap holds: ≤ 2 of 24 tokens
+
+
+def test_analyze_twice_needs_overwrite(tmp_path, qwen_pair):
+    import core
+
+    store = TraceStore(tmp_path / "store")
+    core.score(qwen_pair, "2+2?", " 4", store=store)
+    args = ["analyze", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "rep")]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    second = CliRunner().invoke(main, args)
+    assert second.exit_code != 0 and "--overwrite" in second.output and "overwrite=True" not in second.output
+    assert CliRunner().invoke(main, args + ["--overwrite"]).exit_code == 0
+
+
+def test_demo_measure_command_exists_as_the_card_says():
+    import inspect
+
+    from core.demo.card import write_card
+
+    assert inspect.signature(write_card).parameters["command"].default == "forkpoint demo measure"
+    result = CliRunner().invoke(main, ["demo", "measure", "--help"])
+    assert result.exit_code == 0 and "CARD.md" in result.output
+
+
+def test_headline_picks_this_runs_values():
+    from core.analysis.paper import headline
+
+    density = pd.DataFrame({"bin_left": [0.0], "bin_right": [1.0], "count": [1], "density": [1.0], "uniform": [1.0]})
+    density.attrs["median_u"] = 0.07
+    analyses = {
+        "gini": pd.DataFrame({"trace": ["t1", "pooled"], "n": [5, 10], "gini": [0.5, 0.93]}),
+        "failure_auroc": pd.DataFrame({"signal": ["cross_entropy", "entropy_base"], "auroc": [0.84, 0.8]}),
+        "reason_rank_within": pd.DataFrame({"at": ["all", "spikes", "spikes"], "k": [5, 1, 5],
+                                            "share": [0.99, 0.5, 0.97], "n": [9, 9, 9]}),
+        "position_density": density,
+    }
+    h = headline(analyses).set_index("finding")["this run"]
+    assert h["Gini of the score (pooled)"] == 0.93
+    assert h["failure AUROC, top-100 mean score"] == 0.84 and h["failure AUROC, top-100 mean base entropy"] == 0.8
+    assert h["reasoner's top token within the base top-5 (spikes)"] == 0.97
+    assert h["median position u = t/T of the top-1% tokens"] == 0.07
+    assert math.isnan(h["planning enrichment among tokens taken over"])  # not computed: shown as missing

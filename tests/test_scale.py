@@ -1,0 +1,389 @@
+"""core.scale: executors give the traces one process gives, skip what is stored, lose and double nothing.
+
+The in-process tests are fast. The Ray tests start one local Ray (2 CPUs) for the module and 2 CPU
+workers on the demo pair; they compare every result with the in-process run. Ray starts once per module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import core
+from core.errors import ExecutorError, GenerationCancelled, InvalidInputError
+from core.scale import InProcessExecutor, PairSpec, drive, make_jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTS = {"max_new_tokens": 12, "temperature": 0.7, "top_p": 0.95, "seed": 3, "samples": 2}
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return core.demo_pair(device="cpu")
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return core.demo_problems(limit=6)
+
+
+def same(a, b) -> bool:
+    """Token-identical traces with the same key and sources; metrics equal to float32 rounding (the
+    engine's verify-ahead blocks adapt at run time, so the reasoner's sums may group differently)."""
+    return (a.key == b.key and np.array_equal(a.token_ids, b.token_ids) and list(a.source) == list(b.source)
+            and all(np.allclose(a.metrics[m], b.metrics[m], rtol=1e-5, atol=1e-5, equal_nan=True)
+                    for m in a.metrics))
+
+
+def reference(pair, problems, policy, batch_size, **opts):
+    """The plain engine, batch by batch: what every executor must reproduce."""
+    out = []
+    for i in range(0, len(problems), batch_size):
+        out += core.generate(pair, problems[i:i + batch_size], policy, **opts)
+    return out
+
+
+# -- jobs and the driver loop (no Ray) ---------------------------------------------------------------
+
+
+def test_make_jobs_cuts_batches_in_order(problems):
+    jobs = make_jobs(problems, core.BaseOnly(), batch_size=4, samples=3, max_new_tokens=5)
+    assert [len(j.problems) for j in jobs] == [4, 2]
+    assert [p for j in jobs for p in j.problems] == list(problems)
+    assert [j.units for j in jobs] == [12, 6] and jobs[0].kwargs()["max_new_tokens"] == 5
+    with pytest.raises(InvalidInputError, match="batch_size"):
+        make_jobs(problems, batch_size=0)
+
+
+def test_in_process_matches_engine_and_resumes(demo, problems, tmp_path):
+    policy = core.RandomPositions(rate=0.3, seed=1)
+    ref = reference(demo, problems, policy, 4, **OPTS)
+    store = core.TraceStore(tmp_path / "s")
+    ex = InProcessExecutor()
+    seen = []
+    out = ex.generate_many(demo, problems, policy, batch_size=4, store=store, on_trace=seen.append, **OPTS)
+    assert len(out) == len(ref) == 12 and all(same(a, b) for a, b in zip(out, ref))
+    assert sorted(store.keys()) == sorted(t.key for t in ref) and len(seen) == 12
+    assert ex.summary()["units"].sum() == 12
+    # a re-run makes nothing, reads everything, and still passes each trace through on_trace
+    again = ex.generate_many(demo, problems, policy, batch_size=4, store=store,
+                             on_trace=lambda t: t.meta.setdefault("mark", 1), **OPTS)
+    assert ex.summary()["units"].sum() == 0 and all(same(a, b) for a, b in zip(again, ref))
+    assert store.get(ref[0].key).meta.get("mark") == 1  # changed by on_trace -> rewritten
+
+
+class _FakeBackend:
+    """Records what the driver sends; 'makes' traces from a dict of prepared ones."""
+
+    def __init__(self, made):
+        self.made, self.sent = made, []
+
+    def keys(self, jobs):
+        return [[t.key for t in self.made[id(j)]] for j in jobs]
+
+    def run(self, pending, ids):
+        for i, (job, skip) in zip(ids, pending):
+            self.sent.append((i, sorted(skip)))
+            yield i, [None if t.key in skip else t for t in self.made[id(job)]], {}
+
+
+def test_drive_sends_only_missing_rows_and_stops_between_batches(demo, problems, tmp_path):
+    jobs = make_jobs(problems, core.BaseOnly(), batch_size=2, max_new_tokens=6)
+    traces = [core.generate(demo, list(j.problems), core.BaseOnly(), max_new_tokens=6) for j in jobs]
+    store = core.TraceStore(tmp_path / "s")
+    store.put(traces[0][0])
+    store.put(traces[0][1])  # job 0 fully stored
+    store.put(traces[1][1])  # job 1 half stored
+    backend = _FakeBackend({id(j): t for j, t in zip(jobs, traces)})
+    ticks = []
+    out = drive(backend, jobs, store, progress=lambda d, n: ticks.append((d, n)))
+    assert backend.sent == [(1, [traces[1][1].key]), (2, [])]
+    assert [[t.key for t in ts] for ts in out] == [[t.key for t in ts] for ts in traces]
+    assert ticks[-1] == (6, 6) and len(store.keys()) == 6
+    # cancelling: the first finished batch is stored, then the driver stops
+    store2 = core.TraceStore(tmp_path / "s2")
+    with pytest.raises(GenerationCancelled):
+        drive(_FakeBackend({id(j): t for j, t in zip(jobs, traces)}), jobs, store2, should_stop=lambda: bool(store2.keys()))
+    assert sorted(store2.keys()) == sorted(t.key for t in traces[0])
+
+
+def test_pair_spec_round_trip(demo):
+    spec = PairSpec.from_pair(demo)
+    assert spec == PairSpec.demo()
+    assert spec.load("cpu").fingerprint() == demo.fingerprint()
+    with pytest.raises(InvalidInputError, match="ModelPair or a PairSpec"):
+        core.scale.as_spec("not a pair")
+
+
+def test_missing_ray_is_a_clear_error(monkeypatch):
+    from core.scale import ray_executor
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ExecutorError, match=r"pip install 'forkpoint\[ray\]'"):
+        ray_executor.import_ray()
+    with pytest.raises(InvalidInputError, match="workers"):
+        ray_executor.RayExecutor(workers=0)
+
+
+def test_ray_worker_count_and_devices(monkeypatch):
+    """One worker per GPU (or per gpus_per_worker GPUs) on a GPU cluster, else one per CPU; `workers` wins."""
+    ray = pytest.importorskip("ray")
+    from core.scale import RayExecutor
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 64.0, "GPU": 8.0})
+    assert RayExecutor()._resources() == (8, 1, 1, "cuda")
+    assert RayExecutor(gpus_per_worker=2)._resources() == (4, 2, 1, "cuda")
+    assert RayExecutor(workers=3, gpus_per_worker=0.5)._resources() == (3, 0.5, 1, "cuda")
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 6.0})
+    assert RayExecutor()._resources() == (6, 0.0, 1, "cpu")
+    assert RayExecutor(cpus_per_worker=4)._resources() == (1, 0.0, 4, "cpu")
+
+
+def test_import_reader_streams_blocks(tmp_path):
+    """The pipeline's reader yields blocks as it goes (a generator), with the importer's line numbers."""
+    import inspect
+
+    from core.scale.ray_data import read_blocks
+
+    path = tmp_path / "big.jsonl"
+    good = json.dumps({"id": 1, "prompt": "p", "response": [3, 4], "answer": None})
+    path.write_text("\n".join([good] * 150 + ["[oops"] + [good] * 49) + "\n")
+    blocks = read_blocks(str(path), "jsonl", rows_per_block=64)
+    assert inspect.isgenerator(blocks)
+    first = next(blocks).to_pylist()
+    assert len(first) == 64 and first[0]["line"] == 1 and json.loads(first[0]["response"]) == [3, 4]
+    rest = [row for block in blocks for row in block.to_pylist()]
+    assert len(first) + len(rest) == 200
+    bad = [row for row in rest if row["error"]]
+    assert [row["line"] for row in bad] == [151] and "not valid JSON" in bad[0]["error"]
+    assert json.loads(first[0]["answer"]) is None
+
+
+@pytest.mark.slow
+def test_killed_driver_loses_nothing_and_resumes(tmp_path, problems):
+    """A driver killed (SIGKILL) mid-run leaves every finished batch readable; the re-run makes only the rest."""
+    script = tmp_path / "drive.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time, torch
+        torch.set_num_threads(1)
+        import core
+        from core.scale import InProcessExecutor
+        pair, problems = core.demo_pair(device="cpu"), core.demo_problems(limit=6)
+        store = core.TraceStore(sys.argv[1])
+        slow = sys.argv[2] == "slow"
+        def tick(done, total):
+            print(done, flush=True)
+            if slow and done >= 4:
+                time.sleep(60)  # killed here, with 2 of 3 batches written
+        ex = InProcessExecutor()
+        ex.generate_many(pair, problems, None, batch_size=2, store=store, progress=tick, max_new_tokens=8)
+        print("units", int(ex.summary()["units"].sum()), flush=True)
+    """))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    store = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, str(script), str(store), "slow"], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=env)
+    for line in proc.stdout:
+        if line.strip() == "4":
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    kept = core.TraceStore(store)
+    assert len(kept.keys()) == 4 and not kept.unreadable()
+    done = subprocess.run([sys.executable, str(script), str(store), "fast"], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "units 2" in done.stdout  # only the missing batch was made
+    assert len(core.TraceStore(store).keys()) == 6
+
+
+# -- Ray ---------------------------------------------------------------------------------------------
+
+class SleepOnce(core.BaseOnly):
+    """BaseOnly (same record, same keys) that, the first time any worker runs it, writes its pid to
+    `marker` and sleeps: the test kills that process mid-batch."""
+
+    marker = ""
+
+    def takeover(self, step):
+        if step.t == 2 and self.marker and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(os.getpid()))
+            time.sleep(120)
+        return super().takeover(step)
+
+
+@pytest.fixture(scope="module")
+def ray_executor():
+    ray = pytest.importorskip("ray")
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need SleepOnce's code
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ex = core.scale.RayExecutor(workers=2, progress_bar=False)
+    yield ex
+    ex.close()
+    ray.shutdown()
+
+
+class _CountingStore(core.TraceStore):
+    """A TraceStore that counts the writes this process makes."""
+
+    writes = 0
+
+    def put(self, trace, overwrite=False):
+        if overwrite or trace.key not in self:
+            self.writes += 1
+        return super().put(trace, overwrite=overwrite)
+
+
+def test_ray_matches_in_process(ray_executor, demo, problems, tmp_path):
+    policy = core.RandomPositions(rate=0.3, seed=1)
+    ref = reference(demo, problems, policy, 2, **OPTS)
+    store = core.TraceStore(tmp_path / "s")
+    ticks = []
+    out = ray_executor.generate_many(demo, problems, policy, batch_size=2, store=store,
+                                     progress=lambda d, n: ticks.append((d, n)), **OPTS)
+    assert len(out) == 12 and all(same(a, b) for a, b in zip(out, ref))
+    assert sorted(store.keys()) == sorted(t.key for t in ref)
+    assert ticks[-1] == (12, 12) and [d for d, _ in ticks] == sorted(d for d, _ in ticks)
+    summary = ray_executor.summary()
+    assert len(summary) == 2 and summary["units"].sum() == 12 and (summary["jobs"] > 0).all()
+    # a re-run sends nothing to the workers
+    before = summary["units"].sum()
+    again = ray_executor.generate_many(demo, problems, policy, batch_size=2, store=store, **OPTS)
+    assert ray_executor.summary()["units"].sum() == before and all(same(a, b) for a, b in zip(again, ref))
+    # workers_write: the workers grade (on_trace) and write into the shared store; the driver writes nothing
+    from core.evaluation.grading import grade_trace
+
+    shared = _CountingStore(tmp_path / "shared")
+    ray_executor.workers_write = True
+    try:
+        made = ray_executor.generate_many(demo, problems[:2], policy, batch_size=1, store=shared,
+                                          on_trace=grade_trace, **OPTS)
+    finally:
+        ray_executor.workers_write = False
+    assert shared.writes == 0 and sorted(shared.keys()) == sorted(t.key for t in made) and len(made) == 4
+    assert all(shared.get(t.key).meta.get("correct") is not None for t in made)
+
+
+def test_ray_evaluate_and_gate_match_in_process(ray_executor, demo, problems, tmp_path):
+    """core.evaluate's table and core.calibrate's gate are the same with executor=RayExecutor."""
+    import pandas.testing
+
+    from core.decoding.policies import make_policy
+
+    calib = core.demo_problems("calib", limit=4)
+    gates = [core.calibrate(demo, calib, ratio=0.1, max_new_tokens=12, batch_size=2, executor=ex)
+             for ex in (None, ray_executor)]
+    assert gates[0].window == gates[1].window
+    assert gates[0].tau == pytest.approx(gates[1].tau, rel=1e-5) and gates[0].lam == pytest.approx(gates[1].lam, rel=1e-5)
+    policies = {"guided": make_policy("guided", gate=gates[1]), "random": core.RandomPositions(rate=0.2, seed=1)}
+    opts = {"samples": 2, "temperature": 0.7, "seed": 3, "max_new_tokens": 12, "batch_size": 2}
+    before = ray_executor.summary()["units"].sum()
+    tables = [core.evaluate(demo, problems[:4], policies, store=core.TraceStore(tmp_path / name), executor=ex, **opts)
+              for name, ex in (("local", None), ("ray", ray_executor))]
+    pandas.testing.assert_frame_equal(tables[0], tables[1])
+    assert ray_executor.summary()["units"].sum() - before == 4 * 4 * 2  # every row was made on the workers
+    assert set(tables[0]["policy"]) == {"base", "reason", "guided", "random"}
+
+
+@pytest.mark.slow
+def test_killed_worker_batch_is_retried(ray_executor, demo, problems, tmp_path):
+    SleepOnce.marker = str(tmp_path / "victim.pid")
+    ref = reference(demo, problems, core.BaseOnly(), 2, max_new_tokens=10)
+    store = core.TraceStore(tmp_path / "s")
+    box = {}
+
+    def run():
+        try:
+            box["out"] = ray_executor.generate_many(demo, problems, SleepOnce(), batch_size=2, store=store,
+                                                    max_new_tokens=10)
+        except BaseException as exc:  # noqa: BLE001  re-raised below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.time() + 120
+    while not os.path.exists(SleepOnce.marker) or not Path(SleepOnce.marker).read_text():
+        assert time.time() < deadline and thread.is_alive(), box.get("error")
+        time.sleep(0.2)
+    victim = int(Path(SleepOnce.marker).read_text())
+    assert victim in ray_executor.pids()
+    os.kill(victim, signal.SIGKILL)
+    thread.join(timeout=240)
+    assert "error" not in box, box.get("error")
+    out = box["out"]
+    assert all(same(a, b) for a, b in zip(out, ref)) and len(out) == len(ref) == 6
+    assert sorted(store.keys()) == sorted(t.key for t in ref)  # nothing lost, nothing doubled
+    assert ray_executor.summary()["retried"].sum() == 1
+
+
+def test_ray_data_import_matches_in_process(ray_executor, demo, problems, tmp_path):
+    from core.io.imports import import_file
+    from core.scale.ray_data import import_file_ray
+
+    path = tmp_path / "rollouts.jsonl"
+    lines = [json.dumps({"id": f"r{i}", "prompt": p.prompt, "response": f"The answer is {p.gold}.",
+                         "answer": p.gold}) for i, p in enumerate(problems[:4])]
+    lines += ["{not json", lines[0]]  # a bad line and a duplicate
+    path.write_text("\n".join(lines) + "\n")
+    a, b = core.TraceStore(tmp_path / "a"), core.TraceStore(tmp_path / "b")
+    mine = import_file(demo, path, a)
+    theirs = import_file_ray(demo, path, b, executor=ray_executor, rows_per_block=2, batch_size=2)
+    assert theirs.to_dict() == mine.to_dict()
+    assert mine.to_dict()["stored"] == 4 and len(mine.errors) == 1 and len(mine.skipped) == 1
+    assert sorted(a.keys()) == sorted(b.keys())
+    for key in a.keys():  # noqa: SIM118  (a store, not a dict)
+        x, y = a.get(key), b.get(key)
+        assert same(x, y) and x.meta["import"] == y.meta["import"]
+
+
+@pytest.mark.slow
+def test_one_worker_gives_what_two_give(ray_executor, demo, problems):
+    """The number of workers changes nothing: batches are cut by batch_size, never by worker count."""
+    policy = core.RandomPositions(rate=0.3, seed=1)
+    two = ray_executor.generate_many(demo, problems, policy, batch_size=2, **OPTS)
+    ray_executor.close_actors()  # free both CPUs for the one-worker executor
+    one = core.scale.RayExecutor(workers=1, progress_bar=False)
+    try:
+        single = one.generate_many(demo, problems, policy, batch_size=2, **OPTS)
+        assert len(one.summary()) == 1 and one.summary()["jobs"].sum() == 3
+    finally:
+        one.close_actors()
+    assert len(single) == len(two) == 12 and all(same(a, b) for a, b in zip(single, two))
+
+
+@pytest.mark.slow
+def test_cli_generate_and_import_with_ray(ray_executor, problems, tmp_path):
+    """`forkpoint generate --ray` and `forkpoint import PATH --ray` store what the in-process commands store."""
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    ray_executor.close_actors()  # the commands start their own workers on this Ray
+    runner = CliRunner()
+    args = ["generate", "--limit", "3", "--max-new-tokens", "8", "--batch-size", "1"]
+    local = runner.invoke(main, [*args, "--store", str(tmp_path / "a")])
+    remote = runner.invoke(main, [*args, "--store", str(tmp_path / "b"), "--ray"])
+    assert local.exit_code == 0 and remote.exit_code == 0, remote.output
+    assert "per-worker throughput" in remote.output
+    assert sorted(core.TraceStore(tmp_path / "a").keys()) == sorted(core.TraceStore(tmp_path / "b").keys())
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "prompt": p.prompt, "response": "The answer is 4."}) + "\n"
+                            for i, p in enumerate(problems[:2])))
+    imported = [runner.invoke(main, ["import", str(path), "--store", str(tmp_path / s), *extra])
+                for s, extra in (("c", []), ("d", ["--ray"]))]
+    assert all(r.exit_code == 0 for r in imported), imported[1].output
+    assert sorted(core.TraceStore(tmp_path / "c").keys()) == sorted(core.TraceStore(tmp_path / "d").keys())
+    assert len(core.TraceStore(tmp_path / "d").keys()) == 2
