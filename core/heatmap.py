@@ -311,6 +311,8 @@ def tokens_html(
     vmin/vmax/reference fix the colour range across views (see `normalise`). `colours` (T css colours)
     replaces the score's colour scale, e.g. core.rank_shift.colours(trace) for the categorical rank-shift mode.
     css_tips adds a pure-CSS hover tooltip; turn it off when the page brings its own (JS) tooltip.
+    (Longer than most functions here on purpose: the per-token work stays in one loop over the tokens,
+    which is the app's render budget — benchmarks/bench_render.py.)
     """
     n = len(trace)
     values = score_values(trace.metrics, score)
