@@ -11,9 +11,10 @@ happens, so even a killed import leaves an account that matches the store.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,19 @@ class _Run:
             return self.outcome("failed", rec.line, why=f"{type(exc).__name__}: {exc}")
         self.outcome("stored", rec.line, key)
 
+    @contextlib.contextmanager
+    def settling(self) -> Iterator[ImportResult]:
+        """Run the record loop inside: Ctrl-C or a full disk ends it with `result.stopped` saying where,
+        and whatever happens the in-flight record is settled and the report closed (`finish`)."""
+        try:
+            yield self.result
+        except KeyboardInterrupt:
+            self.result.stopped = f"interrupted (Ctrl-C) at line {self.result.last_line}"
+        except WriteError as exc:
+            self.result.stopped = f"stopped at line {self.result.last_line}: {exc}"
+        finally:
+            self.finish()
+
     def finish(self) -> ImportResult:
         """Settle a record interrupted while storing (the store says whether it got there) and close the log."""
         result = self.result
@@ -188,8 +202,7 @@ def import_file(
     records = iter_foreign(path, fmt)  # raises InvalidInputError for a missing or unusable file
     total = count_records(path, fmt) if progress is not None else 0
     run = _Run(pair, store, score_fn, Path(path).name, _Log(report_path))
-    result = run.result
-    try:
+    with run.settling() as result:
         for item in records:
             line = item.line if isinstance(item, ForeignRecord) else item[0]
             if should_stop is not None and should_stop():
@@ -202,12 +215,6 @@ def import_file(
                 run.outcome("failed", line, why=item[1])
             if progress is not None:
                 progress(line, max(total, line))
-    except KeyboardInterrupt:
-        result.stopped = f"interrupted (Ctrl-C) at line {result.last_line}"
-    except WriteError as exc:
-        result.stopped = f"stopped at line {result.last_line}: {exc}"
-    finally:
-        run.finish()
     return result
 
 

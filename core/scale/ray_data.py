@@ -162,7 +162,6 @@ def _settle(pair: Any, batches: Iterator[dict[str, Any]], store: Any, source: st
             report_path: Any, progress: Callable[[int, int], None] | None, bar: bool) -> Any:
     """Feed the scored rows, in file order, through the in-process importer's bookkeeping (`_Run`): its
     `score_fn` hands back what the worker made, so stored traces and outcomes are the in-process ones."""
-    from core.errors import WriteError
     from core.io.imports import _Log, _Run
 
     made: list[Any] = [None]
@@ -175,8 +174,8 @@ def _settle(pair: Any, batches: Iterator[dict[str, Any]], store: Any, source: st
         return made[0]
 
     run = _Run(pair, store, worker_made, source, _Log(report_path))
-    result, shown = run.result, _bar(total) if bar else None
-    try:
+    shown = _bar(total) if bar else None
+    with run.settling() as result:
         for batch in batches:
             for i in range(len(batch["line"])):
                 line = int(batch["line"][i])
@@ -191,14 +190,8 @@ def _settle(pair: Any, batches: Iterator[dict[str, Any]], store: Any, source: st
                     shown.update(1)
                 if progress is not None:
                     progress(line, max(total, line))
-    except KeyboardInterrupt:
-        result.stopped = f"interrupted (Ctrl-C) at line {result.last_line}"
-    except WriteError as exc:
-        result.stopped = f"stopped at line {result.last_line}: {exc}"
-    finally:
-        run.finish()
-        if shown is not None:
-            shown.close()
+    if shown is not None:
+        shown.close()
     return result
 
 
