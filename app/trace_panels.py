@@ -196,10 +196,12 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
     m = trace.metrics
     st.markdown(f"**Token #{sel}** · emitted by **{trace.source[sel]}**")
     st.code(repr(trace.tokens[sel]), language=None)
-    c = st.columns(3)
-    c[0].metric(metric_label(ctx.settings.score), fmt_num(score_values(trace.metrics, ctx.settings.score)[sel]))
-    c[1].metric(metric_label("entropy_base"), fmt_num(m["entropy_base"][sel]))
-    c[2].metric(metric_label("kl_base_reason"), fmt_num(m["kl_base_reason"][sel]))
+    # a table, not st.metric boxes: the narrow column cut values such as 1.08e-05 to "1.08…"
+    shown = {metric_label(ctx.settings.score): score_values(m, ctx.settings.score)[sel],
+             metric_label("entropy_base"): m["entropy_base"][sel],
+             metric_label("kl_base_reason"): m["kl_base_reason"][sel]}
+    st.markdown("| " + " | ".join(shown) + " |\n|" + "---|" * len(shown) + "\n| "
+                + " | ".join(f"**{fmt_num(v)}**" for v in shown.values()) + " |")
     for side in SIDES:  # stacked: the right column is too narrow for two tables of three columns
         st.dataframe(_topk_table(trace, sel, side, decode, mode), hide_index=True, width="stretch",
                      height=min(400, 35 * (trace.k + 1) + 3))
