@@ -26,6 +26,9 @@ class PairSpec:
     reason_format: str = ""  # "" = the reasoner's chat template when it has one
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     dtype: str = "auto"  # auto, float32, bfloat16, float16
+    base_revision: str = ""  # a hub revision to pin ("" = the default branch)
+    reason_revision: str = ""
+    trust_remote_code: bool = False  # only when the user passed --trust-remote-code
 
     def label(self) -> str:
         """A short human name for the pair."""
@@ -55,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reason-format", default="", help="Reasoning prompt format (default: its chat template).")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N.")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16.")
+    p.add_argument("--base-revision", default="", help="Pin the base model to a hub revision.")
+    p.add_argument("--reason-revision", default="", help="Pin the reasoning model to a hub revision.")
+    p.add_argument("--trust-remote-code", action="store_true", help="Run model code from the hub (only if you trust it).")
     p.add_argument("--store", default=None, help="Trace store directory (default: $FORKPOINT_STORE or ./forkpoint-store).")
     p.add_argument("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
     p.add_argument("--max-new-tokens", type=int, default=settings.MAX_NEW_TOKENS, help=settings.SETTINGS["max_new_tokens"].help)
@@ -68,13 +74,14 @@ def parse_args(argv: Sequence[str]) -> AppConfig:
     if unknown:
         raise InvalidInputError(
             f"Unknown app arguments: {' '.join(unknown)}; valid: --base --reason --base-format --reason-format "
-            "--device --dtype --store --problems --max-new-tokens"
+            "--base-revision --reason-revision --trust-remote-code --device --dtype --store --problems --max-new-tokens"
         )
     if bool(args.base) != bool(args.reason):
         raise InvalidInputError("Give both --base and --reason (or neither, for the demo pair)")
     pair = PairSpec(
         demo=not args.base, base=args.base, reason=args.reason, base_format=args.base_format,
-        reason_format=args.reason_format, device=args.device, dtype=args.dtype,
+        reason_format=args.reason_format, device=args.device, dtype=args.dtype, base_revision=args.base_revision,
+        reason_revision=args.reason_revision, trust_remote_code=args.trust_remote_code,
     )
     if args.max_new_tokens < 1:
         raise InvalidInputError(f"--max-new-tokens must be ≥ 1, got {args.max_new_tokens}")

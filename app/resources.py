@@ -38,7 +38,9 @@ def load_pair(spec: PairSpec) -> core.ModelPair:
         dtype = "float32" if spec.dtype == "auto" else spec.dtype
         return demo_pair(device=device, dtype=dtype)
     return core.load_pair(spec.base, spec.reason, device=spec.device, dtype=spec.dtype,
-                          base_format=spec.base_format or None, reason_format=spec.reason_format or None)
+                          base_format=spec.base_format or None, reason_format=spec.reason_format or None,
+                          base_revision=spec.base_revision or None, reason_revision=spec.reason_revision or None,
+                          trust_remote_code=spec.trust_remote_code)
 
 
 @st.cache_resource(show_spinner=False)

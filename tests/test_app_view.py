@@ -360,3 +360,37 @@ def test_showcase_opens_the_first_problem_the_base_gets_wrong(tmp_path):
     chosen = showcase_trace(pair, store, ordered, look=len(ordered), max_new_tokens=96)
     assert chosen.meta["correct"] is False and chosen.meta["problem"]["id"] == wrong[0].id
     assert first.meta["correct"] is False
+
+
+def test_forkpoint_app_forwards_every_pair_flag_to_the_app(monkeypatch):
+    """`forkpoint app` takes the same pair flags as every other command and the app parses what it forwards."""
+    import subprocess
+
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    seen = {}
+
+    class FakeChild:
+        def __init__(self, cmd):
+            seen["cmd"] = cmd
+
+        def wait(self):
+            return 0
+
+        def send_signal(self, sig):
+            pass
+
+    monkeypatch.setattr(subprocess, "Popen", FakeChild)
+    args = ["app", "--base", "b/x", "--reason", "r/y", "--base-revision", "v1", "--reason-revision", "v2",
+            "--trust-remote-code", "--store", "st", "--base-format", "Q: {problem}\nA:", "--port", "8600"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    forwarded = seen["cmd"][seen["cmd"].index("--") + 1:]
+    config = parse_args(forwarded)
+    assert (config.pair.base, config.pair.reason, config.pair.base_revision, config.pair.reason_revision) == (
+        "b/x", "r/y", "v1", "v2")
+    assert config.pair.trust_remote_code is True and config.store == "st"
+    assert config.pair.base_format == "Q: {problem}\nA:"
+    assert parse_args([]).pair.trust_remote_code is False

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from core import settings
-from core.cli.common import _fail_cleanly, main
+from core.cli.common import _fail_cleanly, main, pair_options, store_option
 
 
 @main.group()
@@ -29,33 +30,31 @@ def demo_train(out: str | None, size: str, seed: int) -> None:
     train_demo_pair(out or DEMO_DIR, size=size, seed=seed, progress=True)
 
 
+# The pair flags the app forwards to app/main.py (app/config.py parses them on the Streamlit side).
+_FORWARDED = ("base", "reason", "base_format", "reason_format", "base_revision", "reason_revision", "device",
+              "dtype", "store_path", "problems")
+
+
 @main.command(context_settings={"ignore_unknown_options": False})
-@click.option("--base", default="", help="Base model: hub id, local directory or .gguf file (default: the demo pair).")
-@click.option("--reason", default="", help="Reasoning model: hub id, local directory or .gguf file.")
-@click.option("--base-format", default="", help="Base prompt format (a template with {problem}, or chat).")
-@click.option("--reason-format", default="", help="Reasoning prompt format (default: its chat template).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--dtype", default="auto", show_default=True, help="auto, float32, bfloat16 or float16.")
-@click.option("--store", "store_path", default=None, help="Trace store directory ($FORKPOINT_STORE or ./forkpoint-store).")
+@pair_options
+@store_option
 @click.option("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=settings.MAX_NEW_TOKENS, show_default=True,
               help=settings.SETTINGS["max_new_tokens"].help)
 @click.option("--port", type=click.IntRange(1, 65535), default=8501, show_default=True, help="TCP port, 1-65535.")
 @click.option("--address", default="127.0.0.1", show_default=True, help="Bind address (localhost by default).")
-def app(base: str, reason: str, base_format: str, reason_format: str, device: str, dtype: str,
-        store_path: str | None, problems: str | None, max_new_tokens: int, port: int, address: str) -> None:
+def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, **opts: Any) -> None:
     """Start the Streamlit app: `forkpoint app --base X --reason Y` (the demo pair without them)."""
     import signal
     import subprocess
 
-    if bool(base) != bool(reason):
+    if bool(opts.get("base")) != bool(opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair)")
     app_args: list[str] = []
-    for flag, value in (("--base", base), ("--reason", reason), ("--base-format", base_format),
-                        ("--reason-format", reason_format), ("--store", store_path), ("--problems", problems)):
-        if value:
-            app_args += [flag, value]
-    app_args += ["--device", device, "--dtype", dtype, "--max-new-tokens", str(max_new_tokens)]
+    for name in _FORWARDED:
+        if opts.get(name):
+            app_args += ["--" + name.removesuffix("_path").replace("_", "-"), str(opts[name])]
+    app_args += ["--max-new-tokens", str(max_new_tokens)] + (["--trust-remote-code"] if trust_remote_code else [])
     main_py = Path(__file__).resolve().parents[2] / "app" / "main.py"
     cmd = [sys.executable, "-m", "streamlit", "run", str(main_py), "--server.address", address,
            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
