@@ -135,6 +135,85 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
         ray_executor.RayExecutor(workers=0)
 
 
+class _ScriptedRay:
+    """Just enough of `ray` for RayExecutor.run: each actor answers from a script of outcomes
+    ("ok", "unavailable": restarting, "died": restarts used up), one per call, then "ok" forever."""
+
+    def __init__(self, scripts):
+        import ray.exceptions
+
+        self.exceptions = ray.exceptions
+        self.scripts = [list(s) for s in scripts]
+        self.calls: list[tuple[int, str]] = []
+        self.refs: list[tuple] = []
+
+    def actor(self, a):
+        ray = self
+
+        class _Method:
+            def __init__(self, name):
+                self.name = name
+
+            def remote(self, *args, **kwargs):
+                ray.calls.append((a, self.name))
+                outcome = ray.scripts[a].pop(0) if ray.scripts[a] else "ok"
+                ray.refs.append((a, self.name, args, outcome))
+                return len(ray.refs) - 1
+
+        return type("Actor", (), {"run": _Method("run"), "where": _Method("where")})()
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        return refs[:1], refs[1:]
+
+    def get(self, ref):
+        a, name, args, outcome = self.refs[ref]
+        if outcome == "unavailable":
+            raise self.exceptions.ActorUnavailableError("The actor is restarting.", None)
+        if outcome == "died":
+            raise self.exceptions.ActorDiedError()
+        if name == "where":
+            return {"pid": 1000 + a}
+        return [f"trace of {args[0].units}"], {"units": args[0].units, "tokens": 1, "seconds": 0.0}
+
+
+def _scripted_run(monkeypatch, scripts, batches=3):
+    from types import SimpleNamespace
+
+    from core.scale import ray_executor
+    from core.scale.jobs import WorkerStats
+
+    fake = _ScriptedRay(scripts)
+    monkeypatch.setattr(ray_executor, "import_ray", lambda: fake)
+    monkeypatch.setattr(ray_executor, "PROBE_S", 0.0)
+    ex = ray_executor.RayExecutor(workers=len(scripts), progress_bar=False)
+    ex._actors = [fake.actor(a) for a in range(len(scripts))]
+    ex._pids = [0] * len(scripts)
+    ex.stats = [WorkerStats(f"w{a}") for a in range(len(scripts))]
+    jobs = [(SimpleNamespace(units=i + 1), []) for i in range(batches)]
+    return ex, fake, list(ex.run(jobs, list(range(batches))))
+
+
+def test_ray_batch_of_a_restarting_worker_waits_for_it(monkeypatch):
+    """The CI failure: w0 dies mid-batch and answers "restarting" twice while w1 is busy; the batch must not
+    be re-sent into the restart (three failed sends used to fail the run): probes wait until w0 is back."""
+    ex, fake, out = _scripted_run(monkeypatch, [["unavailable", "unavailable", "unavailable"], []], batches=8)
+    assert sorted(i for i, _, _ in out) == list(range(8))
+    assert [s.retried for s in ex.stats] == [1, 0]
+    on_w0 = [name for a, name in fake.calls if a == 0]
+    assert on_w0[:4] == ["run", "where", "where", "where"]  # after the death: probes until it is back
+    assert "run" in on_w0[4:] and ex.pids()[0] == 1000  # then work again, on the restarted process
+
+
+def test_ray_worker_that_cannot_restart_leaves_the_pool(monkeypatch):
+    """A probe Ray answers "died" (restarts used up): that actor gets no more work; the others finish the
+    run; with no actor left, a clear error."""
+    ex, fake, out = _scripted_run(monkeypatch, [["died", "died"], []], batches=4)
+    assert sorted(i for i, _, _ in out) == [0, 1, 2, 3]
+    assert [name for a, name in fake.calls if a == 0] == ["run", "where"]
+    with pytest.raises(ExecutorError, match="Every Ray worker died"):
+        _scripted_run(monkeypatch, [["died", "died"]], batches=2)
+
+
 def test_ray_worker_count_and_devices(monkeypatch):
     """One worker per GPU (or per gpus_per_worker GPUs) on a GPU cluster, else one per CPU; `workers` wins."""
     ray = pytest.importorskip("ray")

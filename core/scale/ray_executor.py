@@ -25,6 +25,7 @@ from core.scale.spec import as_spec
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3  # sends of one batch before the run fails (a batch that kills every worker is a bug)
+PROBE_S = 0.5  # seconds between readiness probes of a restarting actor
 
 
 def import_ray() -> Any:
@@ -157,36 +158,67 @@ class RayExecutor(_Executor):
         return out
 
     def run(self, pending: Sequence[tuple[GenerateJob, list[str]]], ids: Sequence[int]) -> Iterator[tuple]:
-        """Yield (id, traces, info) as batches finish: one batch in flight per actor; a batch whose actor
-        died goes back to the front of the queue (up to MAX_ATTEMPTS sends)."""
+        """Yield (id, traces, info) as batches finish: one batch in flight per actor. A batch whose actor
+        died goes back to the front of the queue (up to MAX_ATTEMPTS sends); the actor gets work again
+        only once it answers a probe after its restart, and leaves the pool if Ray gives up on it."""
         ray = import_ray()
         queue = deque((i, job, skip, 1) for i, (job, skip) in zip(ids, pending))
         free = deque(range(len(self._actors)))
-        flight: dict[Any, tuple[int, tuple]] = {}
-        while queue or flight:
+        alive = set(free)
+        flight: dict[Any, tuple[int, tuple | None]] = {}  # ref -> (actor, batch), batch None for a probe
+        due: list[tuple[float, int]] = []  # (time, actor): probes to send once the actor had time to restart
+        while queue or any(item is not None for _, item in flight.values()):
+            if not alive:
+                raise ExecutorError("Every Ray worker died and Ray could not restart them; see the Ray logs "
+                                    "(out of memory is the usual cause).")
+            now = time.monotonic()
+            for when, a in [d for d in due if d[0] <= now]:
+                due.remove((when, a))
+                flight[self._actors[a].where.remote()] = (a, None)
             while queue and free:
                 a = free.popleft()
                 item = queue.popleft()
                 flight[self._actors[a].run.remote(item[1], item[2], **self._remote)] = (a, item)
-            ready, _ = ray.wait(list(flight), num_returns=1)
+            if not flight:
+                time.sleep(max(0.0, min(d[0] for d in due) - now))
+                continue
+            timeout = max(0.0, min(d[0] for d in due) - now) if due else None
+            ready, _ = ray.wait(list(flight), num_returns=1, timeout=timeout)
+            if not ready:
+                continue
             a, item = flight.pop(ready[0])
             try:
-                traces, info = ray.get(ready[0])
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as err:
-                # the worker process died (killed, out of memory, node lost): send the batch again
-                if item[3] >= MAX_ATTEMPTS:
-                    raise ExecutorError(f"A batch of {item[1].units} rows failed {item[3]} times; last: "
-                                        f"{_cause(err)}") from err
-                log.warning("worker %s died (%s); sending its batch again", self.stats[a].worker, _cause(err))
-                self.stats[a].retried += 1
-                queue.appendleft((item[0], item[1], item[2], item[3] + 1))
-                free.append(a)  # the restarted actor goes to the back: the batch goes elsewhere first
+                answer = ray.get(ready[0])
+            except ray.exceptions.RayActorError as err:
+                # the process died (killed, out of memory, node lost): the batch goes back to the queue and
+                # the actor is probed until it is back; a probe Ray answers "died" means restarts are used up
+                self._lost(a, item, queue, err)
+                if item is None and not isinstance(err, ray.exceptions.ActorUnavailableError):
+                    alive.discard(a)
+                else:
+                    due.append((time.monotonic() + PROBE_S, a))
                 continue
             except ray.exceptions.RayTaskError as err:  # the job itself raised: deterministic, not retried
                 raise err.as_instanceof_cause() from None
+            if item is None:  # a probe: the actor is back (with a new process)
+                self._pids[a] = int(answer["pid"])
+                free.append(a)
+                continue
             free.appendleft(a)
+            traces, info = answer
             self.stats[a].add(info)
             yield item[0], traces, info
+
+    def _lost(self, a: int, item: tuple | None, queue: deque, err: BaseException) -> None:
+        """Actor `a` died running `item` (None: a probe): put the batch back at the front of the queue."""
+        if item is None:
+            return
+        if item[3] >= MAX_ATTEMPTS:
+            raise ExecutorError(f"A batch of {item[1].units} rows failed {item[3]} times; last: "
+                                f"{_cause(err)}") from err
+        log.warning("worker %s died (%s); sending its batch again", self.stats[a].worker, _cause(err))
+        self.stats[a].retried += 1
+        queue.appendleft((item[0], item[1], item[2], item[3] + 1))
 
     def run_jobs(self, pair: Any, jobs: Sequence[GenerateJob], *, store: Any = None,
                  on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
