@@ -1,6 +1,7 @@
 """Branch latency vs prefix length, whole call: `core.branch` at token 4,000 against token 40.
 
     .venv/bin/python benchmarks/bench_branch.py                      # tiny pair, parent of 4,100 tokens
+    .venv/bin/python benchmarks/bench_branch.py --pair 8x            # the real problem's shape, scaled down
     .venv/bin/python benchmarks/bench_branch.py --new 16 --repeats 7
 
 A tiny Qwen3 pair (byte-level BPE, 400 tokens, hidden 64, 2 layers) writes a greedy parent of
@@ -8,10 +9,14 @@ A tiny Qwen3 pair (byte-level BPE, 400 tokens, hidden 64, 2 layers) writes a gre
 max_new_tokens=pos + new)` at pos = 40 and pos = 4,000: call to return, CPU seconds of this one-thread
 process (steadier than wall time on a shared machine). Target (issue 13): ratio <= 1.3.
 
+`--pair 8x` is bench_decoding's pair with the real problem's shape (a reasoner 8x the base's layers x
+width: base 2 layers x hidden 256, reasoner 8 x 512, vocabulary 32,000, GQA as in Qwen3).
+
 For scale it also times (1) the same `new` bare decoding steps of both models (backbone + head, one
-token each, on a cache already holding prompt + pos tokens): attention over the prefix and HF's
-cache append grow with pos in any decoder, and with a tiny model they are a large part of a step;
-(2) what assembling used to cost: re-decoding every prefix token's display string.
+token each, on the engine's own growing cache already holding prompt + pos tokens): attention reads
+the whole KV cache every step in any decoder, and with the tiny pair (hidden 64, its weights a few
+hundred KB) that read is most of a step; (2) what assembling used to cost: re-decoding every prefix
+token's display string.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import core
 from core.demo.tiny import build_tiny_pair
@@ -60,12 +66,12 @@ def branch_times(pair: core.ModelPair, parent: core.Trace, positions: list[int],
 
 def bare_steps(pair: core.ModelPair, parent: core.Trace, pos: int, new: int) -> float:
     """CPU seconds of `new` one-token steps of both models (backbone + head) after prompt + pos tokens."""
-    from transformers import DynamicCache
+    from core.decoding.kvcache import growing_cache
 
     spent = 0.0
     for side in ("base", "reason"):
         model = pair.model(side)
-        cache = DynamicCache(config=model.config)
+        cache = growing_cache(model.config)
         ids = parent.prompt_ids[side] + parent.token_ids[:pos].tolist()
         backbone(model, torch.tensor([ids]), cache)  # the prefill is not timed (branches reuse held caches)
         start = time.process_time()
@@ -76,12 +82,19 @@ def bare_steps(pair: core.ModelPair, parent: core.Trace, pos: int, new: int) -> 
     return spent
 
 
+def eight_x_pair(workdir: Path) -> core.ModelPair:
+    """bench_decoding's 8x pair: base 2 layers x hidden 256, reasoner 8 x 512, vocabulary 32,000."""
+    from bench_decoding import build_pair
+
+    return build_pair(workdir, 32000, 256, 2, (512, 8))
+
+
 def run(parent_len: int = 4100, positions: tuple[int, int] = (40, 4000), new: int = 16, repeats: int = 5,
-        hidden: int = 64, layers: int = 2) -> dict:
+        hidden: int = 64, layers: int = 2, shape: str = "tiny") -> dict:
     """The measurement: medians per position, their ratio, bare steps and the old assembling cost for scale."""
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        pair = tiny_pair(Path(tmp), hidden, layers)
+        pair = tiny_pair(Path(tmp), hidden, layers) if shape == "tiny" else eight_x_pair(Path(tmp))
         t0 = time.perf_counter()
         parent = core.generate(pair, PROMPT, core.BaseOnly(), max_new_tokens=parent_len)
         gen_s = time.perf_counter() - t0
@@ -108,11 +121,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats (median taken)")
     parser.add_argument("--hidden", type=int, default=64, help="model width (both models)")
     parser.add_argument("--layers", type=int, default=2, help="model depth (both models)")
+    parser.add_argument("--pair", choices=("tiny", "8x"), default="tiny",
+                        help="tiny: --hidden x --layers both; 8x: a reasoner 8x the base (the real shape)")
     args = parser.parse_args()
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    result = run(args.parent, (args.near, args.far), args.new, args.repeats, args.hidden, args.layers)
+    result = run(args.parent, (args.near, args.far), args.new, args.repeats, args.hidden, args.layers, args.pair)
     med = result["median_cpu_s"]
     print(f"parent: {result['parent_tokens']} tokens (generated in {result['generate_parent_s']:.1f} s wall)")
     print(f"core.branch, call to return, {args.new} new tokens, CPU s medians of {args.repeats}:")

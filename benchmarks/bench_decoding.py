@@ -229,12 +229,15 @@ def fitted_guided(trace: core.Trace) -> core.Guided:
     return core.Guided(tau=gate.tau, lam=1.0, window=16)
 
 
-def verify_ahead(label: str, pair: core.ModelPair, prompts, policies: dict, n: int) -> list[float]:
-    """Verify-ahead vs lock-step at equal output: prints one line per policy, returns the CPU ratios."""
+def verify_ahead(label: str, pair: core.ModelPair, prompts, policies: dict, n: int, repeats: int = 1) -> list[float]:
+    """Verify-ahead vs lock-step at equal output: prints one line per policy (medians of `repeats`
+    interleaved runs of each), returns the CPU ratios."""
     ratios = []
     for name, policy in policies.items():
-        lc, lw, lock = timed(pair, prompts, policy, n, 1)
-        ac, aw, ahead = timed(pair, prompts, policy, n, None)
+        runs = [(timed(pair, prompts, policy, n, 1), timed(pair, prompts, policy, n, None)) for _ in range(repeats)]
+        lc, lw = (statistics.median(r[0][i] for r in runs) for i in (0, 1))
+        ac, aw = (statistics.median(r[1][i] for r in runs) for i in (0, 1))
+        lock, ahead = runs[0][0][2], runs[0][1][2]
         same = all(np.array_equal(a.token_ids, b.token_ids) and list(a.source) == list(b.source)
                    for a, b in zip(ahead, lock))
         tokens = sum(len(t) for t in lock)
@@ -242,7 +245,9 @@ def verify_ahead(label: str, pair: core.ModelPair, prompts, policies: dict, n: i
         ratios.append(lc / ac)
         print(f"{label} {name} (rho {rho:.3f}), {len(lock)} x {n} tokens: lock-step {lc:.1f}s CPU / {lw:.1f}s wall "
               f"({tokens / lw:.1f} tok/s), verify-ahead {ac:.1f}s CPU / {aw:.1f}s wall ({tokens / aw:.1f} tok/s): "
-              f"speed-up {lc / ac:.2f}x CPU, {lw / aw:.2f}x wall; identical output: {same}")
+              f"speed-up {lc / ac:.2f}x CPU, {lw / aw:.2f}x wall; identical output: {same}"
+              + (f" (medians of {repeats}; CPU ratios per run " + ", ".join(f"{r[0][0] / r[1][0]:.2f}" for r in runs) + ")"
+                 if repeats > 1 else ""))
     return ratios
 
 
@@ -303,6 +308,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--sections", default="12345678", help="which sections to run, e.g. 567")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved runs per verify-ahead case (medians)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier when other jobs share the CPU)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/forkpoint-bench"))
     args = ap.parse_args()
@@ -318,14 +324,15 @@ def main() -> None:
     else:
         trace = core.generate(pair, PROMPT, core.BaseOnly(), max_new_tokens=n)
     if "5" in args.sections:
-        verify_ahead("[5] mid-size pair", pair, PROMPT, {"BaseOnly": core.BaseOnly(), "Guided": fitted_guided(trace)}, n)
+        verify_ahead("[5] mid-size pair", pair, PROMPT, {"BaseOnly": core.BaseOnly(), "Guided": fitted_guided(trace)}, n,
+                     args.repeats)
     if set("67") & set(args.sections):
         big = build_pair(args.workdir, args.vocab, args.hidden // 2, args.layers // 4, (args.hidden, args.layers))
         print(f"8x pair: base {args.layers // 4} layers x hidden {args.hidden // 2}, reasoner {args.layers} x "
               f"{args.hidden} (8x layers x width)")
         guided = fitted_guided(core.generate(big, PROMPT, core.BaseOnly(), max_new_tokens=n))
         if "6" in args.sections:
-            verify_ahead("[6] 8x pair", big, PROMPT, {"BaseOnly": core.BaseOnly(), "Guided": guided}, n)
+            verify_ahead("[6] 8x pair", big, PROMPT, {"BaseOnly": core.BaseOnly(), "Guided": guided}, n, args.repeats)
         if "7" in args.sections:
             prompts = [f"{PROMPT} Case {i}." for i in range(16)]
             verify_ahead("[7] 8x pair, batch 1", big, prompts[:1], {"Guided": guided}, n // 2)

@@ -50,3 +50,58 @@ def test_growing_cache_and_compact(qwen_pair) -> None:
     compact(cache)
     assert all(layer.keys.shape[-2] == 3 and layer.keys.untyped_storage().nbytes() == layer.keys.nbytes
                for layer in cache.layers)
+
+
+def test_compact_keeps_a_tight_buffer_and_never_writes_into_it_again() -> None:
+    """A held layer whose buffer has little spare room keeps it (no copy of the cache); the layer then
+    writes into a buffer of its own, so views a branch took of the held positions stay as they were."""
+    held = GrowingLayer()
+    held.update(*kv(1000, 0))  # one allocation of 1000 + 1000 // SLACK positions
+    held.update(*kv(200, 1))
+    compact(cache := type("C", (), {"layers": [held]})())
+    assert held.keys.untyped_storage().nbytes() > held.keys.nbytes  # kept: 50 spare of 1200 positions
+    view, snapshot = held.keys, held.keys.clone()
+    held.crop(-100)
+    held.update(*kv(100, 2))  # would overwrite positions 1100..1199 of the kept buffer
+    assert torch.equal(view, snapshot) and held.get_seq_length() == 1200
+    loose = GrowingLayer()
+    loose.update(*kv(1000, 0))
+    loose.crop(-600)  # 850 spare of 400: copied to exact size
+    compact(type("C", (), {"layers": [loose]})())
+    assert loose.keys.untyped_storage().nbytes() == loose.keys.nbytes
+    assert cache.layers[0] is held
+
+
+def test_block_attention_equals_transformers_sdpa_without_repeating_the_cache(tiny_dirs, monkeypatch) -> None:
+    """core.pair.attention: a masked block after a cache (left padding, GQA) gives transformers' SDPA result,
+    and torch's SDPA sees the key/value heads as they are (no per-query-head copy of the cache)."""
+    from transformers import AutoModelForCausalLM
+
+    from core.pair.attention import NAME, use_block_attention
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_dirs["qwen_base"], dtype=torch.float32).eval()
+    block = use_block_attention(AutoModelForCausalLM.from_pretrained(tiny_dirs["qwen_base"], dtype=torch.float32).eval())
+    assert plain.config._attn_implementation == "sdpa" and block.config._attn_implementation == NAME
+    assert plain.config.num_attention_heads > plain.config.num_key_value_heads  # the GQA case
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((q.shape[1], k.shape[1]))
+        return sdpa(q, k, v, **kwargs)
+
+    ids = torch.randint(5, 300, (2, 30), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 36, dtype=torch.long)
+    mask[1, :4] = 0  # row 1 is left-padded
+    outs = []
+    with torch.inference_mode():
+        for model in (plain, block):
+            cache = growing_cache(model.config)
+            model(input_ids=ids, attention_mask=mask[:, :30], cache=cache)
+            monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+            outs.append(model(input_ids=ids[:, :6], attention_mask=mask, cache=cache).logits)
+            monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=1e-5)
+    layers = plain.config.num_hidden_layers
+    kv_heads = plain.config.num_key_value_heads
+    assert seen[:layers] != seen[layers:] and all(k == kv_heads for _, k in seen[layers:])

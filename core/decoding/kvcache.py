@@ -1,10 +1,12 @@
-"""A KV cache whose layers grow by doubling instead of concatenating every step.
+"""A KV cache whose layers grow geometrically instead of concatenating every step.
 
 transformers' `DynamicLayer.update` runs `torch.cat([keys, new])`: every decoding step copies the whole
 cache, O(T) per token on top of attention's own read. `GrowingLayer` writes new keys and values into a
-buffer with spare room and exposes the filled part as a view; crop just shortens the view. A layer only
-ever writes into a buffer it allocated itself: a `copy.copy` of it (a branch's cropped copy of a held
-cache) allocates its own buffer on its first update, so a held cache is never written through.
+buffer with spare room (a quarter more than needed: amortised O(1) per token, and little enough that a
+held cache keeps its buffer instead of being copied to exact size) and exposes the filled part as a
+view; crop just shortens the view. A layer only ever writes into a buffer it allocated itself: a
+`copy.copy` of it (a branch's cropped copy of a held cache) allocates its own buffer on its first update,
+and a compacted (held) layer gives its buffer up, so a held cache is never written through.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 MIN_CAPACITY = 256  # positions allocated at least, so short prompts do not reallocate every few steps
+SLACK = 4  # a buffer holds need + need // SLACK positions; compact keeps a buffer with at most that slack
 
 
 class GrowingLayer(DynamicLayer):
@@ -39,7 +42,7 @@ class GrowingLayer(DynamicLayer):
     def _grow(self, n: int, need: int, like: torch.Tensor) -> None:
         """New buffers owned by this layer object, holding the first n positions."""
         shape = list(like.shape)
-        shape[-2] = max(MIN_CAPACITY, 2 * need)
+        shape[-2] = max(MIN_CAPACITY, need + need // SLACK)
         kbuf = like.new_empty(shape)
         vbuf = like.new_empty(shape)
         if n:
@@ -48,10 +51,18 @@ class GrowingLayer(DynamicLayer):
         self._buffers = (self, kbuf, vbuf)
 
     def compact(self) -> None:
-        """Drop the spare room (e.g. before the cache is held): keys and values become exact-size tensors."""
+        """Before the cache is held: give the buffer up (the next update allocates its own), and copy keys
+        and values to exact size only when the spare room is more than 1/SLACK of them (e.g. after a crop)."""
         if self.is_initialized and self.keys is not None:
-            self.keys, self.values = self.keys.clone(), self.values.clone()
+            n, capacity = self.keys.shape[-2], self.keys.untyped_storage().nbytes() // max(1, self._row_bytes())
+            if capacity - n > n // SLACK:
+                self.keys, self.values = self.keys.clone(), self.values.clone()
             self._buffers = None
+
+    def _row_bytes(self) -> int:
+        """Bytes one position takes in the keys' storage (all rows and heads)."""
+        shape = self.keys.shape
+        return self.keys.element_size() * shape[0] * shape[1] * shape[-1]
 
 
 def growing_cache(config: Any) -> Any:

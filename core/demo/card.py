@@ -224,7 +224,7 @@ def render_card(result: dict[str, Any], command: str, train_log: dict[str, Any] 
 CARD_HEAD = """# forkpoint demo pair: a model organism
 
 A tiny base / reasoning pair trained by forkpoint's own script (`forkpoint demo train`, code in
-`core/demo_train.py`) on a synthetic task (`core/demo_task.py`), so that the seed paper's effect can be
+`core/demo/train.py`) on a synthetic task (`core/demo/task.py`), so that the seed paper's effect can be
 seen in seconds, on a CPU, with no model hub. Both models are `LlamaForCausalLM` checkpoints in standard
 Hugging Face format (config.json + model.safetensors + tokenizer) and load through the same
 `core.load_pair` path as Qwen3 (`core.demo.demo_pair()`). Prompt formats are in `pair.json`.

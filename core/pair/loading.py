@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from core.errors import InvalidInputError, ModelLoadError, VocabularyMismatchError
+from core.pair.attention import use_block_attention
 from core.pair.formats import (  # noqa: F401  (re-exported: the pair API names them)
     CHAT_MODES, DEFAULT_BASE_FORMAT, NAMED_FORMATS, PAPER_INSTRUCTION, PREFILLS, PromptFormat, format_spec,
 )
@@ -53,6 +54,10 @@ class ModelPair:
     eos_ids: frozenset[int] = field(default_factory=frozenset)
     vocab_notes: list[str] = field(default_factory=list)  # tolerated special-token differences
     prompt_tokenizers: dict[str, Any] = field(default_factory=dict)  # side -> own tokenizer for its template
+
+    def __post_init__(self) -> None:
+        for model in (self.base, self.reason):  # blocks after a long cache must not copy it (core.pair.attention)
+            use_block_attention(model)
 
     def model(self, side: str) -> Any:
         return self.base if side == "base" else self.reason
