@@ -27,6 +27,7 @@ DEFAULT_TOP = 0.05  # spikes: top 5% of a trace's tokens (demo traces are short;
 PROB_MODES = ("prob", "logprob")  # how probabilities are shown
 RANGES = ("trace", "pair")  # colour range: each trace's own min..max, or one range over the pair's stored traces
 RANGE_LABELS = {"trace": "per trace (own min..max)", "pair": "fixed across this pair's traces"}
+CORRECT_FILTERS = ("any", "yes", "no", "ungraded")  # the trace tables' "Correct" filter
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~:$&\"'=/@])")
 
 
@@ -246,7 +247,7 @@ def filter_table(df: pd.DataFrame, text: str = "", policies: Sequence[str] = (),
     elif correct == "ungraded":
         keep &= df["correct"].isna()
     elif correct != "any":
-        raise InvalidInputError(f"Unknown correct filter {correct!r}; choose one of: any, yes, no, ungraded")
+        raise InvalidInputError(f"Unknown correct filter {correct!r}; choose one of: {', '.join(CORRECT_FILTERS)}")
     return df[keep].reset_index(drop=True)
 
 

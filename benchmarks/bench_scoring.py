@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.pair.forward import backbone  # noqa: E402
+from core.pair.forward import backbone, head  # noqa: E402
 from core.pair.loading import ModelPair, ModelSpec, PromptFormat  # noqa: E402
 from core.scoring import DEFAULT_CHUNK, DEFAULT_K, metrics_from_hidden  # noqa: E402
 
@@ -160,13 +160,23 @@ def time_pair(pair: ModelPair, length: int, repeats: int, chunk: int, k: int, ba
         with torch.inference_mode():
             targets = pair.base(ids).logits[0, :, : pair.vocab_size].argmax(-1)
     both_backbones = lambda: [backbone(pair.model(s), ids) for s in ("base", "reason")]  # noqa: E731
+    with torch.inference_mode():
+        hidden = {side: backbone(pair.model(side), ids)[0][0] for side in ("base", "reason")}
+    full_targets = torch.cat([ids[0, 1:], ids[0, :1]]) if targets is None else targets
+    # the part after the backbones, on fixed hidden states: what (a) does there (the head over all T) and
+    # what (b) does (head chunk by chunk + every metric); the noisy backbones drop out of this comparison
+    heads = lambda: [head(pair.model(s), hidden[s], pair.vocab_size) for s in ("base", "reason")]  # noqa: E731
+    heads_metrics = lambda: metrics_from_hidden(pair, hidden, full_targets, k=k, chunk=chunk)  # noqa: E731
     bare(pair, ids)  # warm-up (allocator, kernels, lazy init)
     scored(pair, ids, chunk, k, targets)
-    runs: dict[str, list[tuple[float, float]]] = {"bare": [], "score": [], "backbones": []}
+    runs: dict[str, list[tuple[float, float]]] = {"bare": [], "score": [], "backbones": [], "heads": [],
+                                                  "heads_metrics": []}
     for _ in range(repeats):
         runs["bare"].append(timed(lambda: bare(pair, ids), device))
         runs["score"].append(timed(lambda: scored(pair, ids, chunk, k, targets), device))
         runs["backbones"].append(timed(both_backbones, device))
+        runs["heads"].append(timed(heads, device))
+        runs["heads_metrics"].append(timed(heads_metrics, device))
     wall = {name: statistics.median(w for w, _ in values) for name, values in runs.items()}
     cpu = {name: statistics.median(c for _, c in values) for name, values in runs.items()}
     return {
@@ -174,6 +184,8 @@ def time_pair(pair: ModelPair, length: int, repeats: int, chunk: int, k: int, ba
         "ratio_wall": wall["score"] / wall["bare"], "ratio_cpu": cpu["score"] / cpu["bare"],
         # each repeat's (b) next to its own (a): steadier when the machine's load drifts
         "ratio_paired_cpu": statistics.median(s[1] / b[1] for s, b in zip(runs["score"], runs["bare"])),
+        # (backbones + head and metrics in chunks) / (backbones + one head): each part timed on its own
+        "ratio_parts_cpu": (cpu["backbones"] + cpu["heads_metrics"]) / (cpu["backbones"] + cpu["heads"]),
         "runs": {name: [(round(w, 3), round(c, 3)) for w, c in values] for name, values in runs.items()},
     }
 
@@ -244,6 +256,9 @@ def report_timing(label: str, result: dict) -> None:
     print(f"      of which the two backbones  : {wall['backbones']:7.3f}  {cpu['backbones']:7.3f}")
     print(f"  ratio b/a (target <= 1.10)      : {result['ratio_wall']:7.3f}  {result['ratio_cpu']:7.3f}")
     print(f"  median of per-repeat b/a (cpu)  : {result['ratio_paired_cpu']:7.3f}")
+    print(f"  after the backbones: one head {cpu['heads']:.3f} s, chunked head + metrics {cpu['heads_metrics']:.3f} s (cpu)")
+    print(f"  b/a from the parts (cpu)        : {result['ratio_parts_cpu']:7.3f}   "
+          "(backbones + chunked head and metrics) / (backbones + head)")
     for name, values in result["runs"].items():
         print(f"  runs {name:9s} (wall, cpu): {values}")
 

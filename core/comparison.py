@@ -60,7 +60,7 @@ def with_reasoner(pair: ModelPair, reason: str | ModelPair, *, revision: str | N
         raise PairMismatchError(f"Reasoner {spec.id!r} has {rows} output rows; the pair's vocabulary has {pair.vocab_size}")
     return dataclasses.replace(
         pair, reason=model, specs={**pair.specs, "reason": spec}, formats={**pair.formats, "reason": fmt},
-        vocab_notes=list(notes), prompt_tokenizers={"reason": tok} if notes else {},
+        vocab_notes=list(notes), prompt_tokenizers={**pair.prompt_tokenizers, "reason": tok},
     )
 
 

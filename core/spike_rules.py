@@ -231,11 +231,12 @@ def _dataset_positions(values: list[np.ndarray], top: float, floor: float | None
 
 
 def spike_positions(trace: Trace, score: str = DEFAULT_SCORE, top: float = 0.01) -> np.ndarray:
-    """The trace's annotated spike positions, or its top-`top` positions by `score` when it has none."""
+    """The trace's annotated spike positions, or, when it has none, its top-`top` positions by `score`
+    above settings.SPIKE_FLOOR (the rule `spikes` applies, so analyses count what the heatmap marks)."""
     layer = trace.annotations.get("spikes")
     if layer is not None:
         return np.asarray(layer["positions"], dtype=np.int64)
-    return top_positions(_scores(trace, score), top)
+    return top_positions(_scores(trace, score), top, settings.SPIKE_FLOOR)
 
 
 __all__ = [

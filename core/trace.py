@@ -146,7 +146,13 @@ class Trace:
         return replace(self, meta=copy.deepcopy(self.meta), annotations={**self.annotations, **layers})
 
     def prefix(self, n: int) -> Trace:
-        """The first `n` tokens as a new trace (metrics, top-k and sources cut alike; annotations dropped)."""
+        """The first `n` tokens as a new trace (metrics, top-k and sources cut alike; annotations dropped).
+        It is not the request that made the whole trace: its key, request and grade are dropped (a store
+        keys it by content) and `prefix_of` names the whole trace."""
+        meta = {name: value for name, value in copy.deepcopy(self.meta).items()
+                if name not in ("key", "request", "answer", "correct")}
+        if self.key is not None:
+            meta["prefix_of"] = self.key
         return Trace(
             token_ids=self.token_ids[:n],
             tokens=self.tokens[:n],
@@ -154,7 +160,7 @@ class Trace:
             metrics={name: np.asarray(values)[:n] for name, values in self.metrics.items()},
             topk={side: (ids[:n], probs[:n]) for side, (ids, probs) in self.topk.items()},
             source=self.source[:n],
-            meta=copy.deepcopy(self.meta),
+            meta=meta,
         )
 
     def __eq__(self, other: object) -> bool:

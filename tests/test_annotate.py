@@ -207,6 +207,10 @@ def test_spikes_gate_matches_gate_positions():
 def test_spike_positions_fallback():
     t = with_metrics(make_trace(5, 3), cross_entropy=[0, 0, 5, 0, 0])
     assert spike_positions(t).tolist() == [2]
+    # the fallback is the rule `spikes` applies: no ~0 score is a spike, whatever `top` asks for
+    assert spike_positions(t, top=0.6).tolist() == [2] == spikes(t, top=0.6).annotations["spikes"]["positions"]
+    flat = with_metrics(make_trace(5, 3), cross_entropy=[0, 0, 0, 0, 0])
+    assert spike_positions(flat, top=0.5).tolist() == [] == spikes(flat, top=0.5).annotations["spikes"]["positions"]
 
 
 @pytest.mark.parametrize(

@@ -184,6 +184,12 @@ def test_stops_on_eos_max_tokens_and_stop_strings(pair) -> None:
     assert len(stopped) == first + 1
     np.testing.assert_array_equal(stopped.token_ids, full.token_ids[: first + 1])
     assert stopped.meta["sampling"]["stop"] == [stop]
+    if len(set(stop)) > 1:  # one string is one stop string, not its characters
+        as_text = core.generate(pair, PROMPTS[1], max_new_tokens=24, stop=stop)
+        np.testing.assert_array_equal(as_text.token_ids, stopped.token_ids)
+        assert as_text.meta["sampling"]["stop"] == [stop]
+    with pytest.raises(core.InvalidInputError, match="stop strings"):
+        core.generate(pair, PROMPTS[1], max_new_tokens=4, stop=[""])
 
 
 def test_batched_rows_equal_rows_alone(pair) -> None:
@@ -527,3 +533,37 @@ def test_calibrate_from_the_store_uses_only_this_pairs_rollouts(pair, llama_pair
     pooled = np.concatenate([t.metrics["cross_entropy"].astype(np.float64) for t in base_rollouts(llama_pair, store)])
     assert len(base_rollouts(llama_pair, store)) == 3 and math.isclose(theirs.tau, np.quantile(pooled, 0.9), rel_tol=1e-6)
     assert theirs != made
+
+
+def test_sliding_window_models_decode_crop_and_branch(tmp_path, tiny_tokenizer) -> None:
+    """A model with sliding-window layers (Mistral, Gemma, Qwen2 with the window on): verify-ahead crops
+    and branches reach back past the window (transformers' sliding cache layer refuses that), and every
+    number equals an eager Hugging Face forward that applies the window."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    for side, seed in (("base", 0), ("reason", 1)):
+        torch.manual_seed(seed)
+        config = Qwen3Config(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                             eos_token_id=0, pad_token_id=0, bos_token_id=None, tie_word_embeddings=False,
+                             use_sliding_window=True, sliding_window=8, max_window_layers=0,
+                             layer_types=["sliding_attention", "full_attention"])
+        model = AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(20.0)
+        model.save_pretrained(tmp_path / side)
+        tiny_tokenizer.save_pretrained(tmp_path / side)
+    pair = core.load_pair(str(tmp_path / "base"), str(tmp_path / "reason"), device="cpu", dtype="float32")
+    policy = core.RandomPositions(rate=0.3, seed=1)
+    ahead = core.generate(pair, PROMPTS[0], policy, max_new_tokens=40)
+    lock = core.generate(pair, PROMPTS[0], policy, max_new_tokens=40, lookahead=1)
+    np.testing.assert_array_equal(ahead.token_ids, lock.token_ids)
+    assert (ahead.source != "base").any()
+    assert_matches_score(pair, ahead)
+    child = core.branch(pair, ahead, pos=30)  # 30 positions back from the end is far past the 8-token window
+    assert_matches_score(pair, child)
+    eager = AutoModelForCausalLM.from_pretrained(tmp_path / "base", attn_implementation="eager").eval()
+    ids = pair.prompt_ids(PROMPTS[0])["base"] + ahead.token_ids.tolist()
+    with torch.no_grad():
+        logp = eager(torch.tensor([ids])).logits[0, len(ids) - len(ahead) - 1 : -1].double().log_softmax(-1)
+    np.testing.assert_allclose(ahead.metrics["entropy_base"], -(logp.exp() * logp).sum(-1).numpy(), atol=1e-5)

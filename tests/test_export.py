@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.metrics import METRICS
-from core.errors import InvalidInputError
+from core.errors import InvalidInputError, OutputExistsError
 from core.io.exports import (
     FORMATS,
     annotated,
@@ -116,7 +116,7 @@ def test_format_validation_and_overwrite(tmp_path, traces):
         path = tmp_path / f"out.{fmt}"
         export(traces, path)
         before = path.read_bytes()
-        with pytest.raises(InvalidInputError, match="already exists; pass overwrite=True"):
+        with pytest.raises(OutputExistsError, match="already exists; overwrite=True"):
             export(traces[:1], path)
         assert path.read_bytes() == before
         export(traces[:1], path, overwrite=True)

@@ -41,6 +41,21 @@ def test_a_copy_never_writes_into_the_original() -> None:
     assert torch.equal(child.keys[..., :6, :], snapshot[0][..., :6, :]) and child.get_seq_length() == 12
 
 
+def test_a_dropped_layer_frees_its_buffer_without_the_cycle_collector() -> None:
+    import gc
+    import weakref
+
+    gc.disable()  # only reference counting may free it (a GPU cache must not wait for a gc pass)
+    try:
+        layer = GrowingLayer()
+        layer.update(*kv(10, 0))
+        buffer = weakref.ref(layer._buffers[1])
+        del layer
+        assert buffer() is None
+    finally:
+        gc.enable()
+
+
 def test_growing_cache_and_compact(qwen_pair) -> None:
     cache = growing_cache(qwen_pair.base.config)
     assert len(cache.layers) == qwen_pair.base.config.num_hidden_layers

@@ -332,6 +332,34 @@ def test_pair_with_renamed_specials_loads_and_records_it(tmp_path, tiny_dirs, ti
     assert trace.meta["pair"]["formats"]["reason"]["kind"] == "chat"
 
 
+def test_reasoner_prompt_uses_its_own_template_when_vocabularies_match(tmp_path, tiny_dirs, tiny_tokenizer) -> None:
+    """Base/instruct pairs of one family share a vocabulary but not always a chat template: the reasoner's
+    prompt is its own tokenizer's rendering, and a base tokenizer without a template does not stop it."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    base_dir, reason_dir = tmp_path / "plain_base", tmp_path / "own_reason"
+    shutil.copytree(tiny_dirs["qwen_base"], base_dir)
+    shutil.copytree(tiny_dirs["qwen_reason"], reason_dir)
+    plain = copy.deepcopy(tiny_tokenizer)
+    plain.chat_template = None  # a base checkpoint without any chat template
+    plain.save_pretrained(base_dir)
+    (base_dir / "chat_template.jinja").unlink(missing_ok=True)
+    own = copy.deepcopy(tiny_tokenizer)
+    own.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] }} reason template<|im_end|>{% endfor %}"
+    own.save_pretrained(reason_dir)
+    pair = core.load_pair(str(base_dir), str(reason_dir), device="cpu", dtype="float32")
+    assert pair.vocab_notes == [] and pair.formats["reason"].spec == "chat"
+    reloaded = AutoTokenizer.from_pretrained(reason_dir)
+    expected = reloaded.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False,
+                                            add_generation_prompt=True)
+    ids = pair.prompt_ids("2+2?")
+    assert "reason template" in expected
+    assert ids["reason"] == reloaded(expected, add_special_tokens=False)["input_ids"]
+    assert "reason template" in pair.decode(ids["reason"])
+
+
 # -- prompt formats: instructions in the user turn, thinking prefill ---------------------------------
 
 

@@ -25,6 +25,7 @@ from core.decoding.policies import (
     Step,
     make_policy,
     policy_from_record,
+    row_identity,
     within_budget,
 )
 from core.metrics import score_values
@@ -35,11 +36,13 @@ PROMPTS = [PROMPT, "Tom has 3 boxes of 4 apples. He gives away 2. How many apple
 
 
 
-def step(t: int, score=None, entropy=None, history=None, taken=None, limit: int = 100, rows: int = 1) -> Step:
+def step(t: int, score=None, entropy=None, history=None, taken=None, limit: int = 100, rows: int = 1,
+         ids=None) -> Step:
     as_array = lambda v, fill: np.full(rows, fill, dtype=float) if v is None else np.asarray(v, dtype=float)
     return Step(t=t, score=as_array(score, 0.0), entropy_base=as_array(entropy, 0.0),
                 history=history if history is not None else [[] for _ in range(rows)],
-                taken=np.zeros(rows, dtype=np.int64) if taken is None else np.asarray(taken), limit=limit)
+                taken=np.zeros(rows, dtype=np.int64) if taken is None else np.asarray(taken), limit=limit,
+                rows=None if ids is None else np.asarray(ids, dtype=np.uint64))
 
 
 def cap(budget: float | None, limit: int) -> float:
@@ -203,10 +206,28 @@ def test_random_positions_on_a_run(qwen_pair) -> None:
     runs = [core.generate(qwen_pair, PROMPT, policy, max_new_tokens=48) for _ in range(2)]
     assert len(runs[0]) == 48
     np.testing.assert_array_equal(runs[0].token_ids, runs[1].token_ids)
-    expect = np.array([RandomPositions(rate=0.3, seed=5).takeover(step(t))[0] for t in range(48)])
+    ids = [row_identity(PROMPT, 0)]  # greedy: sample 0
+    expect = np.array([RandomPositions(rate=0.3, seed=5).takeover(step(t, ids=ids))[0] for t in range(48)])
     np.testing.assert_array_equal(runs[0].source == "reason", expect)
     other = core.generate(qwen_pair, PROMPT, RandomPositions(rate=0.3, seed=6), max_new_tokens=48)
     assert not np.array_equal(other.source, runs[0].source)
+
+
+def test_random_positions_do_not_depend_on_the_batch(qwen_pair) -> None:
+    """A row's takeover positions follow its prompt and sample, not its place in a batch: a problem run
+    alone, second in a batch, or in a batch of another order gets the same positions (and tokens)."""
+    policy = RandomPositions(rate=0.3, seed=5)
+    alone = core.generate(qwen_pair, PROMPTS[1], policy, max_new_tokens=24)
+    batch = core.generate(qwen_pair, PROMPTS, policy, max_new_tokens=24)
+    swapped = core.generate(qwen_pair, PROMPTS[::-1], policy, max_new_tokens=24)
+    assert (alone.source == "reason").any()
+    np.testing.assert_array_equal(batch[1].source, alone.source)
+    np.testing.assert_array_equal(swapped[0].source, alone.source)
+    np.testing.assert_array_equal(swapped[1].source, batch[0].source)
+    np.testing.assert_array_equal(batch[1].token_ids, alone.token_ids)
+    # two samples of one problem draw differently
+    pair_of_samples = core.generate(qwen_pair, PROMPT, policy, max_new_tokens=24, samples=2, temperature=0.7)
+    assert not np.array_equal(pair_of_samples[0].source, pair_of_samples[1].source)
 
 
 def test_early_only_forced_and_reason_only(qwen_pair) -> None:

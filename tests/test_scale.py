@@ -110,11 +110,13 @@ def test_drive_sends_only_missing_rows_and_stops_between_batches(demo, problems,
     assert backend.sent == [(1, [traces[1][1].key]), (2, [])]
     assert [[t.key for t in ts] for ts in out] == [[t.key for t in ts] for ts in traces]
     assert ticks[-1] == (6, 6) and len(store.keys()) == 6
-    # cancelling: the first finished batch is stored, then the driver stops
+    # cancelled after the second batch came back: both finished batches are stored, the third never made
     store2 = core.TraceStore(tmp_path / "s2")
+    asked = []
     with pytest.raises(GenerationCancelled):
-        drive(_FakeBackend({id(j): t for j, t in zip(jobs, traces)}), jobs, store2, should_stop=lambda: bool(store2.keys()))
-    assert sorted(store2.keys()) == sorted(t.key for t in traces[0])
+        drive(_FakeBackend({id(j): t for j, t in zip(jobs, traces)}), jobs, store2,
+              should_stop=lambda: asked.append(1) or len(asked) == 2)
+    assert sorted(store2.keys()) == sorted(t.key for t in traces[0] + traces[1])
 
 
 def test_pair_spec_round_trip(demo):

@@ -335,4 +335,4 @@ def test_scoring_benchmark_runs() -> None:
            "--related", "--base-targets"]
     out = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "ratio b/a" in out.stdout
+    assert "ratio b/a" in out.stdout and "b/a from the parts" in out.stdout

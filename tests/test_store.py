@@ -99,6 +99,17 @@ def test_keyless_trace_gets_content_key(tmp_path):
     assert store.put(trace) == key
 
 
+def test_a_prefix_is_stored_as_its_own_trace(tmp_path):
+    store = TraceStore(tmp_path)
+    whole = make_trace(20, seed=5)
+    whole.meta.update(correct=True, answer="7")
+    key = store.put(whole)
+    part = whole.prefix(8)
+    assert part.key is None and part.meta["prefix_of"] == key and "correct" not in part.meta
+    part_key = store.put(part)
+    assert part_key != key and len(store.get(part_key)) == 8 and len(store.get(key)) == 20
+
+
 def test_bad_keys_rejected(tmp_path):
     store = TraceStore(tmp_path)
     for bad in ["../evil", "a/b", ".hidden", "x" * 200, "a b"]:

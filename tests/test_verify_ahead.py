@@ -105,7 +105,7 @@ def test_stops_are_the_same(pair, temperature: float) -> None:
     full = core.generate(free, PROMPTS[1], max_new_tokens=30, temperature=temperature, seed=2, lookahead=1)
     text_at = [free.decode(full.token_ids[: i + 1].tolist()) for i in range(len(full))]
     stop = text_at[12][-2:]
-    for policy in (core.BaseOnly(), core.RandomPositions(rate=0.3, seed=4), core.Forced({4: min(pair.eos_ids)})):
+    for policy in (core.BaseOnly(), core.RandomPositions(rate=0.3, seed=5), core.Forced({4: min(pair.eos_ids)})):
         kw = {"max_new_tokens": 30, "temperature": temperature, "seed": 2, "stop": [stop], "samples": 2}
         lock = run(pair, PROMPTS, policy, 1, **kw)
         ahead = run(pair, PROMPTS, policy, None, **kw)

@@ -7,7 +7,8 @@ import streamlit as st
 from app import resources, state
 from app.context import get_context
 from app.downloads import MIME, export_file_bytes, file_name
-from app.view import filter_table, md_code, trace_table
+from app.filters import trace_filter
+from app.view import md_code, trace_table
 from core.errors import ForkpointError
 from core.io.exports import FORMATS
 from core.io.notes import attach_notes, notes_stamp
@@ -26,12 +27,7 @@ def _filtered_keys(ctx) -> tuple[str, ...]:
     table = trace_table(ctx.store.summaries(), ctx.settings.score, ctx.settings.rule)
     if table.empty:
         return ()
-    c1, c2, c3, c4 = st.columns([3, 2, 2, 1])
-    text = c1.text_input("Search problem / prompt", key="ex_text")
-    policies = c2.multiselect("Policy", sorted(table["policy"].dropna().unique()), key="ex_policy")
-    kinds = c3.multiselect("Kind", sorted(table["kind"].dropna().unique()), key="ex_kind")
-    correct = c4.selectbox("Correct", ("any", "yes", "no", "ungraded"), key="ex_correct")
-    shown = filter_table(table, text, policies, kinds, correct)
+    shown = trace_filter(table, "ex")
     st.caption(f"{len(shown)} of {len(table)} traces match.")
     return tuple(shown["key"].astype(str))
 

@@ -11,7 +11,8 @@ import streamlit as st
 from app import actions, resources, state
 from app.context import get_context
 from app.notes_panel import notes_search_tab
-from app.view import filter_table, trace_table
+from app.filters import trace_filter
+from app.view import trace_table
 from core.heatmap import metric_label
 from core.errors import ForkpointError
 
@@ -40,12 +41,7 @@ def traces_tab(ctx) -> None:
     if table.empty:
         st.info("The store holds no traces yet: open the Trace page (it makes one) or use Generate.")
         return
-    c1, c2, c3, c4 = st.columns([3, 2, 2, 1])
-    text = c1.text_input("Search problem / prompt", key="pf_text")
-    policies = c2.multiselect("Policy", sorted(table["policy"].dropna().unique()), key="pf_policy")
-    kinds = c3.multiselect("Kind", sorted(table["kind"].dropna().unique()), key="pf_kind")
-    correct = c4.selectbox("Correct", ("any", "yes", "no", "ungraded"), key="pf_correct")
-    shown = filter_table(table, text, policies, kinds, correct)
+    shown = trace_filter(table, "pf")
     st.caption(f"{len(shown)} of {len(table)} traces · score: {metric_label(s.score)} · "
                "click a column header to sort; choose a row to open it.")
     st.dataframe(

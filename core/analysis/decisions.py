@@ -90,7 +90,7 @@ def decision_pairs(
 def write_decision_pairs_jsonl(df: pd.DataFrame, path: str, overwrite: bool = False) -> str:
     """Write decision pairs one JSON object per line (NaN -> null); refuses to overwrite unless asked."""
     if os.path.exists(path) and not overwrite:
-        raise OutputExistsError(f"{path} exists; pass overwrite=True to replace it")
+        raise OutputExistsError(f"{path} exists; overwrite=True (CLI: --overwrite) replaces it")
     lines = (json.dumps({k: _jsonable(v) for k, v in r.items()}, ensure_ascii=False) + "\n"
              for r in df.to_dict(orient="records"))
     write_atomic(Path(path), lambda fh: fh.writelines(lines), what="decision pairs")

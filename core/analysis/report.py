@@ -21,6 +21,7 @@ from core.metrics import DEFAULT_SCORE
 from core.errors import ForkpointError, InvalidInputError, OutputExistsError
 from core.trace import Trace
 from core.io.atomic import write_atomic
+from core.io.csvsafe import write_csv
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def report_tables(
     if outdir is not None:
         os.makedirs(outdir, exist_ok=True)
         for name, df in tables.items():
-            df.to_csv(os.path.join(outdir, f"{name}.csv"), index=False)
+            write_csv(df, os.path.join(outdir, f"{name}.csv"))
         log.info("wrote %d analysis tables to %s", len(tables), outdir)
     return tables
 
@@ -169,12 +170,14 @@ def report_html(
     segment: str | None = None,
     stat: str = "top100_mean",
     overwrite: bool = False,
+    outdir: str | None = None,
 ) -> str:
-    """Write a self-contained HTML report (plotly JS embedded once, works offline); returns the path."""
+    """Write a self-contained HTML report (plotly JS embedded once, works offline); returns the path.
+    With `outdir`, the same tables are also written there as CSV (see `report_tables`)."""
     if os.path.exists(path) and not overwrite:
         raise OutputExistsError(f"{path} exists; overwrite=True (CLI: --overwrite) replaces it")
     items = list(traces)
-    tables = report_tables(items, None, score=score, top=top, segment=segment, stat=stat)
+    tables = report_tables(items, outdir, score=score, top=top, segment=segment, stat=stat)
     figures: list[tuple[str, go.Figure]] = [
         ("Sparsity", lorenz_figure(tables["lorenz"])),
         ("Position", position_density_figure(tables["position_density"])),

@@ -130,7 +130,7 @@ def _store(path: str | None):
     return TraceStore(path or default_store_path())
 
 
-def _problems(path: str | None, limit: int | None, opts: dict[str, Any] | None = None):
+def _problems(path: str | None, limit: int | None):
     if path is None:
         from core.demo.pair import demo_problems
 
@@ -138,9 +138,7 @@ def _problems(path: str | None, limit: int | None, opts: dict[str, Any] | None =
         return problems[:limit] if limit else problems
     from core.evaluation.problems import load_problems
 
-    opts = opts or {}
-    return load_problems(path, question_field=opts.get("question_field"), answer_field=opts.get("answer_field"),
-                         limit=limit)
+    return load_problems(path, limit=limit)
 
 
 class _Bar:

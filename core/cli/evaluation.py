@@ -38,7 +38,7 @@ BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-toke
 @_fail_cleanly
 def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool) -> None:
     """Write a self-contained HTML report with every analysis, and the tables as CSV."""
-    from core.analysis.report import report_html, report_tables
+    from core.analysis.report import report_html
 
     html = Path(out) / "report.html"
     if html.exists() and not overwrite:
@@ -51,8 +51,7 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool) 
     if not traces:
         raise click.ClickException(f"The store {store.path} has no traces; generate some first")
     Path(out).mkdir(parents=True, exist_ok=True)
-    report_html(traces, str(html), score=score_name, overwrite=True)
-    report_tables(traces, out, score=score_name)
+    report_html(traces, str(html), score=score_name, overwrite=True, outdir=out)
     click.echo(f"report -> {html}")
 
 
@@ -131,18 +130,31 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     finally:
         bars.close()
         _close_executor(executor)
+    raw = table
     table = table.assign(policy=[p if p == c else f"{p} ({c})" for p, c in zip(table["policy"], table["config"])])
     markdown = to_markdown(table, columns=["accuracy", "pass@k", "rho", "mean_tokens", "recovery", "recovery@k"])
     click.echo(markdown)
     click.echo(f"recovery against: {table['reference'].iloc[0]}")
     if out:
-        from core.analysis.report import recovery_figure
+        _write_eval_outputs(raw, table, markdown, Path(out))
 
-        table.to_csv(out, index=False)
-        Path(out).with_suffix(".md").write_text(markdown + "\n", encoding="utf-8")
-        curve = table.dropna(subset=["ratio"]).assign(policy=lambda f: f["policy"].str.replace(r" \(r=.*\)", "", regex=True))
-        recovery_figure(curve, reference=str(table["reference"].iloc[0])).write_html(
-            Path(out).with_suffix(".html"), include_plotlyjs=True)
+
+def _write_eval_outputs(raw, table, markdown: str, out: Path) -> None:
+    """The eval table as CSV and Markdown, and recovery against ρ as a plot: one line per policy and
+    cap, its points the ratios r (`raw`: the sweep's rows before their labels name the configuration)."""
+    import pandas as pd
+
+    from core.analysis.report import recovery_figure
+    from core.io.atomic import write_atomic
+    from core.io.csvsafe import write_csv
+
+    write_csv(table, out, what="eval table")
+    write_atomic(out.with_suffix(".md"), lambda fh: fh.write(markdown + "\n"), what="eval table")
+    points = raw.dropna(subset=["ratio"])
+    curve = points.assign(policy=[p if pd.isna(b) else f"{p} (cap={b:g})"
+                                  for p, b in zip(points["policy"], points["budget"])])
+    page = recovery_figure(curve, reference=str(table["reference"].iloc[0])).to_html(include_plotlyjs=True)
+    write_atomic(out.with_suffix(".html"), lambda fh: fh.write(page), what="recovery plot")
 
 
 def _source(source: str | None, limit: int | None):

@@ -21,6 +21,8 @@ from core.cli.common import (
     ray_option,
     store_option,
 )
+from core.io.exports import FORMATS as EXPORT_FORMATS
+from core.io.foreign import IMPORT_FORMATS
 from core.metrics import DEFAULT_SCORE, SCORES
 
 
@@ -73,14 +75,14 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
 @main.command()
 @store_option
 @click.argument("keys", nargs=-1)
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet", "html"]), default="jsonl",
-              show_default=True)
+@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), help="Output format (default: from the --out suffix).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output file.")
 @click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True,
-              help="Heatmap metric (html).")
+              help="Score whose top tokens are marked as spikes (every format) and that colours the heatmap (html).")
 @click.option("--overwrite", is_flag=True)
 @_fail_cleanly
-def export(store_path: str | None, keys: tuple[str, ...], fmt: str, out: str, score_name: str, overwrite: bool) -> None:
+def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: str, score_name: str,
+           overwrite: bool) -> None:
     """Export traces (all readable ones, or the given keys) as JSONL, CSV, Parquet or self-contained HTML."""
     from tqdm import tqdm
 
@@ -93,12 +95,11 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str, out: str, sc
     else:
         traces, bad = store.load_all()
         warn_unreadable(bad)
-    kwargs = {"score": score_name} if fmt == "html" else {}
     from core.io.notes import attach_notes
 
     traces = attach_notes(store, traces)  # notes and bookmarks travel with every export
     try:
-        run_export(traces, out, fmt, overwrite=overwrite, **kwargs)
+        run_export(traces, out, fmt, overwrite=overwrite, score=score_name)
     except OSError as exc:
         from core.io.atomic import os_error_reason
 
@@ -110,7 +111,7 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str, out: str, sc
 @pair_options
 @store_option
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
+@click.option("--format", "fmt", type=click.Choice(IMPORT_FORMATS),
               help="Input format (default: from the file suffix).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="Append each record's outcome to this JSONL file as it happens "

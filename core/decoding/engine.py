@@ -57,6 +57,7 @@ class Row:
     history: list[float] = field(default_factory=list)  # the gate's value at each earlier position
     done: bool = False
     room: int | None = None  # most response tokens that fit both models' contexts (None: no limit known)
+    identity: int = 0  # `row_identity` of its prompt and sample: keys per-row policy draws
 
 
 class BlockSizer:
@@ -125,6 +126,7 @@ class Decoder:
         self.lookahead = check_lookahead(lookahead)
         self.progress, self.should_stop = progress, should_stop
         self.taken = np.array([sum(s != "base" for s in r.source) for r in rows], dtype=np.int64)
+        self.identities = np.array([r.identity for r in rows], dtype=np.uint64)
         self.record = TokenRecord(len(rows), start)
         self.fed = np.zeros((len(rows), 64), dtype=np.int64)  # emitted ids (pads for finished rows), column p - start
         self.sizer = BlockSizer()
@@ -223,7 +225,7 @@ class Decoder:
         score = (np.full(len(self.rows), np.nan, dtype=np.float32) if self.policy.score in EMITTED
                  else score_values(metrics, self.policy.score))  # lock-step scores before the token is known
         step = Step(t=p, score=score, entropy_base=metrics["entropy_base"], history=[r.history for r in self.rows],
-                    taken=self.taken, limit=self.limit)
+                    taken=self.taken, limit=self.limit, rows=self.identities)
         fire = np.asarray(self.policy.takeover(step), dtype=bool) & live
         tokens, sources = self._choose(p, draft.numpy(), b, fire, self.policy.forced_token(p), live)
         changed = bool((live & (tokens != draft.numpy())).any())
@@ -241,7 +243,7 @@ class Decoder:
         a = self.base.logits()
         h_base = entropy(a).cpu().numpy()
         step = Step(t=p, score=None, entropy_base=h_base, history=[r.history for r in self.rows], taken=self.taken,
-                    limit=self.limit)
+                    limit=self.limit, rows=self.identities)
         fire = np.asarray(self.policy.takeover(step), dtype=bool) & live
         forced = self.policy.forced_token(p)
         b = None

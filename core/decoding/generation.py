@@ -12,7 +12,7 @@ from typing import Any
 from core import settings
 from core.decoding.caches import hold
 from core.decoding.engine import Decoder, Row, check_lookahead
-from core.decoding.policies import BaseOnly, Policy
+from core.decoding.policies import BaseOnly, Policy, row_identity
 from core.decoding.sampling import Sampling, row_seed
 from core.errors import InvalidInputError
 from core.pair.loading import ModelPair
@@ -39,7 +39,8 @@ def make_rows(pair: ModelPair, problems: list[Any], samples: int, policy: Policy
             if room < sampling.max_new_tokens:
                 meta["context_limit"] = {"max_response_tokens": room}
             rows.append(Row(rec, prompt_ids, meta, row_seed(sampling, s),
-                            room=room if room < sampling.max_new_tokens else None))
+                            room=room if room < sampling.max_new_tokens else None,
+                            identity=row_identity(rec["prompt"], s)))
     return rows
 
 
@@ -59,7 +60,7 @@ def generate(pair: ModelPair, prompt: Any | Sequence[Any], policy: Policy | None
     """
     policy = policy or BaseOnly()
     check_lookahead(lookahead)
-    sampling = Sampling(temperature, top_p, seed, max_new_tokens, tuple(stop))
+    sampling = Sampling(temperature, top_p, seed, max_new_tokens, stop)
     single = isinstance(prompt, (str, dict)) or hasattr(prompt, "prompt")
     problems = [prompt] if single else list(prompt)
     if samples < 1:

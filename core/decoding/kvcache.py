@@ -11,6 +11,7 @@ and a compacted (held) layer gives its buffer up, so a held cache is never writt
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ class GrowingLayer(DynamicLayer):
         n = 0 if self.keys is None else self.keys.shape[-2]
         need = n + key_states.shape[-2]
         buffers = getattr(self, "_buffers", None)
-        if buffers is None or buffers[0] is not self or buffers[1].shape[-2] < need:
+        if buffers is None or buffers[0]() is not self or buffers[1].shape[-2] < need:
             self._grow(n, need, key_states)
         _, kbuf, vbuf = self._buffers
         kbuf[..., n:need, :] = key_states
@@ -48,7 +49,9 @@ class GrowingLayer(DynamicLayer):
         if n:
             kbuf[..., :n, :] = self.keys
             vbuf[..., :n, :] = self.values
-        self._buffers = (self, kbuf, vbuf)
+        # the owner as a weak reference: a strong one would be a cycle, and a finished cache's GPU memory
+        # would then wait for the cycle collector instead of being freed when the cache is dropped
+        self._buffers = (weakref.ref(self), kbuf, vbuf)
 
     def compact(self) -> None:
         """Before the cache is held: give the buffer up (the next update allocates its own), and copy keys
@@ -66,11 +69,16 @@ class GrowingLayer(DynamicLayer):
 
 
 def growing_cache(config: Any) -> Any:
-    """A `DynamicCache` for `config` whose full-attention layers are `GrowingLayer`s (others stay as they are)."""
+    """A `DynamicCache` for `config` whose layers are all `GrowingLayer`s.
+
+    Sliding-window layers too: transformers' sliding layer drops positions past its window, so it
+    cannot be cropped back there (verify-ahead blocks and branches crop). A full layer keeps them, and
+    the model's sliding-window mask (built from the layer types in its config, over absolute
+    positions) still hides them from attention: the same outputs for more memory."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [GrowingLayer() if isinstance(layer, DynamicLayer) else layer for layer in cache.layers]
     return cache
 
 

@@ -9,6 +9,7 @@ one way user input becomes a policy: the CLI's options and the app's widgets are
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,8 +60,10 @@ class Step:
     """What a policy may look at when deciding step t (response index) for B rows.
 
     score: (B,) the policy's score at t, or None for lazy policies (reasoner not run yet).
-    entropy_base: (B,) base entropy at t. history: per row, the scores of earlier steps.
-    taken: (B,) takeovers so far. limit: max_new_tokens.
+    entropy_base: (B,) base entropy at t. history: per row, the gate's values at earlier steps (the
+    scores; base entropies for lazy policies). taken: (B,) takeovers so far. limit: max_new_tokens.
+    rows: (B,) each row's identity (from its prompt and sample index, see `row_identity`): the same in
+    any batch, order or branch of it, so per-row random draws do not depend on how rows are batched.
     """
 
     t: int
@@ -69,6 +72,13 @@ class Step:
     history: list[list[float]]
     taken: np.ndarray
     limit: int
+    rows: np.ndarray | None = None
+
+
+def row_identity(prompt: str, sample: int) -> int:
+    """A row's identity for per-row random draws: a 64-bit hash of its prompt text and sample index."""
+    digest = hashlib.blake2b(f"{int(sample)}\0{prompt}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 class Policy:
@@ -214,8 +224,9 @@ class EntropyGated(Policy):
 
 @dataclass
 class RandomPositions(Policy):
-    """Baseline: take over at random positions with probability `rate`. The draw at step t of batch row i
-    depends only on (seed, i, t), so a branch (which starts mid-response) replays its parent's draws."""
+    """Baseline: take over at random positions with probability `rate`. The draw at step t of a row
+    depends only on (seed, the row's identity, t): the same in any batch size or order, and a branch
+    (which starts mid-response on its parent's row) replays its parent's draws."""
 
     name: ClassVar[str] = "random_positions"
     label: ClassVar[str] = "RandomPositions"
@@ -224,8 +235,9 @@ class RandomPositions(Policy):
     seed: int = param(settings.SEED, "Seed of the position draws.", low=0)
 
     def takeover(self, step: Step) -> np.ndarray:
-        return np.array([np.random.default_rng([self.seed, row, step.t]).random() < self.rate
-                         for row in range(len(step.taken))], dtype=bool)
+        rows = step.rows if step.rows is not None else range(len(step.taken))
+        return np.array([np.random.default_rng([self.seed, int(row), step.t]).random() < self.rate
+                         for row in rows], dtype=bool)
 
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         return _silent(self, traces, f"rate={self.rate:g} is too small for these lengths")

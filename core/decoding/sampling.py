@@ -55,6 +55,10 @@ class Sampling:
             raise InvalidInputError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.max_new_tokens < 1:
             raise InvalidInputError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens!r}")
+        # one stop string is one string, not its characters; any other sequence becomes a tuple
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidInputError(f"stop strings must be non-empty strings, got {self.stop!r}")
 
     def record(self, sample: int = 0) -> dict[str, Any]:
         """The trace's meta["sampling"] for row `sample`."""

@@ -203,7 +203,7 @@ def render_card(result: dict[str, Any], command: str, train_log: dict[str, Any] 
                       f"token {t['pos']} of {ex['length']} ({t['token']!r}, cross-entropy {t['cross_entropy']:.2f} nats; "
                       f"base top-3 {_pairs(t['base_top3'])}, reasoner top-3 {_pairs(t['reason_top3'])})"
                       for t in ex["takeovers"]) + "."]
-    lines += ["", f"Greedy (temperature 0), one sample per problem:", "",
+    lines += ["", "Greedy (temperature 0), one sample per problem:", "",
               ev.to_markdown(pd.DataFrame(result["greedy"]), columns=["accuracy", "rho", "mean_tokens", "recovery"]),
               "", f"Sampled (temperature {s['temperature']}, top-p {s['top_p']}, {s['samples']} samples per problem; "
               f"accuracy is the mean over samples, pass@k uses the unbiased estimator with k = {s['samples']}):", "",

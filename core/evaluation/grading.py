@@ -3,7 +3,7 @@ answer by math-verify (LaTeX/sympy equivalence: \\frac{1}{2} == 0.5 == 1/2).
 
 Unparseable or pathological answers grade as wrong; grading never raises on model output. math-verify
 bounds its work with SIGALRM, which works only on a main thread, so off the main thread (Streamlit's
-script threads) the comparison runs in a small worker process (`core/mathverify_worker.py`) that is
+script threads) the comparison runs in a small worker process (`core/evaluation/mathverify_worker.py`) that is
 killed and restarted if it overruns.
 """
 
@@ -186,10 +186,14 @@ def grade(response_text: str, gold: str, *, timeout_s: int = DEFAULT_TIMEOUT_S, 
     return check_answer(extract_answer(response_text or "", last_number=last_number), gold, timeout_s)
 
 
+def gold_text(gold: Any) -> str | None:
+    """A gold answer as a string, or None when there is none (or an empty one)."""
+    return None if gold is None or not str(gold).strip() else str(gold)
+
+
 def gold_of(trace: Any) -> str | None:
     """The trace's gold answer as a string, or None when its problem has none (or an empty one)."""
-    gold = (trace.meta.get("problem") or {}).get("gold")
-    return None if gold is None or not str(gold).strip() else str(gold)
+    return gold_text((trace.meta.get("problem") or {}).get("gold"))
 
 
 def grade_trace(trace: Any) -> bool | None:
@@ -248,7 +252,7 @@ def _check_here(answer: str, gold: str, timeout_s: int) -> bool:
 
 
 class _Worker:
-    """One long-lived `python -P core/mathverify_worker.py` child; requests are serialised by a lock."""
+    """One long-lived `python -P core/evaluation/mathverify_worker.py` child; requests are serialised by a lock."""
 
     def __init__(self, argv: list[str], deadline_factor: int = 8, deadline_slack_s: float = 5.0) -> None:
         # gold parse + answer parse + up to 4 comparisons, each bounded by the child's own alarm

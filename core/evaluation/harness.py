@@ -21,7 +21,9 @@ import pandas as pd
 from core import settings
 from core.decoding.policies import BaseOnly, Policy, ReasonOnly
 from core.errors import InvalidInputError
-from core.evaluation.grading import grade_trace
+from core.evaluation.grading import grade_trace, gold_text
+from core.evaluation.problems import ANSWER_FIELDS
+from core.scoring import problem_record
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +137,23 @@ def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Itera
     return pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
 
 
+def require_gold(problems: Any) -> None:
+    """Raise unless every problem (a list, or {benchmark: list}) has a gold answer: accuracy and recovery
+    need each trace graded, and an ungradable one would silently count as wrong."""
+    for bench, ps in benchmarks_of(problems).items():
+        missing = [p for p in ps if gold_text(problem_record(p)["gold"]) is None]
+        if not ps:
+            raise InvalidInputError(f"No problems to evaluate in {bench!r} (an empty set, or a shard or split "
+                                    "that left none)")
+        if not missing:
+            continue
+        first = problem_record(missing[0])
+        raise InvalidInputError(
+            f"{len(missing)} of {len(ps)} problems of {bench!r} have no gold answer (first: id "
+            f"{first['id']!r}, {first['prompt'][:60]!r}); evaluation grades every trace, so each problem needs "
+            f"one (a field named one of {', '.join(ANSWER_FIELDS)}, or load_problems(..., answer_field=...))")
+
+
 # -- summarising -------------------------------------------------------------------------------
 def reference_values(table: pd.DataFrame, bench: str, reference: Reference) -> tuple[float, float, str]:
     """(reference accuracy, reference pass@k, description) for one benchmark of a policy table."""
@@ -220,6 +239,7 @@ def evaluate(pair: Any, problems: Any, policies: Mapping[str, Policy] | Iterable
         reference = THINKING if thinking is not None else GUIDE
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
                   max_new_tokens=max_new_tokens, shard=shard, batch_size=batch_size, executor=executor)
+    require_gold(problems)
     records = run_records(pair, problems, named, progress=progress, **common)
     if thinking is not None:
         records = pd.concat([records, thinking_records(thinking, problems, **common)], ignore_index=True)

@@ -2,7 +2,7 @@
 
 math-verify bounds its work with SIGALRM, which only works in a process's main thread. Off the main
 thread (Streamlit runs scripts in threads) `core.grading` runs this file as a child process,
-`python -P core/mathverify_worker.py`, where the comparison is back on a main thread. The file imports
+`python -P core/evaluation/mathverify_worker.py`, where the comparison is back on a main thread. The file imports
 nothing from `core` so that the child does not load torch and friends.
 
 Protocol: one JSON object per line on stdin {"answer": str, "gold": str, "timeout": int}; one line per

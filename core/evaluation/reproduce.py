@@ -22,6 +22,7 @@ import pandas as pd
 from core import settings
 from core.errors import InvalidInputError
 from core.io.atomic import write_atomic
+from core.io.csvsafe import write_csv
 from core.evaluation.harness import GUIDE, THINKING, Reference
 from core.evaluation.sweep import DEFAULT_RATIOS, budget_sweep
 
@@ -132,7 +133,7 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
     guided = [t for label, ts in keep.items() if label.startswith("r=") for t in ts]
     try:
         analyses["enrichment"] = enrichment(base_traces + guided, score)
-        analyses["enrichment"].to_csv(out / "analysis" / "enrichment.csv", index=False)
+        write_csv(analyses["enrichment"], out / "analysis" / "enrichment.csv")
     except (ImportError, OSError, ValueError) as exc:  # spaCy model missing etc.
         log.warning("enrichment skipped: %s", exc)
     info["first_token_artifact_share"] = {label: first_token_artifact_share(keep.get(label, []), score)
@@ -141,8 +142,8 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
         log.warning("t = 0 is the largest spike in most base rollouts: the reasoner's prompt format probably "
                     "does not open its thought (use a +think format, e.g. paper-think)")
     table = paper_table(sweep)
-    sweep.to_csv(out / "sweep.csv", index=False)
-    table.to_csv(out / "table.csv", index=False)
+    write_csv(sweep, out / "sweep.csv")
+    write_csv(table, out / "table.csv")
     text = json.dumps(info, indent=1, default=str) + "\n"
     write_atomic(out / "run.json", lambda fh: fh.write(text), what="run record")
     report = Path(reproduce_html(str(out / "report.html"), table, analyses, info))

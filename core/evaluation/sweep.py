@@ -18,7 +18,7 @@ from core import settings
 from core.decoding.policies import BaseOnly, EarlyOnly, RandomPositions, ReasonOnly, make_policy
 from core.errors import InvalidInputError
 from core.evaluation.harness import (BASE, GUIDE, THINKING, Reference, add_recovery, benchmarks_of, early_rate_for,
-                                     policy_table, run_records, thinking_records)
+                                     policy_table, require_gold, run_records, thinking_records)
 from core.metrics import score_values
 from core.spike_rules import Gate, calibrate_gate
 
@@ -52,7 +52,7 @@ def calibration_gates(pair: Any, calibration: Sequence[Any], ratios: Sequence[fl
 def _realised(traces: list[Any]) -> tuple[float, float]:
     """(ρ = takeovers / tokens, mean tokens) of a list of traces."""
     tokens = sum(len(t) for t in traces)
-    taken = sum(int((np.asarray(t.source) != "base").sum()) for t in traces)
+    taken = sum(t.n_takeovers for t in traces)
     return taken / max(1, tokens), tokens / max(1, len(traces))
 
 
@@ -70,6 +70,9 @@ def budget_sweep(pair: Any, problems: Any, calibration: Sequence[Any], ratios: S
     Columns: POLICY_TABLE_COLUMNS + SWEEP_COLUMNS. Recovery is against `reference` (default "thinking"
     when given, else the guide). With `keep`, traces are collected by config label ("base", ...).
     `executor` (e.g. `core.RayExecutor()`) makes every trace; gates are fit and tables built here."""
+    require_gold(problems)
+    if not calibration:  # checked before any generation
+        raise InvalidInputError("the sweep needs calibration problems (held out from the evaluation set)")
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
                   max_new_tokens=max_new_tokens, batch_size=batch_size, executor=executor)
     keep = {} if keep is None else keep

@@ -8,9 +8,12 @@ columns are left alone: a negative number is data, not a formula.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pandas as pd
+
+from core.io.atomic import write_atomic
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
@@ -30,3 +33,9 @@ def neutralise_frame(frame: pd.DataFrame) -> pd.DataFrame:
         if pd.api.types.is_object_dtype(column) or pd.api.types.is_string_dtype(column):
             out[name] = column.map(neutralise_cell)
     return out
+
+
+def write_csv(frame: pd.DataFrame, path: str | os.PathLike[str], what: str = "table") -> None:
+    """Write `frame` (no index) to `path` as a CSV a spreadsheet can open safely: text cells neutralised,
+    the file replaced atomically (a WriteError names it when the write fails)."""
+    write_atomic(path, lambda fh: neutralise_frame(frame).to_csv(fh, index=False), what=what)

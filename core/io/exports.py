@@ -23,11 +23,11 @@ import pyarrow.parquet as pq
 
 from core import settings
 from core.metrics import DEFAULT_SCORE, check_score
-from core.errors import InvalidInputError
+from core.errors import InvalidInputError, OutputExistsError
 from core.heatmap import tag_colour
 from core.io.atomic import write_atomic
-from core.io.csvsafe import neutralise_frame
-from core.io.jsonsafe import dumps_strict
+from core.io.csvsafe import write_csv
+from core.io.jsonsafe import dumps_strict, floats_in
 from core.rank_shift import rank_shift
 from core.trace import SIDES, Trace
 
@@ -181,7 +181,7 @@ def record_to_trace(record: dict[str, Any]) -> Trace:
     for name, values in record["metrics"].items():
         dtype = np.dtype(dtypes.get("metrics", {}).get(name, "float64"))
         if dtype.kind == "f":
-            metrics[name] = np.array([np.nan if v is None else v for v in values], dtype=dtype)
+            metrics[name] = floats_in(values, dtype)
         else:
             metrics[name] = np.array(values, dtype=dtype)
     topk = {}
@@ -304,7 +304,7 @@ def export(
     targets = [path, sidecar_path(path)] if fmt == "csv" else [path]
     existing = [str(p) for p in targets if p.exists()]
     if existing and not overwrite:
-        raise InvalidInputError(f"{', '.join(existing)} already exists; pass overwrite=True to replace it")
+        raise OutputExistsError(f"{', '.join(existing)} already exists; overwrite=True (CLI: --overwrite) replaces it")
     path.parent.mkdir(parents=True, exist_ok=True)
     traces = [annotated(t, score, top, gate) for t in traces]
     if decode is None:
@@ -323,7 +323,7 @@ def export(
             for col in [c for c in frame.columns if c.startswith("topk_")]:
                 frame[col] = [json.dumps(v, ensure_ascii=False) for v in frame[col]]
             write_atomic(sidecar_path(path), lambda fh: fh.write(_dumps(header, indent=1)))
-            write_atomic(path, lambda fh: neutralise_frame(frame).to_csv(fh, index=False))  # no formula injection
+            write_csv(frame, path, what="export")
         else:
             table = pa.Table.from_pandas(frame, preserve_index=False)
             metadata = {**(table.schema.metadata or {}), b"forkpoint": _dumps(header).encode("utf-8")}

@@ -31,7 +31,7 @@ from core.io.atomic import clean_temp_files, fsync_dir, os_error_reason, write_a
 from core.io.summary_index import Identity, SummaryIndex, identity
 from core.io.tracefile import (  # noqa: F401  (re-exported: the store's public names)
     KEY_RE, READ_ERRORS, STORE_FORMAT, SUM_KEY, SUMMARY_COLUMNS, check_key, content_key, decode, encode,
-    read_footer, read_footer_checksum, read_trace, read_trace_record, reason, summarise, write_table,
+    read_footer_checksum, read_trace, read_trace_record, reason, summarise, write_table,
 )  # fmt: skip
 from core.trace import SCHEMA_VERSION, Trace
 
@@ -258,7 +258,10 @@ class TraceStore:
             held, self._held = self._held, None
         if held is not None and held[0] == key and held[1] == ident:
             return held[2]
-        return read_trace(path, key)
+        try:
+            return read_trace(path, key)
+        except FileNotFoundError:  # removed since the stat
+            raise StoreError(f"No trace with key {key!r} in {self.path}") from None
 
     def _check_file(self, key: str, path: Path, ident: Identity) -> tuple[dict[str, Any] | None, str | None]:
         """(summary, None) for a readable file, (None, reason) for a damaged one: read in full, once per identity."""

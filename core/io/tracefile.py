@@ -77,7 +77,7 @@ def summarise(trace: Trace, key: str | None = None) -> dict[str, Any]:
     if isinstance(prompt, str) and len(prompt) > _PROMPT_CHARS:
         prompt = prompt[: _PROMPT_CHARS - 1] + "…"
     n = len(trace)
-    n_takeovers = int(np.sum(np.asarray(trace.source, dtype=object) != "base")) if n else 0
+    n_takeovers = trace.n_takeovers
     spikes = trace.annotations.get("spikes")
     row: dict[str, Any] = {
         "key": key or trace.key,
@@ -220,11 +220,6 @@ def record_from_footer(metadata: dict[bytes, bytes] | None, schema: pa.Schema, n
     return record
 
 
-def read_footer(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The checked footer record of a trace file, reading no data pages."""
-    return read_footer_checksum(path)[0]
-
-
 def read_footer_checksum(path: str | os.PathLike[str]) -> tuple[dict[str, Any], bytes]:
     """(checked footer record, stored checksum or b"" for an older file), reading no data pages."""
     md = pq.read_metadata(path)
@@ -268,13 +263,16 @@ def read_trace(path: Path, key: str) -> Trace:
 
 
 def read_trace_record(path: Path, key: str) -> tuple[Trace, dict[str, Any], bytes]:
-    """(trace, footer record, stored checksum or b"" for an older file) after a full, checked read."""
+    """(trace, footer record, stored checksum or b"" for an older file) after a full, checked read.
+    StoreError when the file is damaged; FileNotFoundError when it is gone."""
     try:
         with pq.ParquetFile(path, page_checksum_verification=True) as pf:  # lighter than read_table
             table = pf.read(use_threads=False)
         trace = decode(table)
         metadata = table.schema.metadata
         record = json.loads(metadata[META_KEY].decode("utf-8"))
+    except FileNotFoundError:  # gone (deleted or set aside meanwhile), not damaged: callers skip it
+        raise
     except StoreError as exc:
         raise StoreError(f"Trace {key} ({path}) is unreadable: {exc}") from exc
     except READ_ERRORS as exc:

@@ -318,5 +318,5 @@ def load_pair(
         vocab_size=vocab_size,
         eos_ids=frozenset(eos),
         vocab_notes=notes,
-        prompt_tokenizers={"reason": reason_tok} if notes else {},
+        prompt_tokenizers={"reason": reason_tok},  # its own chat template, even where the vocabularies match
     )

@@ -7,7 +7,7 @@ Ray is an optional extra (`pip install 'forkpoint[ray]'`); nothing here imports 
 executor or pipeline is used. See docs/SCALE.md.
 """
 
-from core.scale.executors import InProcessExecutor, default_executor, drive
+from core.scale.executors import InProcessExecutor, drive
 from core.scale.jobs import GenerateJob, Worker, WorkerStats, make_jobs
 from core.scale.ray_executor import RayExecutor, connect
 from core.scale.spec import PairSpec, as_spec
@@ -21,7 +21,6 @@ __all__ = [
     "WorkerStats",
     "as_spec",
     "connect",
-    "default_executor",
     "drive",
     "make_jobs",
 ]

@@ -1,5 +1,7 @@
-"""Executors run generation jobs: `InProcessExecutor` (the default: this process, the pair already loaded)
-and `RayExecutor` (Ray actors, each holding the pair once, on a local machine or a cluster).
+"""Executors run generation jobs: `InProcessExecutor` (this process, the pair already loaded, with the
+same per-worker summary as Ray's) and `RayExecutor` (Ray actors, each holding the pair once, on a local
+machine or a cluster). Without an executor, `core.generate_many` runs the batches itself, with progress
+inside each batch.
 
 Both go through one driver loop, so they share the store rules: rows already in the store are read, not
 made; every finished batch is written at once (a killed driver loses nothing written, and a re-run
@@ -75,11 +77,11 @@ def drive(backend: Any, jobs: Sequence[GenerateJob], store: Any = None,
         else:
             pending.append((i, stored))
     for i, traces, _info in backend.run([(jobs[i], skip) for i, skip in pending], [i for i, _ in pending]):
+        fresh = [t is not None for t in traces]
+        results[i] = driver.finish(traces, keys[i], fresh)  # a finished batch is stored before any stop
+        log.debug("job %d: %d rows made, %d read from the store", i, sum(fresh), len(fresh) - sum(fresh))
         if should_stop is not None and should_stop():
             raise GenerationCancelled("generation cancelled; the batches finished so far are stored")
-        fresh = [t is not None for t in traces]
-        results[i] = driver.finish(traces, keys[i], fresh)
-        log.debug("job %d: %d rows made, %d read from the store", i, sum(fresh), len(fresh) - sum(fresh))
     return results  # type: ignore[return-value]
 
 
@@ -101,7 +103,7 @@ class _Executor:
                       should_stop: Callable[[], bool] | None = None) -> list[Any]:
         """Problems x samples under `policy`, in batches of `batch_size` problems; traces problem-major."""
         jobs = make_jobs(problems, policy, batch_size=batch_size, samples=samples, max_new_tokens=max_new_tokens,
-                         temperature=temperature, top_p=top_p, seed=seed, stop=tuple(stop), k=k, lookahead=lookahead)
+                         temperature=temperature, top_p=top_p, seed=seed, stop=stop, k=k, lookahead=lookahead)
         out = self.run_jobs(pair, jobs, store=store, on_trace=on_trace, progress=progress, should_stop=should_stop)
         return [t for traces in out for t in traces]
 
@@ -150,8 +152,3 @@ class InProcessExecutor(_Executor):
     def summary(self) -> pd.DataFrame:
         """Per worker (here: one): jobs, units, tokens, busy seconds, units/s and tokens/s."""
         return pd.DataFrame([s.row() for s in self.stats])
-
-
-def default_executor(executor: Any = None) -> Any:
-    """`executor`, or a fresh InProcessExecutor when None."""
-    return InProcessExecutor() if executor is None else executor

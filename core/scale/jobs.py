@@ -30,7 +30,7 @@ class GenerateJob:
     seed: int = settings.SEED
     samples: int = settings.SAMPLES
     k: int = settings.K
-    stop: tuple[str, ...] = ()
+    stop: str | tuple[str, ...] = ()  # as `core.generate` takes it
     lookahead: int | None = None  # the engine's verify-ahead block; None: its default
 
     @property
@@ -40,7 +40,7 @@ class GenerateJob:
 
     def kwargs(self) -> dict[str, Any]:
         out = {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
-               "seed": self.seed, "samples": self.samples, "k": self.k, "stop": tuple(self.stop)}
+               "seed": self.seed, "samples": self.samples, "k": self.k, "stop": self.stop}
         if self.lookahead is not None:
             out["lookahead"] = self.lookahead
         return out
