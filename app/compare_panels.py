@@ -16,7 +16,7 @@ import streamlit as st
 from core import rank_shift as rs
 from core.comparison import Comparison, dataset_tables, group_by_reasoner
 from core.errors import ForkpointError
-from core.heatmap import heatmap_css, legend_html, metric_label, tokens_html
+from core.heatmap import heatmap_css, legend_html, score_label, tokens_html
 from core.trace import Trace
 
 _ROWS_CSS = (".fp-row{display:grid;grid-template-columns:160px 1fr;gap:8px;align-items:start;margin:4px 0}"
@@ -45,7 +45,7 @@ def rank_shift_tab(traces: Sequence[Trace], score: str, top: float) -> None:
     ratio = rs.shifted_ratio(traces)
     st.caption(f"Where the reasoner's top token sits in the base's ranking: unshifted = the base's top, marginal "
                f"= its 2nd–3rd, shifted = lower. Shifted ratio over these traces: **{ratio:.1%}**. Spikes: the top "
-               f"{top:.2%} of each trace's tokens by {metric_label(score)}; takeovers: tokens the reasoner wrote.")
+               f"{top:.2%} of each trace's tokens by {score_label(score)}; takeovers: tokens the reasoner wrote.")
     st.plotly_chart(rank_shift_figure(table), width="stretch", key="ds_fig_rank_shift")
     per_trace = rs.trace_table(traces)
     if len(per_trace) > 1:

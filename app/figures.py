@@ -6,8 +6,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from core.presentation import spike_list
-from core.heatmap import metric_label
-from core.metrics import score_values
+from core.heatmap import metric_label, score_label
+from core.metrics import METRICS, score_values
 from core.trace import Trace
 
 
@@ -33,7 +33,7 @@ def trace_figure(trace: Trace, score: str, height: int = 260) -> go.Figure:
     carries its position. Axis titles and the legend use the metric registry's labels."""
     pos = np.arange(len(trace))
     values = np.asarray(score_values(trace.metrics, score), dtype=np.float64)
-    label = metric_label(score)
+    label = score_label(score)
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=pos, y=values, mode="lines+markers", name=label,
                              marker={"size": 4}, line={"width": 1.5, "color": "#dc2626"}, customdata=pos,
@@ -53,10 +53,10 @@ def trace_figure(trace: Trace, score: str, height: int = 260) -> go.Figure:
         "height": height, "margin": {"l": 10, "r": 10, "t": 10, "b": 30}, "template": "plotly_white",
         "legend": {"orientation": "h", "y": 1.12, "x": 0}, "clickmode": "event+select", "dragmode": False,
         "xaxis": {"title": "position", "tickformat": "d"},
-        "yaxis": {"title": f"{label} [nats]" if score != "delta_logp" else label, **nice_axis(values)},
+        "yaxis": {"title": METRICS[score].score_label, **nice_axis(values)},
     }
     if second:
-        layout["yaxis2"] = {"title": "base entropy [nats]", "overlaying": "y", "side": "right", "showgrid": False,
+        layout["yaxis2"] = {"title": METRICS["entropy_base"].score_label, "overlaying": "y", "side": "right", "showgrid": False,
                             **nice_axis(entropy)}
     fig.update_layout(**layout)
     return fig

@@ -17,7 +17,8 @@ import streamlit as st  # noqa: E402
 
 from app import resources, state  # noqa: E402
 from app.context import Context, set_context  # noqa: E402
-from app.sidebar import current_pair, sidebar  # noqa: E402
+from app.sidebar import sidebar  # noqa: E402
+from app.view import md_escape
 from core.errors import ForkpointError  # noqa: E402
 
 logging.getLogger("core").setLevel(logging.WARNING)
@@ -39,13 +40,12 @@ def main() -> None:
     state.init_state()
     pages = [st.Page(PAGES_DIR / f, title=t, icon=i, url_path=u, default=(u == "trace")) for f, t, i, u in PAGES]
     page = st.navigation(pages)
-    settings = sidebar()
+    settings, pair = sidebar()
     try:
         store = resources.get_store(settings.store_path)
     except ForkpointError as err:  # pragma: no cover - TraceStore() only records the path
-        st.error(f"Trace store problem: {err}")
+        st.error(f"Trace store problem: {md_escape(err, 400)}")
         st.stop()
-    pair = current_pair(settings.pair_spec)
     set_context(Context(settings=settings, pair=pair, store=store))
     if st.session_state.pop("pending_rollouts", False) and pair is not None:
         _make_rollouts(pair, store, settings)

@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from app import state
+from app.view import md_escape
 from core.errors import ForkpointError
 from core.io import notes as nt
 from core.trace import Trace
@@ -63,7 +64,7 @@ def _add_form(store, trace: Trace, selected: int | None) -> None:
                              f"{int(start)}{'' if start >= end else f'–{int(end)}'}.")
                 st.rerun()
             except ForkpointError as err:
-                st.error(str(err))
+                st.error(md_escape(err, 400))
 
 
 def notes_search_tab(store, summaries: pd.DataFrame) -> None:

@@ -1,11 +1,12 @@
 """The Setup sidebar: model pair, prompt formats, store, score metric, colour scale and spike rule.
 
-`sidebar()` draws the widgets (bound to session state by key) and returns the plain `Settings`.
+`sidebar()` draws the widgets (bound to session state by key) and returns the plain `Settings` and the
+loaded pair.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import streamlit as st
 
@@ -58,16 +59,17 @@ def _pair_form() -> None:
         c1.selectbox("Device", DEVICES, key="pair_device")
         c2.selectbox("Dtype", DTYPES, key="pair_dtype")
         if st.button("Load pair", key="pair_load", width="stretch"):
-            new = PairSpec(demo=not custom, base=ss["pair_base"].strip(), reason=ss["pair_reason"].strip(),
-                           base_format=ss["pair_base_format"], reason_format=ss["pair_reason_format"],
-                           device=ss["pair_device"], dtype=ss["pair_dtype"])
+            # what the form does not show (revisions, --trust-remote-code) stays as the app was started
+            new = replace(ss["pair_spec"], demo=not custom, base=ss["pair_base"].strip(),
+                          reason=ss["pair_reason"].strip(), base_format=ss["pair_base_format"],
+                          reason_format=ss["pair_reason_format"], device=ss["pair_device"], dtype=ss["pair_dtype"])
             if custom and not (new.base and new.reason):
                 st.error("Give both a base and a reasoning model (hub id, local directory or .gguf file).")
             else:
                 ss["pair_spec"] = new
 
 
-def _rule(store_path: str, score: str) -> SpikeRule:
+def _rule(store_path: str, score: str, pair: core.ModelPair | None) -> SpikeRule:
     ss = st.session_state
     for name in ("spike_kind", "spike_top_pct", "gate_ratio", "gate_window"):
         ss.setdefault(name, DEFAULTS[name])  # widget keys vanish while their widget is not drawn
@@ -79,7 +81,6 @@ def _rule(store_path: str, score: str) -> SpikeRule:
     c1, c2 = st.columns(2)
     c1.number_input("r (takeover ratio)", 0.001, 0.5, key="gate_ratio", step=0.01, format="%.3f")
     c2.number_input("W (window)", 1, 512, key="gate_window", step=1)
-    pair = st.session_state.get("_pair_obj")
     fallback = SpikeRule(top=float(ss["spike_top_pct"]) / 100.0)
     if pair is None:
         st.warning("The calibrated gate needs a loaded model pair. Showing top p% spikes instead.")
@@ -101,12 +102,15 @@ def _rule(store_path: str, score: str) -> SpikeRule:
     return SpikeRule(top=None, gate=gate)
 
 
-def sidebar() -> Settings:
-    """Draw the Setup sidebar and return the settings it holds."""
+def sidebar() -> tuple[Settings, core.ModelPair | None]:
+    """Draw the Setup sidebar; return the settings it holds and the pair they name (loaded before the
+    spike rule is worked out, so a gate is calibrated for this run's pair, not the last one's)."""
     ss = st.session_state
     with st.sidebar:
         st.subheader("Setup")
         _pair_form()
+    pair = current_pair(ss["pair_spec"])
+    with st.sidebar:
         st.text_input("Trace store", key="store_path", placeholder=resources.store_path(None),
                       help="Directory of stored traces ($FORKPOINT_STORE or ./forkpoint-store by default).")
         st.text_input("Problem file", key="problems_path", placeholder="demo problems",
@@ -120,10 +124,10 @@ def sidebar() -> Settings:
         st.radio("Probabilities", PROB_MODES, key="prob_mode", horizontal=True,
                  format_func={"prob": "p", "logprob": "log p (nats)"}.get)
         path = resources.store_path(ss["store_path"] or None)
-        rule = _rule(path, ss["score"])
+        rule = _rule(path, ss["score"], pair)
     return Settings(store_path=path, problems_path=ss["problems_path"].strip() or None, score=ss["score"],
                     scale=ss["scale"], rule=rule, pair_spec=ss["pair_spec"], crange=ss["crange"],
-                    prob_mode=ss["prob_mode"])
+                    prob_mode=ss["prob_mode"]), pair
 
 
 def current_pair(spec: PairSpec) -> core.ModelPair | None:
@@ -132,10 +136,8 @@ def current_pair(spec: PairSpec) -> core.ModelPair | None:
         with st.spinner(f"Loading the model pair ({spec.label()}) …", show_time=True):
             pair = resources.load_pair(spec)
     except ForkpointError as err:
-        st.error(f"Could not load the model pair: {err}")
-        st.session_state["_pair_obj"] = None
+        st.error(f"Could not load the model pair: {md_escape(err, 400)}")
         return None
-    st.session_state["_pair_obj"] = pair
     if getattr(pair, "vocab_notes", None):
         with st.sidebar:
             st.caption("Vocabulary differences tolerated: " + "; ".join(md_escape(n) for n in pair.vocab_notes))

@@ -16,8 +16,8 @@ from app.notes_panel import trace_notes_panel
 from app.view import PAGE_TOKENS, first_difference, md_code, md_escape, page_bounds, tail, token_diff
 from core.presentation import branch_token_text, fmt_num, fmt_prob, prob_at, spike_list, takeover_choices, tree_label, tree_rows
 from core.errors import ForkpointError
-from core.heatmap import heatmap_css, legend_html, metric_label, tokens_html, value_range
-from core.metrics import score_values
+from core.heatmap import heatmap_css, legend_html, metric_label, score_label, tokens_html, value_range
+from core.metrics import METRICS, score_values
 from core.trace import SIDES, Trace
 
 VOCAB_MATCHES = 50  # most vocabulary matches offered by the force-a-token search
@@ -49,7 +49,7 @@ def header(trace: Trace, rule_text: str) -> None:
     cols[1].metric("Policy", policy)
     cols[2].metric("Takeovers", takeovers)
     cols[3].metric(f"Spikes ({rule_text})", len(spike_list(trace)))
-    cols[4].metric("Gold", str(problem.get("gold")) if problem.get("gold") is not None else "–")
+    cols[4].metric("Gold", md_escape(problem.get("gold"), 40) if problem.get("gold") is not None else "–")
     st.caption(_grade_text(trace) + (f" · branched at #{trace.meta['branch_pos']} from {md_code(str(trace.meta.get('parent'))[:8])}"
                                      if trace.meta.get("branch_pos") is not None else ""))
 
@@ -90,6 +90,9 @@ def colour_range(ctx: Context, trace: Trace) -> tuple[float | None, float | None
         if child is not None:
             lo, hi = value_range(values, score_values(child.metrics, s.score))
             return lo, hi, "shared with the branch comparison", f"cmp:{child.key}"
+    if s.crange == "pair" and METRICS[s.score].sign < 0:  # −Δlog p goes below 0: no fixed 0..max range
+        lo, hi = value_range(values)
+        return lo, hi, "this trace's own range (a fixed range needs a score that is never negative)", "trace"
     if s.crange == "pair":
         df = ctx.store.summaries()
         col = f"max_{s.score}"
@@ -197,7 +200,7 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
     st.markdown(f"**Token #{sel}** · emitted by **{trace.source[sel]}**")
     st.code(repr(trace.tokens[sel]), language=None)
     # a table, not st.metric boxes: the narrow column cut values such as 1.08e-05 to "1.08…"
-    shown = {metric_label(ctx.settings.score): score_values(m, ctx.settings.score)[sel],
+    shown = {score_label(ctx.settings.score): score_values(m, ctx.settings.score)[sel],
              metric_label("entropy_base"): m["entropy_base"][sel],
              metric_label("kl_base_reason"): m["kl_base_reason"][sel]}
     st.markdown("| " + " | ".join(shown) + " |\n|" + "---|" * len(shown) + "\n| "
@@ -357,7 +360,7 @@ def compare_panel(ctx: Context, trace: Trace, lo: float | None, hi: float | None
                     f"{_html_block(t, side, pos, diff, s.score, s.scale, lo, hi, reference)}")
     with st.expander("Token-aligned diff with score deltas", expanded=False):
         table = token_diff(trace, child, pos, s.score)
-        st.caption(f"Aligned on equal tokens (difflib); delta = branch − original {metric_label(s.score)}.")
+        st.caption(f"Aligned on equal tokens (difflib); delta = branch − original {score_label(s.score)}.")
         st.dataframe(table, hide_index=True, width="stretch", key="diff_table",
                      column_config={c: st.column_config.NumberColumn(format="%.4f")
                                     for c in ("score_original", "score_branch", "delta")})
@@ -379,7 +382,7 @@ def tree_panel(ctx: Context, trace: Trace) -> None:
     labels = {node["key"]: tree_label(depth, node, _branch_what(ctx, node)) for depth, node in rows}
     with st.expander(f"Branch tree ({len(rows)} traces)", expanded=True):
         chosen = st.radio("Open", keys, index=keys.index(trace.key) if trace.key in keys else 0,
-                          format_func=lambda k: labels[k] + ("  ← open" if k == trace.key else ""),
+                          format_func=lambda k: md_escape(labels[k], 300) + ("  ← open" if k == trace.key else ""),
                           key=f"tree_{trace.key}", label_visibility="collapsed")
     if chosen != trace.key:
         state.open_trace(chosen, (trace.meta.get("problem") or {}).get("id"))

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.spike_rules import Gate, spikes, top_count
+from core.spike_rules import Gate, top_count
 from core.metrics import DEFAULT_SCORE, SCORES, score_values
 from core.errors import InvalidInputError
-from core.planning import annotate_tags
+from core.io.exports import annotated
 from core.evaluation.problems import Problem
 from core.trace import Trace
 
@@ -34,7 +34,7 @@ _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~:$&\"'=/@])")
 def md_escape(value: object, limit: int = 200) -> str:
     """Any text (e.g. a URL parameter) as Markdown that shows literally: every ASCII punctuation mark is
     backslash-escaped, so no link, image, autolink, emphasis or `:colour[...]` directive can form."""
-    text = " ".join(str(value).split())
+    text = re.sub(r"\s*[\r\n\t\f\v]\s*", " ", str(value))  # one line; other spacing (indents) kept
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     return _MD_SPECIAL.sub(r"\\\1", text)
@@ -70,14 +70,10 @@ class SpikeRule:
 
 
 def annotate_view(trace: Trace, score: str = DEFAULT_SCORE, rule: SpikeRule | None = None) -> Trace:
-    """The trace with the layers the Trace page shows: spikes under `rule`, planning tags, segments."""
+    """The trace with the layers the Trace page shows: spikes under `rule`, planning tags, segments (the
+    annotations every export carries, `core.io.exports.annotated`, under the sidebar's rule)."""
     rule = rule or SpikeRule()
-    out = spikes(trace, score=score, gate=rule.gate) if rule.gate else spikes(trace, score=score, top=rule.top)
-    if "tags" not in out.annotations or "segments" not in out.annotations:
-        tagged = annotate_tags(out)
-        layers = {name: tagged.annotations[name] for name in ("tags", "segments") if name not in out.annotations}
-        out = out.annotate(**layers)
-    return out
+    return annotated(trace, score, top=None if rule.gate else (rule.top or DEFAULT_TOP), gate=rule.gate)
 
 
 def spike_count(n_tokens: int, rule: SpikeRule) -> int | None:
@@ -194,7 +190,7 @@ def as_problems(rows: Iterable[Any]) -> list[Problem]:
     return out
 
 
-TABLE_COLUMNS = ["problem", "prompt", "pair", "policy", "kind", "n_tokens", "max", "top100_mean", "spikes",
+TABLE_COLUMNS = ["problem", "prompt", "pair", "policy", "kind", "n_tokens", "max", "top100_mean", "max spikes",
                  "takeovers", "rho", "correct", "branch_pos", "created", "key"]  # fmt: skip
 
 
@@ -214,8 +210,9 @@ def trace_table(summaries: pd.DataFrame, score: str = DEFAULT_SCORE, rule: Spike
         "n_tokens": summaries["n_tokens"].astype("Int64"),
         "max": pd.to_numeric(summaries[f"max_{score}"], errors="coerce"),
         "top100_mean": pd.to_numeric(summaries[f"top100_{score}"], errors="coerce"),
-        "spikes": [spike_count(n, rule) if rule.gate is None else s
-                   for n, s in zip(summaries["n_tokens"], summaries["n_spikes"])],
+        # what the sidebar's top-p rule allows (fewer are marked where scores are ~0); a gate's count
+        # depends on every score, which the summaries do not hold: blank
+        "max spikes": [spike_count(n, rule) for n in summaries["n_tokens"]],
         "takeovers": summaries["n_takeovers"].astype("Int64"),
         "rho": pd.to_numeric(summaries["rho"], errors="coerce"),
         "correct": summaries["correct"].astype("boolean"),
@@ -223,7 +220,7 @@ def trace_table(summaries: pd.DataFrame, score: str = DEFAULT_SCORE, rule: Spike
         "created": summaries["created"],
         "key": summaries["key"],
     })
-    df["spikes"] = df["spikes"].astype("Int64")
+    df["max spikes"] = df["max spikes"].astype("Int64")
     return df.reset_index(drop=True)
 
 

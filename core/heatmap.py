@@ -148,6 +148,15 @@ def metric_label(name: str) -> str:
     return str(getattr(spec, "label", None) or name)
 
 
+def score_label(name: str) -> str:
+    """The label of a metric used as a score, for values from `score_values` (−(label) where the score is
+    the metric's negative, e.g. delta_logp)."""
+    from core.metrics import METRICS
+
+    spec = METRICS.get(name)
+    return spec.signed_label if spec is not None else name
+
+
 def grapheme_groups(tokens: Sequence[str]) -> list[int]:
     """Per token, the index of the first token of its group: tokens that together draw one user-perceived
     character (an emoji with a skin-tone modifier, a character split over byte pieces) share a group.
@@ -403,7 +412,7 @@ def legend_html(
     note = f" · {range_note}" if range_note else ""
     parts = [
         '<div class="fp-legend">',
-        f'<span>{html.escape(metric_label(score))} ({html.escape(scale_text)}{html.escape(note)}): {html.escape(lo)}'
+        f'<span>{html.escape(score_label(score))} ({html.escape(scale_text)}{html.escape(note)}): {html.escape(lo)}'
         f'<span class="bar" style="background:linear-gradient(to right, {stops})"></span>{html.escape(hi)}</span>',
     ]
     if scale == "rank_shift":  # categories, not a colour bar: where the reasoner's top token ranks under the base
@@ -436,7 +445,7 @@ def describe_spike_rule(rule: Any) -> str | None:
     trace", "gate τ=…, λ=…, W=…"); None when there is no rule."""
     if not isinstance(rule, dict):
         return None
-    score = metric_label(str(rule.get("score", DEFAULT_SCORE)))
+    score = score_label(str(rule.get("score", DEFAULT_SCORE)))
     gate = rule.get("gate")
     if isinstance(gate, dict):
         return f"calibrated gate on {score}: τ={float(gate['tau']):.3g}, λ={float(gate['lam']):.3g}, W={int(gate['window'])}"

@@ -32,10 +32,14 @@ class Metric:
     sign: int = 1  # as a score, sign * value is used (delta_logp: its negative)
 
     @property
+    def signed_label(self) -> str:
+        """The label of the metric as a score (what `score_values` gives): −(label) when the sign is flipped."""
+        return self.label if self.sign > 0 else f"−({self.label})"
+
+    @property
     def score_label(self) -> str:
-        """The label of the metric as a score, with its unit (and the sign when it is flipped)."""
-        base = self.label if self.sign > 0 else f"−({self.label})"
-        return f"{base} [{self.unit}]" if self.unit else base
+        """`signed_label` with its unit."""
+        return f"{self.signed_label} [{self.unit}]" if self.unit else self.signed_label
 
 
 METRICS: dict[str, Metric] = {

@@ -171,6 +171,7 @@ class TokenWidget(anywidget.AnyWidget):
         """Branch the shown trace `view` at `pos` (the reasoner's own choice, or the forced `token`) with
         `core.branch`; the branch is shown beside the original and added to `branches`."""
         from core.decoding import branch
+        from core.evaluation.grading import graded_put
 
         parent = self.shown[view]
 
@@ -179,6 +180,7 @@ class TokenWidget(anywidget.AnyWidget):
 
         child = branch(self.pair, parent, int(pos), token, max_new_tokens=self.max_new_tokens, store=self.store,
                        progress=progress)
+        child = graded_put(self.store, child)  # graded like every other trace (a rewrite only when newly graded)
         if all(child.key != b.key for b in self.branches):
             self.branches.append(child)
         self._shown = child
@@ -213,7 +215,7 @@ class TokenWidget(anywidget.AnyWidget):
     def _on_score(self, change: dict[str, Any]) -> None:
         if change["new"] not in (*SCORES, rank_shift.NAME):
             self.status = f"error: unknown score {change['new']!r}"
-            self.score = change["old"] if change["old"] in SCORES else DEFAULT_SCORE
+            self.score = change["old"] if change["old"] in (*SCORES, rank_shift.NAME) else DEFAULT_SCORE
             return
         if hasattr(self, "original"):
             self._refresh_views()
@@ -250,6 +252,8 @@ class TokenWidget(anywidget.AnyWidget):
                 raise InvalidInputError(f"Unknown widget action {action!r}; choose one of: take_over, show, note")
         except ForkpointError as exc:
             self.status = f"error: {exc}"
+        except (IndexError, KeyError, TypeError, ValueError) as exc:  # a malformed request from the front end
+            self.status = f"error: bad widget request {req!r}: {exc}"
 
     def _refresh(self) -> None:
         self._refresh_views()

@@ -3,6 +3,7 @@ and core errors shown as messages (never tracebacks). Runs the real app on a tin
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -39,7 +40,8 @@ def _ok(at: AppTest) -> None:
 
 
 def _texts(elements) -> list[str]:
-    return [str(e.value) for e in elements]
+    """The elements' texts as a reader sees them: Markdown backslash escapes (app.view.md_escape) removed."""
+    return [re.sub(r"\\([^\w\s])", r"\1", str(e.value)) for e in elements]
 
 
 def _opened(env, /, **query: str) -> AppTest:
@@ -89,7 +91,8 @@ def test_select_token_take_over_and_see_the_branch(env):
     _ok(at)
     assert at.session_state["trace_key"] == job["child"]
     tree = next(r for r in at.radio if r.key and r.key.startswith("tree_"))  # the branch tree lists both
-    assert len(tree.options) == 2 and "branch @ 2" in tree.options[1] and "← open" in tree.options[1]
+    shown = [re.sub(r"\\(.)", r"\1", o) for o in tree.options]  # labels are Markdown with punctuation escaped
+    assert len(shown) == 2 and "branch @ 2 reasoner '" in shown[1] and "← open" in shown[1]
 
 
 def test_force_a_token_from_the_top_k(env):
@@ -307,7 +310,7 @@ def test_the_url_holds_metric_scale_range_spikes_and_comparison(env):
 def test_url_values_in_messages_cannot_inject_markdown(env):
     at = _opened(env, trace="[click](http://evil.example/x) ![img](http://evil.example/i.png)")
     assert not at.exception
-    shown = " ".join(_texts(at.warning))
+    shown = " ".join(str(w.value) for w in at.warning)  # the raw Markdown
     assert "not in the store" in shown
     assert "](http" not in shown and "\\[click\\]" in shown  # every bracket escaped: no link, no image
 

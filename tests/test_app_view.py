@@ -193,7 +193,7 @@ def test_trace_table_reports_the_chosen_score(filled_store):
     for _, row in df.iterrows():
         t = filled_store.get(row["key"])
         assert row["max"] == pytest.approx(float(np.max(t.metrics["jsd"])))
-        assert row["n_tokens"] == len(t) and row["spikes"] == top_count(0.1, len(t))
+        assert row["n_tokens"] == len(t) and row["max spikes"] == top_count(0.1, len(t))
     with pytest.raises(InvalidInputError, match="Unknown score"):
         trace_table(filled_store.summaries(), "kll")
 

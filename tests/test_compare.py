@@ -116,7 +116,7 @@ def test_compare_page_scores_a_stored_response_against_two_reasoners(tiny_dirs, 
     assert at.checkbox(key="cmp_self").value is True  # no other reasoner typed: the base itself is offered
     at.button(key="cmp_go").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    comp = at.session_state["cmp_result"]
+    _, comp = at.session_state["cmp_result"]
     assert comp.names == ["qwen_reason", "qwen_base (base itself)"]
     store = core.TraceStore(tmp_path / "store")
     assert {t.key for t in comp.traces} <= set(store.keys())  # stored: the Dataset page can compare them

@@ -7,6 +7,8 @@ import re
 import time
 from html.parser import HTMLParser
 
+from html import unescape as html_unescape
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -160,6 +162,19 @@ def test_background_follows_score():
         assert backgrounds == colour_scale(score_values(trace.metrics, score))
     with pytest.raises(InvalidInputError, match="cross_entropy"):
         tokens_html(trace, score="kll")
+
+
+def test_a_negated_score_is_labelled_as_its_negative():
+    """delta_logp colours by −Δlog p (higher = more disagreement): every label of those values says so."""
+    from app.figures import trace_figure
+    from core.heatmap import legend_html, score_label
+    from core.presentation import hover_data
+
+    trace = make_trace(12, seed=3)
+    assert score_label("delta_logp") == "−(Log-prob gain (reasoner − base))" and score_label("jsd") == "Jensen-Shannon divergence"
+    assert "−(Log-prob gain (reasoner − base))" in html_unescape(legend_html(score="delta_logp"))
+    assert trace_figure(trace, "delta_logp").layout.yaxis.title.text == "−(Log-prob gain (reasoner − base)) [nats]"
+    assert hover_data(trace, "delta_logp")["score_name"] == score_label("delta_logp")
 
 
 def test_segments_are_marked():

@@ -160,6 +160,13 @@ def test_widget_notes_and_store(qwen_pair, trace, tmp_path):
     assert child.key in store  # branches are stored
     w.request = {"action": "note", "view": 0, "pos": 3, "text": "   ", "n": 2}
     assert w.status.startswith("error:") and "needs text" in w.status
+    # a branch of a problem with a gold answer is graded before it is stored, as in the app
+    golden = core.score(qwen_pair, {"prompt": PROMPT, "gold": "5"}, RESPONSE)
+    graded = _widget(qwen_pair, golden, store=store).take_over(4)
+    assert store.get(graded.key).meta["correct"] in (True, False)
+    # a malformed request from the front end is a status line, not an exception in the kernel
+    w.request = {"action": "take_over", "pos": "x", "view": 0, "n": 3}
+    assert w.status.startswith("error: bad widget request")
     no_store = _widget(qwen_pair, trace)
     assert not no_store.can_note
     with pytest.raises(InvalidInputError, match="store"):

@@ -9,10 +9,11 @@ import streamlit as st
 from app import resources, state
 from app.compare_panels import stacked_rows_html
 from app.context import get_context
+from app.view import md_code, md_escape
 from core import rank_shift as rs
 from core.comparison import compare, reasoner_name, with_reasoner
 from core.errors import ForkpointError
-from core.heatmap import metric_label
+from core.heatmap import score_label
 
 SELF = "the base model itself (a zero-disagreement reference)"
 
@@ -71,12 +72,15 @@ def main() -> None:
                 names = [reasoner_name(p) for p in pairs]
                 if SELF in sources:
                     names[-1] = f"{names[-1]} (base itself)"
-                st.session_state["cmp_result"] = compare(pairs, picked[0], picked[1], names=names,
-                                                         store=ctx.store if keep else None)
+                comp = compare(pairs, picked[0], picked[1], names=names, store=ctx.store if keep else None)
+                st.session_state["cmp_result"] = (picked, comp)  # with the response it belongs to
         except ForkpointError as err:
-            st.error(str(err))
-    comp = st.session_state.get("cmp_result")
+            st.error(md_escape(err, 400))
+    made_for, comp = st.session_state.get("cmp_result") or (None, None)
     if comp is None:
+        return
+    if made_for != picked:
+        st.info("The last comparison was of another response: press Compare to score this one.")
         return
     _show(ctx, comp)
 
@@ -86,15 +90,17 @@ def _show(ctx, comp) -> None:
     decode = resources.decoder(ctx.pair)
     c1, c2 = st.columns([2, 3])
     mode = c1.radio("Colour", ("score", rs.NAME), horizontal=True, key="cmp_mode",
-                    format_func=lambda m: metric_label(score) if m == "score" else "rank shift (categories)")
+                    format_func=lambda m: score_label(score) if m == "score" else "rank shift (categories)")
     pos = c2.number_input("Token", 0, max(len(comp) - 1, 0), 0, key="cmp_pos",
                           help="The token whose top-k table is shown below (ringed in every row).")
     st.html(stacked_rows_html(comp, score, decode, selected=int(pos), mode=mode))
-    shown = repr(comp.tokens[int(pos)]) if len(comp) else ""
-    st.subheader(f"Top-k at token {int(pos)} {shown}")
+    if not len(comp):
+        st.info("This response has no tokens: nothing to compare.")
+        return
+    st.subheader(f"Top-k at token {int(pos)} {md_code(repr(comp.tokens[int(pos)]))}")
     st.dataframe(comp.topk_table(int(pos), decode), hide_index=True, width="stretch")
     summary = pd.DataFrame({"reasoner": comp.names,
-                            f"mean {metric_label(score)}": [float(comp.frame(score)[n].mean()) for n in comp.names],
+                            f"mean {score_label(score)}": [float(comp.frame(score)[n].mean()) for n in comp.names],
                             "shifted ratio": [rs.shifted_ratio(t) for t in comp.traces]})
     st.dataframe(summary, hide_index=True, width="stretch")
     with st.expander("per-token table"):

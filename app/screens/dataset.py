@@ -15,7 +15,7 @@ from core.analysis import tables as A
 from core.analysis import report as R
 from core.decoding.policies import policy_spec
 from core.errors import ForkpointError
-from core.heatmap import metric_label
+from core.heatmap import score_label
 from core.evaluation.harness import policy_table
 
 MAX_TRACES = 2000
@@ -140,7 +140,7 @@ def main() -> None:
     c1, c2 = st.columns(2)
     segment = c1.selectbox("Segment", (None, "think", "answer"), key="ds_segment",
                            format_func=lambda x: "whole response" if x is None else x)
-    c2.caption(f"{len(keys)} traces · score {metric_label(s.score)} · top fraction {top:g} (sidebar)")
+    c2.caption(f"{len(keys)} traces · score {score_label(s.score)} · top fraction {top:g} (sidebar)")
     tabs = st.tabs(["Lorenz", "Position", "Entropy IoU", "Planning enrichment", "Failure AUROC", "Reasoner rank",
                     "Recovery vs budget", "Rank shift", "Reasoners"])
     path = s.store_path

@@ -8,7 +8,7 @@ from app import resources, state
 from app.context import get_context
 from app.downloads import MIME, export_file_bytes, file_name
 from app.filters import trace_filter
-from app.view import md_code, trace_table
+from app.view import md_code, md_escape, trace_table
 from core.errors import ForkpointError
 from core.io.exports import FORMATS
 from core.io.notes import attach_notes, notes_stamp
@@ -16,10 +16,15 @@ from core.io.notes import attach_notes, notes_stamp
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def export_bytes(path: str, keys: tuple[str, ...], fmt: str, score: str, pair_tag: str, rule_key: str,
-                 _decode=None, _rule=None, notes_tag: str = "") -> bytes:
-    """The exported file's bytes for stored traces under the sidebar's spike rule (cached by keys and settings)."""
+                 _pair=None, _rule=None, notes_tag: str = "") -> bytes:
+    """The exported file's bytes for stored traces under the sidebar's spike rule (cached by keys and settings).
+    Token strings come from the loaded pair only when every trace was made with its vocabulary (as on the
+    Trace page); otherwise from the tokenizer the traces record, else "#id"."""
     traces = attach_notes(path, [resources.load_trace(path, k) for k in keys])  # notes travel with the file
-    return export_file_bytes(traces, fmt, score, _decode,
+    decode = resources.decoder(_pair)
+    if decode is not None and any(resources.decoder(_pair, t) is None for t in traces):
+        decode = None
+    return export_file_bytes(traces, fmt, score, decode,
                              top=None if _rule is None else _rule.top, gate=None if _rule is None else _rule.gate)
 
 
@@ -56,13 +61,12 @@ def main() -> None:
                                 "html": "HTML (self-contained)"}.get)
     s = ctx.settings
     name = file_name(keys, fmt)
-    decode = resources.decoder(ctx.pair)
     tag = "none" if ctx.pair is None else repr(ctx.pair.fingerprint())
     try:
-        data = export_bytes(s.store_path, keys, fmt, s.score, tag, s.rule.key(), decode, s.rule,
+        data = export_bytes(s.store_path, keys, fmt, s.score, tag, s.rule.key(), ctx.pair, s.rule,
                             notes_tag=notes_stamp(s.store_path, keys))  # a new note makes a new file
     except ForkpointError as err:
-        st.error(f"Export failed: {err}")
+        st.error(f"Export failed: {md_escape(err, 400)}")
         return
     st.download_button(f"Download {name}", data=data, file_name=name, mime=MIME[fmt], type="primary",
                        key="ex_download", on_click="ignore")

@@ -14,6 +14,7 @@ import streamlit as st
 
 from app import actions, resources, state
 from app.context import get_context
+from app.view import md_escape
 from core import settings
 from core.decoding.policies import list_policies, policy_spec
 from core.errors import ForkpointError, InvalidInputError
@@ -114,13 +115,13 @@ def main() -> None:
     try:
         problems = resources.problem_set(ctx.settings.problems_path)
     except ForkpointError as err:
-        st.error(f"Could not read the problems: {err}")
+        st.error(f"Could not read the problems: {md_escape(err, 400)}")
         return
     chosen = _choose_problems(problems)
     try:
         name, params, calib = _policy_form(ctx.settings.score)
     except ForkpointError as err:
-        st.error(str(err))
+        st.error(md_escape(err, 400))
         return
     c = st.columns(6)
     max_new = int(c[0].number_input("max new tokens", 1, 32768, st.session_state["config"].max_new_tokens, 32,
@@ -153,7 +154,7 @@ def main() -> None:
                                           progress=phase(f"Generating with {policy_spec(name).label}",
                                                          0.3 if gated else 0.0, 1.0))
         except ForkpointError as err:
-            st.error(f"Generation failed: {err}")
+            st.error(f"Generation failed: {md_escape(err, 400)}")
             return
     slot.empty()
     st.session_state["gen_last"] = [t.key for t in traces]

@@ -12,8 +12,8 @@ from app import actions, resources, state
 from app.context import get_context
 from app.notes_panel import notes_search_tab
 from app.filters import trace_filter
-from app.view import trace_table
-from core.heatmap import metric_label
+from app.view import md_escape, trace_table
+from core.heatmap import score_label
 from core.errors import ForkpointError
 
 TRACE_PAGE = Path(__file__).resolve().parent / "trace.py"
@@ -42,7 +42,7 @@ def traces_tab(ctx) -> None:
         st.info("The store holds no traces yet: open the Trace page (it makes one) or use Generate.")
         return
     shown = trace_filter(table, "pf")
-    st.caption(f"{len(shown)} of {len(table)} traces · score: {metric_label(s.score)} · "
+    st.caption(f"{len(shown)} of {len(table)} traces · score: {score_label(s.score)} · "
                "click a column header to sort; choose a row to open it.")
     st.dataframe(
         shown, key="problems_traces", on_select=lambda: _open_selected_trace(shown), selection_mode="single-row",
@@ -51,6 +51,9 @@ def traces_tab(ctx) -> None:
             "prompt": st.column_config.TextColumn("prompt", width="large"),
             "max": st.column_config.NumberColumn("max score", format="%.3f"),
             "top100_mean": st.column_config.NumberColumn("top-100 mean", format="%.3f"),
+            "max spikes": st.column_config.NumberColumn(
+                "max spikes", help="ceil(p·n) under the sidebar's top-p rule; fewer are marked where the score is "
+                                   "~0. Blank under a calibrated gate (open the trace to see its spikes)."),
             "rho": st.column_config.NumberColumn("ρ", format="%.3f"),
             "correct": st.column_config.CheckboxColumn("correct"),
             "key": st.column_config.TextColumn("key", width="small"),
@@ -63,7 +66,7 @@ def problems_tab(ctx) -> None:
     try:
         problems = resources.problem_set(s.problems_path)
     except ForkpointError as err:
-        st.error(f"Could not read the problems: {err}")
+        st.error(f"Could not read the problems: {md_escape(err, 400)}")
         return
     df = ctx.store.summaries()
     if df.empty:
@@ -134,7 +137,7 @@ def _first_trace_of(ctx, problem_id: str) -> str | None:
         with st.spinner(f"Generating a BaseOnly trace for {problem_id} …"):
             return actions.first_trace(ctx.pair, ctx.store, problem, st.session_state["config"].max_new_tokens).key
     except ForkpointError as err:
-        st.error(f"Could not generate a trace: {err}")
+        st.error(f"Could not generate a trace: {md_escape(err, 400)}")
         return None
 
 

@@ -52,7 +52,7 @@ def ensure_trace(ctx: Context) -> str | None:
             with st.spinner("Generating first traces (greedy, base model alone) …"):
                 trace = actions.showcase_trace(ctx.pair, ctx.store, problems, max_new_tokens=limit)
     except ForkpointError as err:
-        st.error(f"Could not generate a first trace: {err}")
+        st.error(f"Could not generate a first trace: {md_escape(err, 400)}")
         return None
     state.open_trace(trace.key, (trace.meta.get("problem") or {}).get("id"))
     return trace.key
