@@ -17,6 +17,7 @@ from core import rank_shift as rs
 from core.comparison import Comparison, dataset_tables, group_by_reasoner
 from core.errors import ForkpointError
 from core.heatmap import heatmap_css, legend_html, score_label, tokens_html
+from app.view import md_escape
 from core.trace import Trace
 
 _ROWS_CSS = (".fp-row{display:grid;grid-template-columns:160px 1fr;gap:8px;align-items:start;margin:4px 0}"
@@ -39,15 +40,14 @@ def rank_shift_figure(table: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def rank_shift_tab(traces: Sequence[Trace], score: str, top: float) -> None:
-    """The Dataset page's rank-shift tab: shares at all tokens / spikes / takeovers and per-trace ratios."""
-    table = rs.at_positions(traces, score=score, top=top)
-    ratio = rs.shifted_ratio(traces)
+def rank_shift_tab(table: pd.DataFrame, per_trace: pd.DataFrame, score: str, top: float) -> None:
+    """The Dataset page's rank-shift tab from `rank_shift.at_positions` (shares at all tokens / spikes /
+    takeovers) and `rank_shift.trace_table` (per-trace ratios)."""
+    ratio = float(table.loc[table["group"] == rs.GROUPS[0], "shifted_share"].iloc[0])  # pooled over all tokens
     st.caption(f"Where the reasoner's top token sits in the base's ranking: unshifted = the base's top, marginal "
                f"= its 2nd–3rd, shifted = lower. Shifted ratio over these traces: **{ratio:.1%}**. Spikes: the top "
                f"{top:.2%} of each trace's tokens by {score_label(score)}; takeovers: tokens the reasoner wrote.")
     st.plotly_chart(rank_shift_figure(table), width="stretch", key="ds_fig_rank_shift")
-    per_trace = rs.trace_table(traces)
     if len(per_trace) > 1:
         fig = go.Figure(go.Histogram(x=per_trace["shifted_share"], xbins={"start": 0.0, "end": 1.0001, "size": 0.05},
                                      marker_color=rs.COLOURS["shifted"], marker_line={"color": "#6b7280", "width": 0.5}))
@@ -62,17 +62,26 @@ def rank_shift_tab(traces: Sequence[Trace], score: str, top: float) -> None:
 # -- reasoners side by side ---------------------------------------------------------------------------
 
 
-def reasoners_tab(traces: Sequence[Trace], score: str, top: float) -> None:
-    """The Dataset page's reasoner tab: Gini, position density, enrichment and shifted ratio per reasoner."""
+def reasoner_tables(traces: Sequence[Trace], score: str, top: float) -> tuple[list[str], dict[str, pd.DataFrame] | str]:
+    """(the reasoners of `traces`, `comparison.dataset_tables` when there are two or more, or why not)."""
     groups = group_by_reasoner(traces)
     if len(groups) < 2:
-        st.info(f"These traces come from one reasoner ({', '.join(groups) or 'none'}). Score the same responses "
+        return list(groups), {}
+    try:
+        return list(groups), dataset_tables(groups, score=score, top=top)
+    except ForkpointError as err:
+        return list(groups), str(err)
+
+
+def reasoners_tab(names: list[str], out: dict[str, pd.DataFrame] | str) -> None:
+    """The Dataset page's reasoner tab (from `reasoner_tables`): Gini, position density, enrichment and
+    shifted ratio per reasoner."""
+    if len(names) < 2:
+        st.info(f"These traces come from one reasoner ({', '.join(names) or 'none'}). Score the same responses "
                 "against another reasoner on the Compare page (or select traces of several pairs) to compare them.")
         return
-    try:
-        out = dataset_tables(groups, score=score, top=top)
-    except ForkpointError as err:
-        st.warning(str(err))
+    if isinstance(out, str):
+        st.warning(md_escape(out, 400))
         return
     st.dataframe(out["summary"], hide_index=True, width="stretch",
                  column_config={"gini": st.column_config.NumberColumn(format="%.3f"),

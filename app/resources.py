@@ -113,9 +113,17 @@ def vocab_search(pair: core.ModelPair, query: str, limit: int) -> list[tuple[int
     return hits[:limit]
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
 def problem_set(path: str | None) -> list[Problem]:
-    """The problems the app offers: a problem file, or the demo problems."""
+    """The problems the app offers: a problem file (read again when it changes), or the demo problems."""
+    try:
+        stamp = Path(path).stat().st_mtime_ns if path else 0
+    except OSError:
+        stamp = -1  # missing: load_problems says so
+    return _problem_set(path, stamp)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _problem_set(path: str | None, stamp: int) -> list[Problem]:
     if path:
         from core.evaluation.problems import load_problems
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core import settings
 from core.errors import InvalidInputError
 from core.trace import Trace
 
@@ -119,7 +120,8 @@ def at_positions(traces: Sequence[Trace], score: str | None = None, top: float |
     for trace in traces:
         cats = rank_shift(trace)
         if top is not None:
-            spikes = top_positions(np.asarray(score_values(trace.metrics, score or DEFAULT_SCORE)), top)
+            spikes = top_positions(np.asarray(score_values(trace.metrics, score or DEFAULT_SCORE)), top,
+                                   settings.SPIKE_FLOOR)  # the rule `core.spikes` applies
         else:
             spikes = np.asarray(spike_positions(trace), dtype=np.int64)
         pooled["all tokens"].append(cats)

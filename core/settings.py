@@ -44,6 +44,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("calibration_problems", 32, "Problems whose base rollouts calibrate the gate.", 1, None),
         Setting("score", "cross_entropy", "Disagreement score for spikes, gates and colour scales.", None, None),
         Setting("spike_top", 0.01, "Spikes: the top fraction of tokens by score (per trace or dataset).", 0.0, 1.0),
+        Setting("held_cache_gib", None, "GiB of recent traces' KV caches held so that a branch needs no re-prefill "
+                "(None: 1 GiB on a CPU, a tenth of the GPU's memory on CUDA).", 0.0, None),
         Setting("spike_floor", 0.01, "Spikes: a top-p% spike needs a score above this (nats), so ~0 scores never count.", 0.0, None),
     ]
 }
@@ -62,6 +64,7 @@ CALIBRATION_PROBLEMS: int = SETTINGS["calibration_problems"].value
 SCORE: str = SETTINGS["score"].value
 SPIKE_TOP: float = SETTINGS["spike_top"].value
 SPIKE_FLOOR: float = SETTINGS["spike_floor"].value
+HELD_CACHE_GIB: float | None = SETTINGS["held_cache_gib"].value
 
 # The seed paper's settings (docs/REPRODUCE.md): 8 samples at T 0.6, top-p 0.95, long chains of thought.
 PRESETS: dict[str, dict[str, Any]] = {

@@ -8,6 +8,7 @@ backbone call is fed.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import numpy as np
@@ -374,7 +375,7 @@ def test_held_caches_are_never_mutated_by_branches(pair) -> None:
 # -- the LRU ----------------------------------------------------------------------------------------
 
 
-def test_cache_lru_is_bounded_in_bytes(pair) -> None:
+def test_cache_lru_is_bounded_in_bytes(pair, caplog) -> None:
     traces = [core.generate(pair, p, max_new_tokens=6) for p in PROMPTS[:2]] + \
         [core.generate(pair, PROMPTS[0], max_new_tokens=6, seed=1, temperature=0.5)]
     helds = [CACHES.get(t.key) for t in traces]
@@ -391,8 +392,11 @@ def test_cache_lru_is_bounded_in_bytes(pair) -> None:
     lru.put(traces[0].key, helds[0])
     assert lru.get(traces[2].key) is None and lru.get(traces[1].key) is helds[1]
     tiny = CacheLRU(max_bytes=1)
-    tiny.put("k", helds[0])
+    with caplog.at_level(logging.WARNING, logger="core.decoding.caches"):
+        tiny.put("k", helds[0])
     assert len(tiny) == 0 and tiny.get("k") is None and tiny.get(None) is None
+    assert "not holding the KV caches of trace k" in caplog.text and "re-reads its prefix" in caplog.text
+    assert CacheLRU().limit(torch.device("cpu")) == 1 << 30  # the default on a CPU
 
 
 # -- bad input and interruptions ------------------------------------------------------------------

@@ -129,8 +129,16 @@ export default function (component) {
       const target = e.target.closest ? e.target.closest("[data-pos]") : null;
       if (target) s.select(Number(target.dataset.pos));
     });
+    // several views in one page (a notebook, a branch beside its original): n / p go to the view the
+    // user last pointed at or clicked, not to whichever registered first
+    const activate = () => { window.__fpActiveView = s; };
+    scroller.addEventListener("mouseenter", activate);
+    scroller.addEventListener("focus", activate);
+    scroller.addEventListener("pointerdown", activate);
     s.onKey = (e) => {
       if (e.defaultPrevented || e.ctrlKey || e.metaKey || e.altKey || typingIn(e) || !s.data) return;
+      const active = window.__fpActiveView;
+      if (active && active !== s && active.scroller && active.scroller.isConnected) return;
       const key = e.key;
       if (!NEXT_KEYS.has(key) && !PREV_KEYS.has(key)) return;
       const spikes = s.data.spikes || [];
@@ -145,6 +153,7 @@ export default function (component) {
     document.addEventListener("keydown", s.onKey);
     s.cleanup = () => {
       document.removeEventListener("keydown", s.onKey);
+      if (window.__fpActiveView === s) window.__fpActiveView = null;
       delete parentElement.__fp;
     };
     parentElement.__fp = s;

@@ -9,9 +9,10 @@ import streamlit as st
 
 from app import resources, state
 from app.context import get_context
-from app.compare_panels import rank_shift_tab, reasoners_tab
+from app.compare_panels import rank_shift_tab, reasoner_tables, reasoners_tab
 from app.view import DEFAULT_TOP, select_rows, with_policy_labels
 from core.analysis import tables as A
+from core import rank_shift as rs
 from core.analysis import report as R
 from core.decoding.policies import policy_spec
 from core.errors import ForkpointError
@@ -40,7 +41,15 @@ def _analysis(name: str, path: str, keys: tuple[str, ...], score: str, top: floa
         return A.reason_rank(traces, at=extra or "all", score=score, segment=segment), None
     if name == "recovery":
         return _recovery(traces), None
+    if name == "rank_shift":
+        return rs.at_positions(traces, score=score, top=top), rs.trace_table(traces)
     raise ValueError(name)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _reasoners(path: str, keys: tuple[str, ...], score: str, top: float):
+    """The Reasoners tab's tables (cached by keys and settings: enrichment tags every trace)."""
+    return reasoner_tables([resources.load_trace(path, k) for k in keys], score, top)
 
 
 def _label(policy: dict | None) -> str:
@@ -140,7 +149,9 @@ def main() -> None:
     c1, c2 = st.columns(2)
     segment = c1.selectbox("Segment", (None, "think", "answer"), key="ds_segment",
                            format_func=lambda x: "whole response" if x is None else x)
-    c2.caption(f"{len(keys)} traces · score {score_label(s.score)} · top fraction {top:g} (sidebar)")
+    source = ("sidebar" if s.rule.gate is None else
+              "the sidebar's calibrated gate does not apply to these pooled analyses; its p% does")
+    c2.caption(f"{len(keys)} traces · score {score_label(s.score)} · top fraction {top:g} ({source})")
     tabs = st.tabs(["Lorenz", "Position", "Entropy IoU", "Planning enrichment", "Failure AUROC", "Reasoner rank",
                     "Recovery vs budget", "Rank shift", "Reasoners"])
     path = s.store_path
@@ -159,11 +170,11 @@ def main() -> None:
         _show(R.reason_rank_figure, "rank", path, keys, s.score, top, segment, extra=at)
     with tabs[6]:
         _show(R.recovery_figure, "recovery", path, keys, s.score, top, segment)
-    traces = [resources.load_trace(path, k) for k in keys]  # cached per trace
     with tabs[7]:
-        rank_shift_tab(traces, s.score, top)  # app/compare_panels.py
+        table, per_trace = _analysis("rank_shift", path, keys, s.score, top, None)
+        rank_shift_tab(table, per_trace, s.score, top)  # app/compare_panels.py
     with tabs[8]:
-        reasoners_tab(traces, s.score, top)
+        reasoners_tab(*_reasoners(path, keys, s.score, top))
 
 
 main()

@@ -7,17 +7,21 @@ held tensors, so an interrupted branch leaves the LRU exactly as it was.
 from __future__ import annotations
 
 import copy
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from core import settings
 from core.decoding.kvcache import compact
 from core.pair.loading import SIDES
 from core.trace import Trace
 
-DEFAULT_MAX_BYTES = 1 << 30
+log = logging.getLogger(__name__)
+CPU_MAX_BYTES = 1 << 30  # held on a CPU when settings.HELD_CACHE_GIB is None
+GPU_SHARE = 0.1  # of the device's memory, held on CUDA when settings.HELD_CACHE_GIB is None
 
 
 @dataclass
@@ -30,25 +34,55 @@ class HeldCaches:
     n_tokens: int  # response tokens fed into both caches
     hidden: dict[str, torch.Tensor] | None = None  # side -> (n_tokens + 1, d)
 
+    def device(self) -> torch.device | None:
+        """Where the held tensors live (None when nothing is held)."""
+        for cache in self.caches.values():
+            for layer in cache.layers:
+                if isinstance(layer.keys, torch.Tensor):
+                    return layer.keys.device
+        return None
+
     def nbytes(self) -> int:
-        """Bytes held by the KV tensors and the hidden states."""
+        """Bytes of the KV tensors and the hidden states (as views: a child sharing its parent's buffer
+        counts it again, so the bound errs towards holding less)."""
         tensors = [t for c in self.caches.values() for layer in c.layers for t in (layer.keys, layer.values)]
         tensors += list((self.hidden or {}).values())
         return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 class CacheLRU:
-    """Recent traces' KV caches, bounded in bytes. Entries are never mutated: branches crop copies."""
+    """Recent traces' KV caches, bounded in bytes. Entries are never mutated: branches crop copies.
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    `max_bytes` None: settings.HELD_CACHE_GIB, or when that is None too, 1 GiB on a CPU and a tenth of
+    the GPU's memory for caches on CUDA (a long chain of thought of an 8B reasoner holds ~0.3 MB a token)."""
+
+    def __init__(self, max_bytes: int | None = None) -> None:
         self.max_bytes = max_bytes
         self._items: OrderedDict[str, HeldCaches] = OrderedDict()
 
+    def limit(self, device: torch.device | None = None) -> int:
+        """The byte bound for caches on `device`."""
+        if self.max_bytes is not None:
+            return int(self.max_bytes)
+        if settings.HELD_CACHE_GIB is not None:
+            return int(settings.HELD_CACHE_GIB * (1 << 30))
+        if device is not None and device.type == "cuda":
+            return int(GPU_SHARE * torch.cuda.get_device_properties(device).total_memory)
+        return CPU_MAX_BYTES
+
     def put(self, key: str, held: HeldCaches) -> None:
-        """Hold `held` under `key`, dropping the least recently used entries past `max_bytes`."""
+        """Hold `held` under `key`, dropping the least recently used entries past the limit. An entry
+        over the limit by itself is not held, and the log says so (its branches re-read the prefix)."""
+        limit, size = self.limit(held.device()), held.nbytes()
+        if size > limit:
+            log.warning("not holding the KV caches of trace %s (%.2f GiB, over the %.2f GiB limit): a branch of it "
+                        "re-reads its prefix; raise settings.HELD_CACHE_GIB or core.CACHES.max_bytes to hold it",
+                        key, size / (1 << 30), limit / (1 << 30))
+            self._items.pop(key, None)
+            return
         self._items[key] = held
         self._items.move_to_end(key)
-        while self._items and sum(h.nbytes() for h in self._items.values()) > self.max_bytes:
+        while self._items and sum(h.nbytes() for h in self._items.values()) > limit:
             self._items.popitem(last=False)
 
     def get(self, key: str | None) -> HeldCaches | None:

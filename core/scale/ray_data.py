@@ -144,14 +144,17 @@ def import_file_ray(pair: Any, path: str | os.PathLike[str], store: Any, *, exec
     if workers_see_store is None:
         workers_see_store = executor.address is None
     store_path = str(store.path) if workers_see_store and hasattr(store, "path") else None
-    ds = ray.data.read_datasource(_datasource(str(path), fmt, rows_per_block), num_cpus=0)
-    ds = ds.map_batches(_Scorer, fn_constructor_kwargs={"spec": as_spec(pair), "device": device, "threads": threads,
-                                                        "store_path": store_path},
-                        batch_size=batch_size, concurrency=n, num_cpus=cpus, num_gpus=gpus, batch_format="numpy")
+    # a Dataset copies the current DataContext when it is made: set the file order before making it
     ctx = ray.data.DataContext.get_current()
     saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
     ctx.execution_options.preserve_order, ctx.enable_progress_bars = True, False
     try:
+        ds = ray.data.read_datasource(_datasource(str(path), fmt, rows_per_block), num_cpus=0)
+        ds = ds.map_batches(_Scorer, fn_constructor_kwargs={"spec": as_spec(pair), "device": device,
+                                                            "threads": threads, "store_path": store_path},
+                            batch_size=batch_size, concurrency=n, num_cpus=cpus, num_gpus=gpus, batch_format="numpy")
+        if not ds.context.execution_options.preserve_order:  # pragma: no cover - a Ray that ignores it
+            raise InvalidInputError("this Ray version does not keep a Dataset's order; import without --ray")
         return _settle(pair, ds.iter_batches(batch_size=None, batch_format="numpy"), store, Path(path).name,
                        count_records(path, fmt), report_path, progress, executor.progress_bar)
     finally:
