@@ -208,3 +208,18 @@ def test_block_size_follows_the_change_rate_and_the_reasoners_cost() -> None:
     assert sizer.block() == 1
     with pytest.raises(core.InvalidInputError, match="lookahead"):
         core.generate(None, "x", lookahead=0)
+
+
+def test_an_untimed_block_size_follows_the_outputs_alone() -> None:
+    """On a GPU (bf16) the schedule must not depend on timings, or a rerun could round differently."""
+    timed, untimed = BlockSizer(), BlockSizer(timed=False)
+    for sizer in (timed, untimed):
+        for _ in range(RATE_WINDOW // 50):
+            sizer.add(50, True)
+    before = untimed.block()
+    assert before == timed.block()
+    for _ in range(40):
+        for sizer in (timed, untimed):
+            sizer.observe(n=8, base_step_s=0.01, verify_s=0.08)
+    assert untimed.block() == before and untimed.cost() == (1.0, 0.0)
+    assert timed.block() != before

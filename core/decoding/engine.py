@@ -6,7 +6,7 @@ block of up to n tokens and the reasoner reads the whole block in one forward (a
 decoder's verifier does). The policy then sees each position of the block in order, with exactly the
 `Step` it would see in lock-step; at the first position where the emitted token differs from the draft
 both caches are cropped back to it and the next block starts there. Draws are keyed by position, so the
-output is the lock-step output. n adapts to the recent rate of such changes (`lookahead=1` is
+output is the lock-step output (up to float rounding, see `BlockSizer`). n adapts to the recent rate of such changes (`lookahead=1` is
 lock-step). Lazy policies (gating on base entropy alone) draft until they fire and let the reasoner
 catch up only then; their metrics are filled from logged hidden states in batched passes.
 """
@@ -65,9 +65,15 @@ class BlockSizer:
     emitted token was not the draft) and the cost of the reasoner's pass over n positions in base draft
     steps, c(n) = c0 + c1 n (fitted online: c0 is what one pass costs whatever its length, e.g. reading
     the weights; c1 grows with the rows x positions it computes). n minimises (n + c(n)) / E[positions
-    committed per block], E = (1 - (1 - q)^n) / q. The output never depends on n."""
+    committed per block], E = (1 - (1 - q)^n) / q.
 
-    def __init__(self) -> None:
+    The output depends on n only through float rounding (a block's matrix products are not one token's),
+    which in float32 on a CPU stays far below the 1e-5 the tests allow. In bf16 on a GPU it can flip a
+    near-tie, so there (`timed=False`) the cost line is fixed (c0 = 1, c1 = 0: one pass costs about one
+    base step) and n follows the outputs alone: a run repeats itself exactly, whatever the timings."""
+
+    def __init__(self, timed: bool = True) -> None:
+        self.timed = timed
         self.flags: deque[bool] = deque(maxlen=RATE_WINDOW)
         self.changes = 0
         self.moments = np.array([1.0, 1.0, 1.0, 1.0, 1.0])  # EMA of 1, n, n², y, n·y (y = pass cost / base step)
@@ -83,7 +89,7 @@ class BlockSizer:
 
     def observe(self, n: int, base_step_s: float, verify_s: float) -> None:
         """Timings of the last block of n positions: one base draft step, and the reasoner's pass."""
-        if base_step_s > 0:
+        if self.timed and base_step_s > 0:
             y = min(verify_s / base_step_s, 1e4)
             self.moments = 0.9 * self.moments + 0.1 * np.array([1.0, n, n * n, y, n * y])
 
@@ -129,7 +135,7 @@ class Decoder:
         self.identities = np.array([r.identity for r in rows], dtype=np.uint64)
         self.record = TokenRecord(len(rows), start)
         self.fed = np.zeros((len(rows), 64), dtype=np.int64)  # emitted ids (pads for finished rows), column p - start
-        self.sizer = BlockSizer()
+        self.sizer = BlockSizer(timed=torch.device(pair.device).type == "cpu")  # see BlockSizer: reproducible on GPUs
         self.deferred: dict[str, dict[int, torch.Tensor]] = {s: {} for s in SIDES}  # lazy: p -> (B, d) hidden
         self.stop_chars = max((len(s) for s in sampling.stop), default=0)
 
