@@ -245,3 +245,29 @@ def test_thinking_reference_runs_alone_and_is_the_default_reference(qwen_pair):
     assert set(table["reference"]) == {"policy thinking"}
     with pytest.raises(InvalidInputError, match="not a policy label"):
         ev.evaluate(qwen_pair, PROBLEMS[:1], {}, max_new_tokens=2, reference="thinkin")
+
+
+def test_stored_policy_table_from_graded_roots():
+    """The Dataset page's recovery table: accuracy per stored configuration (branches and ungraded traces
+    left out), recovery between the stored BaseOnly and ReasonOnly traces."""
+    from fakes import make_trace
+
+    def trace(policy, problem, correct, parent=None, seed=0):
+        return make_trace(10, seed=seed, reason_share=0.0 if policy["name"] == "base_only" else 0.3,
+                          meta={"policy": policy, "problem": {"id": problem, "prompt": "p"}, "correct": correct,
+                                "parent": parent})
+
+    base, reason = {"name": "base_only", "params": {}}, {"name": "reason_only", "params": {}}
+    guided = {"name": "guided", "params": {"tau": 1.5, "lam": 2.0, "window": 16, "score": "cross_entropy"}}
+    traces = [trace(base, "a", False), trace(base, "b", True), trace(reason, "a", True), trace(reason, "b", True),
+              trace(guided, "a", True), trace(guided, "b", False), trace(guided, "a", False, parent="x"),
+              trace(guided, "b", None, seed=3)]
+    table = ev.stored_policy_table(traces).set_index("name")
+    label = ev.policy_config_label(guided)
+    assert label.startswith("guided ") and '"tau": 1.5' in label and "cross_entropy" not in label
+    assert table.loc[label, "accuracy"] == 0.5 and table.loc[label, "problems"] == 2  # branch, ungraded left out
+    assert table.loc["base_only", "accuracy"] == 0.5 and table.loc["reason_only", "accuracy"] == 1.0
+    assert table.loc[label, "recovery"] == pytest.approx(0.0) and table.loc["reason_only", "recovery"] == 1.0
+    assert set(table["policy"]) == {"base_only", "reason_only", "guided"}
+    with pytest.raises(core.InvalidInputError, match="BaseOnly and ReasonOnly"):
+        ev.stored_policy_table(traces[4:])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import streamlit as st
 
@@ -14,10 +12,9 @@ from app.view import DEFAULT_TOP, select_rows, with_policy_labels
 from core.analysis import tables as A
 from core import rank_shift as rs
 from core.analysis import report as R
-from core.decoding.policies import policy_spec
 from core.errors import ForkpointError
 from core.heatmap import score_label
-from core.evaluation.harness import policy_table
+from core.evaluation.harness import stored_policy_table
 
 MAX_TRACES = 2000
 
@@ -40,7 +37,7 @@ def _analysis(name: str, path: str, keys: tuple[str, ...], score: str, top: floa
     if name == "rank":
         return A.reason_rank(traces, at=extra or "all", score=score, segment=segment), None
     if name == "recovery":
-        return _recovery(traces), None
+        return stored_policy_table(traces), None
     if name == "rank_shift":
         return rs.at_positions(traces, score=score, top=top), rs.trace_table(traces)
     raise ValueError(name)
@@ -50,37 +47,6 @@ def _analysis(name: str, path: str, keys: tuple[str, ...], score: str, top: floa
 def _reasoners(path: str, keys: tuple[str, ...], score: str, top: float):
     """The Reasoners tab's tables (cached by keys and settings: enrichment tags every trace)."""
     return reasoner_tables([resources.load_trace(path, k) for k in keys], score, top)
-
-
-def _label(policy: dict | None) -> str:
-    """A policy configuration's name: its registry name plus its declared numeric parameters."""
-    policy = policy or {}
-    params = policy.get("params") or {}
-    try:
-        declared = [p.name for p in policy_spec(str(policy.get("name"))).params if p.kind in (int, float)]
-    except ForkpointError:
-        declared = []
-    keep = {k: params[k] for k in declared if params.get(k) is not None}
-    return f"{policy.get('name')} {json.dumps(keep, sort_keys=True)}" if keep else str(policy.get("name"))
-
-
-def _recovery(traces) -> pd.DataFrame:
-    """Accuracy, realised ρ and recovery per stored policy configuration (core.evaluate.summarise)."""
-    rows = []
-    for t in traces:
-        if t.meta.get("correct") is None or t.meta.get("parent"):
-            continue
-        rows.append({"benchmark": "store", "policy": _label(t.meta.get("policy")),
-                     "index": str((t.meta.get("problem") or {}).get("id")), "correct": bool(t.meta["correct"]),
-                     "tokens": len(t), "taken": t.n_takeovers})
-    records = pd.DataFrame(rows)
-    if records.empty or not {"base_only", "reason_only"} <= set(records["policy"]):
-        raise ForkpointError("Recovery needs graded BaseOnly and ReasonOnly traces (run both on the Generate page), "
-                             "plus the policies to compare")
-    frame = policy_table(records, k=1, base="base_only", reference="reason_only")
-    frame["name"] = frame["policy"]
-    frame["policy"] = frame["policy"].str.split(" ", n=1).str[0]
-    return frame
 
 
 def _select(ctx) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ the paper), or numbers the user supplies per benchmark; every table says which o
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from core import settings
-from core.decoding.policies import BaseOnly, Policy, ReasonOnly
-from core.errors import InvalidInputError
+from core.decoding.policies import BaseOnly, Policy, ReasonOnly, policy_spec
+from core.errors import ForkpointError, InvalidInputError
 from core.evaluation.grading import grade_trace, gold_text
 from core.evaluation.problems import ANSWER_FIELDS
 from core.scoring import problem_record
@@ -152,6 +153,39 @@ def require_gold(problems: Any) -> None:
             f"{len(missing)} of {len(ps)} problems of {bench!r} have no gold answer (first: id "
             f"{first['id']!r}, {first['prompt'][:60]!r}); evaluation grades every trace, so each problem needs "
             f"one (a field named one of {', '.join(ANSWER_FIELDS)}, or load_problems(..., answer_field=...))")
+
+
+def policy_config_label(policy: dict | None) -> str:
+    """A policy configuration's name: its registry name plus its declared numeric parameters."""
+    policy = policy or {}
+    params = policy.get("params") or {}
+    try:
+        declared = [p.name for p in policy_spec(str(policy.get("name"))).params if p.kind in (int, float)]
+    except ForkpointError:
+        declared = []
+    keep = {k: params[k] for k in declared if params.get(k) is not None}
+    return f"{policy.get('name')} {json.dumps(keep, sort_keys=True)}" if keep else str(policy.get("name"))
+
+
+def stored_policy_table(traces: Iterable[Any]) -> pd.DataFrame:
+    """Accuracy, realised ρ and recovery (k = 1) per policy configuration of stored, graded root traces
+    (branches left out), against the BaseOnly and ReasonOnly traces among them; "name" is the configuration
+    (`policy_config_label`), "policy" its registry name. InvalidInputError when either end is missing."""
+    rows = []
+    for t in traces:
+        if t.meta.get("correct") is None or t.meta.get("parent"):
+            continue
+        rows.append({"benchmark": "store", "policy": policy_config_label(t.meta.get("policy")),
+                     "index": str((t.meta.get("problem") or {}).get("id")), "correct": bool(t.meta["correct"]),
+                     "tokens": len(t), "taken": t.n_takeovers})
+    records = pd.DataFrame(rows)
+    if records.empty or not {"base_only", "reason_only"} <= set(records["policy"]):
+        raise InvalidInputError("Recovery needs graded BaseOnly and ReasonOnly traces (generate both: the app's "
+                                "Generate page or `forkpoint generate`), plus the policies to compare")
+    frame = policy_table(records, k=1, base="base_only", reference="reason_only")
+    frame["name"] = frame["policy"]
+    frame["policy"] = frame["policy"].str.split(" ", n=1).str[0]
+    return frame
 
 
 # -- summarising -------------------------------------------------------------------------------
