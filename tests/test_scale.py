@@ -123,6 +123,10 @@ def test_pair_spec_round_trip(demo):
     spec = PairSpec.from_pair(demo)
     assert spec == PairSpec.demo()
     assert spec.load("cpu").fingerprint() == demo.fingerprint()
+    # a pair loaded with remote code allowed is loaded the same way on the workers
+    trusted = PairSpec(spec.base, spec.reason, spec.base_format, spec.reason_format, dtype="float32",
+                       trust_remote_code=True).load("cpu")
+    assert trusted.trust_remote_code and PairSpec.from_pair(trusted).trust_remote_code
     with pytest.raises(InvalidInputError, match="ModelPair or a PairSpec"):
         core.scale.as_spec("not a pair")
 

@@ -54,6 +54,7 @@ class ModelPair:
     eos_ids: frozenset[int] = field(default_factory=frozenset)
     vocab_notes: list[str] = field(default_factory=list)  # tolerated special-token differences
     prompt_tokenizers: dict[str, Any] = field(default_factory=dict)  # side -> own tokenizer for its template
+    trust_remote_code: bool = False  # how it was loaded: a worker loading it again (core.scale) needs the same
 
     def __post_init__(self) -> None:
         for model in (self.base, self.reason):  # blocks after a long cache must not copy it (core.pair.attention)
@@ -319,4 +320,5 @@ def load_pair(
         eos_ids=frozenset(eos),
         vocab_notes=notes,
         prompt_tokenizers={"reason": reason_tok},  # its own chat template, even where the vocabularies match
+        trust_remote_code=trust_remote_code,
     )

@@ -39,7 +39,7 @@ class PairSpec:
             base=specs["base"].id, reason=specs["reason"].id,
             base_format=formats["base"].spec, reason_format=formats["reason"].spec,
             base_revision=specs["base"].revision, reason_revision=specs["reason"].revision,
-            dtype=str(pair.dtype).removeprefix("torch."),
+            dtype=str(pair.dtype).removeprefix("torch."), trust_remote_code=bool(getattr(pair, "trust_remote_code", False)),
         )
 
     @classmethod
