@@ -180,7 +180,9 @@ class Decoder:
 
     def _block_size(self) -> int:
         n = self.lookahead if self.lookahead is not None else self.sizer.block()
-        per_position = 4 * len(self.rows) * self.pair.vocab_size * 4  # logits and log-probs, both models
+        # (rows, V) float32 arrays alive per position while a block is scored: both models' logits, and
+        # metrics.step_metrics' six work arrays (log-probs and probabilities of each, two scratch)
+        per_position = 8 * len(self.rows) * self.pair.vocab_size * 4
         return max(1, min(n, self.limit - self.t, LOGIT_BYTES // per_position))
 
     def _block(self) -> None:
