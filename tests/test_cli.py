@@ -60,6 +60,13 @@ def test_generate_ls_export_analyze(env):
     out = env["tmp"] / "all.jsonl"
     run("export", "--store", env["store"], "--format", "jsonl", "--out", str(out))
     assert sorted(t.key for t in read_jsonl(out)) == sorted(store.keys())
+    # without --format the suffix decides (a .csv is a CSV, not JSONL); no suffix is a message
+    run("export", "--store", env["store"], "--out", str(env["tmp"] / "all.csv"))
+    assert pd.read_csv(env["tmp"] / "all.csv")["trace_key"].nunique() == len(PROBLEMS)
+    bare = CliRunner().invoke(main, ["export", "--store", env["store"], "--out", str(env["tmp"] / "all")])
+    assert bare.exit_code != 0 and "Cannot tell the export format" in bare.output and "--format" in bare.output
+    again = CliRunner().invoke(main, ["export", "--store", env["store"], "--out", str(out)])
+    assert again.exit_code != 0 and "--overwrite" in again.output and "Traceback" not in again.output
 
     html = env["tmp"] / "report"
     run("analyze", "--store", env["store"], "--out", str(html))

@@ -21,6 +21,7 @@ from core.cli.common import (
     ray_option,
     store_option,
 )
+from core.errors import ForkpointError
 from core.io.exports import FORMATS as EXPORT_FORMATS
 from core.io.foreign import IMPORT_FORMATS
 from core.metrics import DEFAULT_SCORE, SCORES
@@ -101,6 +102,8 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
     try:
         run_export(traces, out, fmt, overwrite=overwrite, score=score_name)
     except OSError as exc:
+        if isinstance(exc, ForkpointError):  # e.g. the file exists: its own message names --overwrite
+            raise
         from core.io.atomic import os_error_reason
 
         raise click.BadParameter(f"cannot write {out}: {os_error_reason(exc)}", param_hint="--out") from exc
