@@ -28,6 +28,9 @@ same text; the score compares their next-token distributions before the token wa
   reasoning model wrote, **◆** a token you forced.
 - **Hover** a token for both models' top-k and probabilities; **click** to select it (n / p jump between
   spikes), then let the reasoning model take over there, force any token, and compare the branch.
+- **Probabilities** keep three significant digits, so none reads 0.000 or 1.000: tiny ones in scientific
+  notation (1.31e-05), and those within 0.0005 of 1 as the gap to 1 (1−4.8e-04 is 0.99952). The sidebar
+  switches to log-probabilities in nats.
 """
 
 
