@@ -6,8 +6,8 @@ block of up to n tokens and the reasoner reads the whole block in one forward (a
 decoder's verifier does). The policy then sees each position of the block in order, with exactly the
 `Step` it would see in lock-step; at the first position where the emitted token differs from the draft
 both caches are cropped back to it and the next block starts there. Draws are keyed by position, so the
-output is the lock-step output (up to float rounding, see `BlockSizer`). n adapts to the recent rate of such changes (`lookahead=1` is
-lock-step). Lazy policies (gating on base entropy alone) draft until they fire and let the reasoner
+output is the lock-step output (up to float rounding, see `BlockSizer`). n adapts to the recent rate of
+such changes (`lookahead=1` is lock-step). Lazy policies (gating on base entropy alone) draft until they fire and let the reasoner
 catch up only then; their metrics are filled from logged hidden states in batched passes.
 """
 
