@@ -16,7 +16,8 @@ import streamlit as st
 from core import rank_shift as rs
 from core.comparison import Comparison, dataset_tables, group_by_reasoner
 from core.errors import ForkpointError
-from core.heatmap import heatmap_css, legend_html, score_label, tokens_html
+from core.heatmap import heatmap_css, legend_html, tokens_html
+from core.metrics import score_label
 from app.view import md_escape
 from core.trace import Trace
 

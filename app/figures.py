@@ -6,8 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from core.presentation import spike_list
-from core.heatmap import metric_label, score_label
-from core.metrics import METRICS, score_values
+from core.metrics import METRICS, metric_label, score_label, score_values
 from core.trace import Trace
 
 

@@ -16,8 +16,8 @@ from app.notes_panel import trace_notes_panel
 from app.view import PAGE_TOKENS, first_difference, md_code, md_escape, page_bounds, tail, token_diff
 from core.presentation import branch_token_text, fmt_num, fmt_prob, prob_at, spike_list, takeover_choices, tree_label, tree_rows
 from core.errors import ForkpointError
-from core.heatmap import heatmap_css, legend_html, metric_label, score_label, tokens_html, value_range
-from core.metrics import METRICS, score_values
+from core.heatmap import heatmap_css, legend_html, tokens_html, value_range
+from core.metrics import METRICS, metric_label, score_label, score_values
 from core.trace import SIDES, Trace
 
 VOCAB_MATCHES = 50  # most vocabulary matches offered by the force-a-token search

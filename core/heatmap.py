@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.metrics import DEFAULT_SCORE, score_values
+from core.metrics import DEFAULT_SCORE, score_label, score_values
 from core.errors import InvalidInputError
 from core.trace import Trace
 
@@ -138,23 +138,6 @@ def value_range(*arrays: Any) -> tuple[float | None, float | None]:
             lo = float(x.min()) if lo is None else min(lo, float(x.min()))
             hi = float(x.max()) if hi is None else max(hi, float(x.max()))
     return lo, hi
-
-
-def metric_label(name: str) -> str:
-    """The human label of a metric from core.metrics' registry (its name when the spec has no label)."""
-    from core.metrics import METRICS
-
-    spec = METRICS.get(name)
-    return str(getattr(spec, "label", None) or name)
-
-
-def score_label(name: str) -> str:
-    """The label of a metric used as a score, for values from `score_values` (−(label) where the score is
-    the metric's negative, e.g. delta_logp)."""
-    from core.metrics import METRICS
-
-    spec = METRICS.get(name)
-    return spec.signed_label if spec is not None else name
 
 
 def grapheme_groups(tokens: Sequence[str]) -> list[int]:

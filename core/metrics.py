@@ -70,6 +70,19 @@ def list_metrics() -> list[Metric]:
     return list(METRICS.values())
 
 
+def metric_label(name: str) -> str:
+    """The human label of a metric (its name when the registry has no such metric)."""
+    spec = METRICS.get(name)
+    return spec.label if spec is not None else name
+
+
+def score_label(name: str) -> str:
+    """The label of a metric used as a score, for values from `score_values` (−(label) where the score is
+    the metric's negative, e.g. delta_logp; its name when the registry has no such metric)."""
+    spec = METRICS.get(name)
+    return spec.signed_label if spec is not None else name
+
+
 def check_score(name: str) -> str:
     """Return `name` if it is a known score, else raise with the valid choices."""
     if name not in SCORES:

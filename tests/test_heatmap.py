@@ -167,7 +167,8 @@ def test_background_follows_score():
 def test_a_negated_score_is_labelled_as_its_negative():
     """delta_logp colours by −Δlog p (higher = more disagreement): every label of those values says so."""
     from app.figures import trace_figure
-    from core.heatmap import legend_html, score_label
+    from core.heatmap import legend_html
+    from core.metrics import score_label
     from core.presentation import hover_data
 
     trace = make_trace(12, seed=3)

@@ -13,7 +13,7 @@ from app.view import md_code, md_escape
 from core import rank_shift as rs
 from core.comparison import compare, reasoner_name, with_reasoner
 from core.errors import ForkpointError
-from core.heatmap import score_label
+from core.metrics import score_label
 
 SELF = "the base model itself (a zero-disagreement reference)"
 

@@ -13,7 +13,7 @@ from core.analysis import tables as A
 from core import rank_shift as rs
 from core.analysis import report as R
 from core.errors import ForkpointError
-from core.heatmap import score_label
+from core.metrics import score_label
 from core.evaluation.harness import stored_policy_table
 
 MAX_TRACES = 2000

@@ -13,7 +13,7 @@ from app.context import get_context
 from app.notes_panel import notes_search_tab
 from app.filters import trace_filter
 from app.view import md_escape, trace_table
-from core.heatmap import score_label
+from core.metrics import score_label
 from core.errors import ForkpointError
 
 TRACE_PAGE = Path(__file__).resolve().parent / "trace.py"

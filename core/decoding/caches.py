@@ -59,6 +59,7 @@ class CacheLRU:
     def __init__(self, max_bytes: int | None = None) -> None:
         self.max_bytes = max_bytes
         self._items: OrderedDict[str, HeldCaches] = OrderedDict()
+        self._sizes: dict[str, int] = {}  # key -> its entry's nbytes(), measured once on put
 
     def limit(self, device: torch.device | None = None) -> int:
         """The byte bound for caches on `device`."""
@@ -79,11 +80,14 @@ class CacheLRU:
                         "re-reads its prefix; raise settings.HELD_CACHE_GIB or core.CACHES.max_bytes to hold it",
                         key, size / (1 << 30), limit / (1 << 30))
             self._items.pop(key, None)
+            self._sizes.pop(key, None)
             return
-        self._items[key] = held
+        self._items[key], self._sizes[key] = held, size
         self._items.move_to_end(key)
-        while self._items and sum(h.nbytes() for h in self._items.values()) > limit:
-            self._items.popitem(last=False)
+        total = sum(self._sizes.values())
+        while self._items and total > limit:
+            old, _ = self._items.popitem(last=False)
+            total -= self._sizes.pop(old)
 
     def get(self, key: str | None) -> HeldCaches | None:
         """The entry for `key` (marked recently used), or None."""
@@ -97,6 +101,7 @@ class CacheLRU:
 
     def clear(self) -> None:
         self._items.clear()
+        self._sizes.clear()
 
 
 CACHES = CacheLRU()  # the explicit process-wide cache of recent traces' KV caches

@@ -142,10 +142,10 @@ def require_gold(problems: Any) -> None:
     """Raise unless every problem (a list, or {benchmark: list}) has a gold answer: accuracy and recovery
     need each trace graded, and an ungradable one would silently count as wrong."""
     for bench, ps in benchmarks_of(problems).items():
-        missing = [p for p in ps if gold_text(problem_record(p)["gold"]) is None]
         if not ps:
             raise InvalidInputError(f"No problems to evaluate in {bench!r} (an empty set, or a shard or split "
                                     "that left none)")
+        missing = [p for p in ps if gold_text(problem_record(p)["gold"]) is None]
         if not missing:
             continue
         first = problem_record(missing[0])
