@@ -217,8 +217,11 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
                  width="stretch"):
         _queue_branch(trace, sel, None, int(max_new), sampling)
     choices = takeover_choices(trace, sel, decode, mode)
+    emitted = int(trace.token_ids[sel])  # offered first: the best-ranked token that would change the text
+    first_other = next((i for i in range(1, len(choices)) if choices[i].token != emitted), 1)
     pick = st.selectbox("… or force a token from either model's top-k", range(1, len(choices)),
-                        format_func=lambda i: choices[i].label, key=f"takeover_pick_{trace.key}_{sel}")
+                        index=max(0, first_other - 1), format_func=lambda i: choices[i].label,
+                        key=f"takeover_pick_{trace.key}_{sel}")
     if st.button("Branch with this token", disabled=disabled or pick is None, key="takeover_token",
                  width="stretch"):
         _queue_branch(trace, sel, choices[pick].token, int(max_new), sampling)
