@@ -8,13 +8,12 @@ Policies come only from core's registry (`list_policies`, `make_policy`); gradin
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import core
 from core import settings
-from core.decoding import branch, calibrate, generate_many
-from core.decoding.policies import Policy, list_policies, make_policy, policy_spec
+from core.decoding import branch, generate_many
+from core.decoding.policies import Policy, list_policies, make_policy
 from core.errors import InvalidInputError
 from core.evaluation.grading import grade_trace, graded_put
 from core.evaluation.problems import Problem
@@ -29,25 +28,6 @@ Progress = Callable[[int, int], None]
 def policy_names() -> list[str]:
     """The policies the Generate page offers: core's registry, in its order (internal ones left out)."""
     return [spec.name for spec in list_policies()]
-
-
-def build_policy(name: str, params: Mapping[str, Any], pair: core.ModelPair | None = None,
-                 calibration: Sequence[Any] = (), store: TraceStore | None = None,
-                 max_new_tokens: int = settings.MAX_NEW_TOKENS, calibration_settings: Mapping[str, Any] | None = None,
-                 progress: Progress | None = None) -> Policy:
-    """The core policy `name` from widget values (through `core.make_policy`); a policy that needs a gate
-    gets one calibrated through core on base rollouts of `calibration` (ratio/window from
-    `calibration_settings`, score from params)."""
-    spec = policy_spec(name)
-    if not spec.needs_gate:
-        return make_policy(name, **dict(params))
-    if pair is None or not calibration:
-        raise InvalidInputError(f"{spec.label} needs problems to calibrate its gate on")
-    extra = dict(calibration_settings or {})
-    gate = calibrate(pair, list(calibration), ratio=float(extra.get("ratio", settings.RATIO)),
-                     window=int(extra.get("window", settings.WINDOW)), score=str(params.get("score", settings.SCORE)),
-                     max_new_tokens=max_new_tokens, store=store, progress=progress)
-    return make_policy(name, gate=gate, **dict(params))
 
 
 def graded(trace: Trace) -> Trace:

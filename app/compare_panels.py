@@ -1,6 +1,6 @@
 """Panels for issue 15's views: rank-shift plots, reasoners side by side, stacked heatmap rows, notes.
 
-Display only: the numbers come from core.rank_shift, core.comparison and core.io.notes. Pages call these
+Display only: the numbers come from core.annotate.rank_shift, core.scoring.comparison and core.io.notes. Pages call these
 functions (the Dataset page its two tabs, the Compare page its rows, the Trace and Problems pages notes).
 """
 
@@ -13,13 +13,13 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from core import rank_shift as rs
-from core.comparison import Comparison, dataset_tables, group_by_reasoner
-from core.errors import ForkpointError
-from core.heatmap import heatmap_css, legend_html, tokens_html
-from core.metrics import score_label
 from app.view import md_escape
+from core.annotate import rank_shift as rs
+from core.errors import ForkpointError
+from core.scoring.comparison import Comparison, dataset_tables, group_by_reasoner
+from core.scoring.registry import score_label
 from core.trace import Trace
+from core.views.heatmap import heatmap_css, legend_html, tokens_html
 
 _ROWS_CSS = (".fp-row{display:grid;grid-template-columns:160px 1fr;gap:8px;align-items:start;margin:4px 0}"
              ".fp-row .name{font:600 12px system-ui;color:#374151;overflow-wrap:anywhere}")
@@ -110,7 +110,7 @@ def reasoners_tab(names: list[str], out: dict[str, pd.DataFrame] | str) -> None:
 
 def stacked_rows_html(comp: Comparison, score: str, decode: Callable[[int], str] | None = None,
                       selected: int | None = None, mode: str = "score") -> str:
-    """One heatmap row per reasoner, aligned by token, on one shared colour range (escaped by core.heatmap).
+    """One heatmap row per reasoner, aligned by token, on one shared colour range (escaped by core.views.heatmap).
     mode "rank_shift" colours by rank-shift category instead."""
     lo, hi = comp.value_range(score)
     parts = [f"<style>{heatmap_css()}{_ROWS_CSS}</style>"]

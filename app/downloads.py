@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.metrics import DEFAULT_SCORE
-from core.io.exports import export, sidecar_path
+from core.scoring.registry import DEFAULT_SCORE
 from core.trace import Trace
+from core.views.exports import export, sidecar_path
 
 MIME = {"jsonl": "application/jsonl", "csv": "application/zip", "parquet": "application/vnd.apache.parquet",
         "html": "text/html"}
@@ -26,7 +26,7 @@ def file_name(keys: Sequence[str], fmt: str) -> str:
 def export_file_bytes(traces: Sequence[Trace], fmt: str, score: str = DEFAULT_SCORE,
                       decode: Callable[[int], str] | None = None, top: float | None = None,
                       gate: Any = None) -> bytes:
-    """The bytes of `core.io.exports.export(traces, ..., fmt)` with the app's spike rule (`top` or `gate`), so
+    """The bytes of `core.views.exports.export(traces, ..., fmt)` with the app's spike rule (`top` or `gate`), so
     the file carries the spikes the user sees; CSV as a zip of the CSV and its .meta.json record."""
     with tempfile.TemporaryDirectory() as tmp:
         out = export(list(traces), Path(tmp) / f"traces.{fmt}", fmt, score=score, decode=decode, overwrite=True,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from core.presentation import spike_list
-from core.metrics import METRICS, metric_label, score_label, score_values
+from core.scoring.registry import METRICS, metric_label, score_label, score_values
 from core.trace import Trace
 
 
@@ -43,7 +42,7 @@ def trace_figure(trace: Trace, score: str, height: int = 260) -> go.Figure:
         fig.add_trace(go.Scatter(x=pos, y=entropy, mode="lines", name=metric_label("entropy_base"), yaxis="y2",
                                  line={"width": 1, "color": "#6b7280", "dash": "dot"}, customdata=pos,
                                  hovertemplate="#%{x}: H=%{y:.3g}<extra>base entropy</extra>"))
-    spikes = spike_list(trace)
+    spikes = trace.spike_positions
     if spikes:
         fig.add_trace(go.Scatter(x=spikes, y=values[spikes], mode="markers", name="spikes", customdata=spikes,
                                  marker={"size": 10, "symbol": "circle-open", "color": "#7c3aed", "line": {"width": 2}},

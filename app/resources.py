@@ -15,7 +15,7 @@ import streamlit as st
 import core
 from app.config import PairSpec
 from app.view import SpikeRule, annotate_view, as_problems
-from core.spike_rules import Gate
+from core.annotate.spikes import Gate
 from core.evaluation.problems import Problem
 from core.io.store import TraceStore, default_store_path
 from core.trace import Trace

@@ -15,10 +15,10 @@ from app import resources
 from app.config import PairSpec
 from app.state import DEFAULTS
 from app.view import PROB_MODES, RANGE_LABELS, RANGES, SpikeRule, md_escape
+from core.annotate.spikes import Gate
 from core.errors import ForkpointError
-from core.heatmap import SCALES
-from core.metrics import METRICS, SCORES
-from core.spike_rules import Gate
+from core.scoring.registry import METRICS, SCORES
+from core.views.heatmap import SCALES
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

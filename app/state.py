@@ -19,8 +19,8 @@ from app.config import AppConfig, PairSpec, parse_args
 from app.view import DEFAULT_TOP, PROB_MODES, RANGES
 from core import settings
 from core.errors import ForkpointError
-from core.heatmap import SCALES
-from core.metrics import DEFAULT_SCORE, SCORES
+from core.scoring.registry import DEFAULT_SCORE, SCORES
+from core.views.heatmap import SCALES
 
 DEFAULTS: dict[str, Any] = {
     "score": DEFAULT_SCORE,  # the disagreement score that colours tokens and picks spikes
@@ -38,6 +38,11 @@ DEFAULTS: dict[str, Any] = {
     "pending": None,  # a queued generation job (branch) that the Trace page runs with a progress bar
     "notice": None,  # (kind, message) to show once after a rerun
     "first_view": True,  # the very first render of the session (opens a demo trace)
+    "click_mode": "flip",  # the switchboard: a click on a token flips its takeover ("select": only selects)
+    "sw_then": "policy",  # after a switch the rest is written by: the trace's policy, "base" or "reason"
+    "sw_hist": [],  # the switch states of this visit (trace keys), for back / forward
+    "sw_i": 0,  # the open state's index in sw_hist
+    "switch_job": None,  # a queued switch ({"pos", "flip"} / {"pos", "at"} / {"wanted"}) the fragment applies
 }
 # URL parameter -> session key, for the view settings (written only when they differ from the default).
 VIEW_PARAMS = {"metric": "score", "scale": "scale", "range": "crange", "prob": "prob_mode"}
@@ -87,7 +92,8 @@ def _repair() -> None:
     """Replace values no widget can show (a hand-edited URL, a metric that left the registry)."""
     ss = st.session_state
     choices = {"score": SCORES, "scale": SCALES, "crange": RANGES, "prob_mode": PROB_MODES,
-               "spike_kind": ("top", "gate")}
+               "spike_kind": ("top", "gate"), "sw_then": ("policy", "base", "reason"),
+               "click_mode": ("flip", "select", None)}
     for name, valid in choices.items():
         if ss.get(name) not in valid:
             ss[name] = DEFAULTS[name]

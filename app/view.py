@@ -7,21 +7,19 @@ slice, round and label.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from core.spike_rules import Gate, top_count
-from core.metrics import DEFAULT_SCORE, SCORES, score_values
+from core.annotate.spikes import Gate, top_count
 from core.errors import InvalidInputError
-from core.io.exports import annotated
 from core.evaluation.problems import Problem
+from core.scoring.registry import DEFAULT_SCORE, SCORES
 from core.trace import Trace
+from core.views.exports import annotated
 
 DEFAULT_TOP = 0.05  # spikes: top 5% of a trace's tokens (demo traces are short; settings.SPIKE_TOP's 1% gives ~1)
 PROB_MODES = ("prob", "logprob")  # how probabilities are shown
@@ -71,7 +69,7 @@ class SpikeRule:
 
 def annotate_view(trace: Trace, score: str = DEFAULT_SCORE, rule: SpikeRule | None = None) -> Trace:
     """The trace with the layers the Trace page shows: spikes under `rule`, planning tags, segments (the
-    annotations every export carries, `core.io.exports.annotated`, under the sidebar's rule)."""
+    annotations every export carries, `core.views.exports.annotated`, under the sidebar's rule)."""
     rule = rule or SpikeRule()
     return annotated(trace, score, top=None if rule.gate else (rule.top or DEFAULT_TOP), gate=rule.gate)
 
@@ -83,95 +81,6 @@ def spike_count(n_tokens: int, rule: SpikeRule) -> int | None:
     return top_count(rule.top or DEFAULT_TOP, int(n_tokens))
 
 
-# -- branches -------------------------------------------------------------------------------------
-
-
-def first_difference(a: Trace, b: Trace, start: int = 0) -> int | None:
-    """First position ≥ start where the two token sequences differ (a length difference counts), or None."""
-    n = min(len(a), len(b))
-    if start < n:
-        diff = np.flatnonzero(a.token_ids[start:n] != b.token_ids[start:n])
-        if diff.size:
-            return int(start + diff[0])
-    longest = max(len(a), len(b))
-    return max(n, start) if len(a) != len(b) and max(n, start) < longest else None
-
-
-def tail(trace: Trace, start: int, end: int | None = None) -> Trace:
-    """Tokens start..end-1 (default: to the end) as a new trace (metrics, top-k, sources and token layers cut
-    alike; spike positions shifted to the slice)."""
-    n = len(trace)
-    start = max(0, min(int(start), n))
-    end = n if end is None else max(start, min(int(end), n))
-    cut = {}
-    for name, layer in trace.annotations.items():
-        if isinstance(layer, (list, tuple)) and len(layer) == n:
-            cut[name] = list(layer[start:end])
-    spikes_layer = trace.annotations.get("spikes")
-    if isinstance(spikes_layer, dict):
-        cut["spikes"] = {**spikes_layer,
-                         "positions": [p - start for p in spikes_layer.get("positions", []) if start <= p < end]}
-    return Trace(
-        token_ids=trace.token_ids[start:end], tokens=trace.tokens[start:end], prompt_ids=trace.prompt_ids,
-        metrics={name: np.asarray(v)[start:end] for name, v in trace.metrics.items()},
-        topk={side: (ids[start:end], probs[start:end]) for side, (ids, probs) in trace.topk.items()},
-        source=trace.source[start:end], meta=trace.meta, annotations=cut,
-    )
-
-
-PAGE_TOKENS = 4096  # the token view shows at most this many tokens at once (a 16k-token trace: 4 pages)
-
-
-def page_bounds(n_tokens: int, page: int, size: int = PAGE_TOKENS) -> tuple[int, int]:
-    """[start, end) of page `page` (clamped) of a trace of `n_tokens`."""
-    pages = max(1, -(-int(n_tokens) // size))
-    page = max(0, min(int(page), pages - 1))
-    return page * size, min(int(n_tokens), (page + 1) * size)
-
-
-DIFF_COLUMNS = ["op", "pos_original", "pos_branch", "original", "branch", "score_original", "score_branch", "delta"]
-
-
-def token_diff(original: Trace, branch: Trace, start: int, score: str = DEFAULT_SCORE) -> pd.DataFrame:
-    """Original vs branch from `start` on, aligned token by token (difflib over token ids): one row per
-    aligned pair (op equal / replace) or unpaired token (insert / delete), with both scores and
-    delta = branch - original (NaN where a side is missing)."""
-    import difflib
-
-    a = original.token_ids[start:].tolist()
-    b = branch.token_ids[start:].tolist()
-    sa = np.asarray(score_values(original.metrics, score), dtype=np.float64)
-    sb = np.asarray(score_values(branch.metrics, score), dtype=np.float64)
-    rows: list[dict[str, Any]] = []
-
-    def row(op: str, i: int | None, j: int | None) -> None:
-        va = float(sa[start + i]) if i is not None else math.nan
-        vb = float(sb[start + j]) if j is not None else math.nan
-        rows.append({"op": op, "pos_original": None if i is None else start + i,
-                     "pos_branch": None if j is None else start + j,
-                     "original": "" if i is None else original.tokens[start + i],
-                     "branch": "" if j is None else branch.tokens[start + j],
-                     "score_original": va, "score_branch": vb, "delta": vb - va})
-
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        if op == "equal" or op == "replace":
-            pairs = list(zip(range(i1, i2), range(j1, j2)))
-            for i, j in pairs:
-                row(op, i, j)
-            for i in range(i1 + len(pairs), i2):
-                row("delete", i, None)
-            for j in range(j1 + len(pairs), j2):
-                row("insert", None, j)
-        elif op == "delete":
-            for i in range(i1, i2):
-                row(op, i, None)
-        else:
-            for j in range(j1, j2):
-                row(op, None, j)
-    df = pd.DataFrame(rows, columns=DIFF_COLUMNS)
-    for col in ("pos_original", "pos_branch"):
-        df[col] = df[col].astype("Int64")
-    return df
 
 
 # -- problems and the Problems table --------------------------------------------------------------

@@ -38,11 +38,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import core
+from core.annotate.spikes import calibrate_gate
 from core.decoding import CACHES
 from core.demo.tiny import CORPUS, build_tiny_model, train_tokenizer
-from core.metrics import chunk_metrics
 from core.pair.forward import backbone, head
-from core.spike_rules import calibrate_gate
+from core.scoring.metrics import chunk_metrics
 
 PROMPT = "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left? Explain each step."
 

@@ -1,6 +1,6 @@
 """Server-side render time of the Trace page's token view: a 4096-token vs a 256-token trace.
 
-Times `app.components.token_view.build_view` (escaped heatmap HTML from core.heatmap.tokens_html,
+Times `app.components.token_view.build_view` (escaped heatmap HTML from core.views.heatmap.tokens_html,
 hover data for both models' top-10, legend) uncached, i.e. what the first view of a trace costs;
 a click afterwards reruns only the fragment and hits the cache. Also reports the layer annotation
 (spikes + spaCy planning tags, cached separately) and the JSON payload size.
@@ -23,12 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from benchmarks.results import write_section  # noqa: E402
-
 from fakes import FAKE_VOCAB, make_trace  # noqa: E402
 
 from app.components.token_view import build_view  # noqa: E402
-from app.view import PAGE_TOKENS, SpikeRule, annotate_view  # noqa: E402
+from app.view import SpikeRule, annotate_view  # noqa: E402
+from benchmarks.results import write_section  # noqa: E402
+from core.views.presentation import PAGE_TOKENS
 
 LIMIT_S = 1.0  # the spec: a 4096-token trace renders in under a second server-side
 SECTION = "## App render"

@@ -6,7 +6,7 @@
 
 (a) "bare"  : `model(ids).logits` for both models (full (T, V) logits, what any forward costs).
 (b) "score" : what core.score does after tokenizing: core.forward.backbone for both models, then
-              core.scoring.metrics_from_hidden (the head chunk by chunk + every metric + top-k, to numpy).
+              core.scoring.teacher_forced.metrics_from_hidden (the head chunk by chunk + every metric + top-k, to numpy).
 Timings are medians over interleaved repeats (a, b, a, b, ...). Models are random (from_config): speed
 does not depend on the weights. No tokenizer is needed: the ModelPair is built by hand.
 """
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.pair.forward import backbone, head  # noqa: E402
 from core.pair.loading import ModelPair, ModelSpec, PromptFormat  # noqa: E402
-from core.scoring import DEFAULT_CHUNK, DEFAULT_K, metrics_from_hidden  # noqa: E402
+from core.scoring.teacher_forced import DEFAULT_CHUNK, DEFAULT_K, metrics_from_hidden  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def scored(pair: ModelPair, ids: torch.Tensor, chunk: int, k: int, targets: torc
 @torch.inference_mode()
 def naive_scored(pair: ModelPair, ids: torch.Tensor, k: int) -> dict:
     """The memory-hungry way: full (T, V) float32 logits of both models at once, metrics in one block."""
-    from core.metrics import chunk_metrics
+    from core.scoring.metrics import chunk_metrics
 
     logits = [model(ids).logits[0, :, : pair.vocab_size].float() for model in (pair.base, pair.reason)]
     targets = torch.cat([ids[0, 1:], ids[0, :1]])

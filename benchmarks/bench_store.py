@@ -22,10 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from benchmarks.results import write_section  # noqa: E402
-
 from fakes import make_trace  # noqa: E402
 
+from benchmarks.results import write_section  # noqa: E402
 from core.io.store import TraceStore  # noqa: E402
 from core.trace import request_key  # noqa: E402
 

@@ -35,11 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import core
 from benchmarks.bench_scoring import SHAPES, Shape, build_model, cuda_memory, time_pair
+from core.annotate.spikes import calibrate_gate
 from core.demo.tiny import word_tokenizer
-from core.metrics import METRICS, chunk_metrics, score_values
 from core.pair.forward import backbone, head
 from core.pair.loading import ModelPair, ModelSpec, PromptFormat
-from core.spike_rules import calibrate_gate
+from core.scoring.metrics import chunk_metrics
+from core.scoring.registry import METRICS, score_values
 
 FORMAT = "Question: {problem}\nAnswer:"
 TINY_REASON = Shape("qwen3", 3, 96, 192, 4, 2, 24, 2000)  # "8x" the tiny base, for --tiny

@@ -1,94 +1,84 @@
 """forkpoint core: load a base/reasoning model pair, score and generate token-level disagreement traces.
 
     import core
-    pair = core.load_pair("Qwen/Qwen3-0.6B-Base", "Qwen/Qwen3-8B")
+    pair = core.demo_pair()                                # or core.load_pair("Qwen/Qwen3-0.6B-Base", "Qwen/Qwen3-8B")
     trace = core.score(pair, "What is 2+3?", "2+3 = 5. The answer is 5.")
-    gate = core.calibrate(pair, problems, ratio=0.05)
-    guided = core.generate(pair, problems, core.make_policy("guided", gate=gate))
     trace.frame()
 
-Everything else lives in its module (`core.settings` for defaults, `core.metrics`, `core.spike_rules`,
-`core.analysis.tables`, `core.io.store`, ...). No public name here equals a module name under `core`.
+The folders read as the pipeline (docs/ARCHITECTURE.md): `pair/` -> `scoring/` -> `decoding/` ->
+`annotate/` -> `io/` -> `views/` -> `analysis/`, `evaluation/`, `instruments/` -> `scale/`, `cli/`.
+Every public name below loads its module on first use, so `import core` (and a command that only reads
+files) starts without the model stack. No public name equals a module name under `core`.
 """
 
-from core.decoding import branch, calibrate, generate
-from core.decoding.policies import (
-    BaseOnly,
-    EarlyOnly,
-    EntropyGated,
-    Forced,
-    Guided,
-    Policy,
-    RandomPositions,
-    ReasonOnly,
-    list_policies,
-    make_policy,
-)
-from core.demo.pair import demo_pair, demo_problems
-from core.errors import (
-    ExecutorError,
-    ForkpointError,
-    GenerationCancelled,
-    GradingError,
-    InvalidInputError,
-    ModelLoadError,
-    OutputExistsError,
-    PairMismatchError,
-    StoreError,
-    VocabularyMismatchError,
-    WriteError,
-)
-from core.evaluation.harness import evaluate
-from core.evaluation.problems import Problem, load_problems
-from core.io.exports import export, read_jsonl
-from core.io.imports import import_jsonl
-from core.io.store import TraceStore
-from core.metrics import list_metrics
-from core.pair.loading import ModelPair, load_pair
-from core.scoring import score, score_batch
-from core.spike_rules import Gate, spikes
-from core.trace import Trace
+from __future__ import annotations
 
-__all__ = [  # noqa: RUF022  (grouped by pipeline stage, not sorted)
+import importlib
+import warnings
+from typing import Any
+
+from core import trace as _trace
+
+# name -> the module that defines it, grouped by pipeline stage (the order of __all__).
+_PUBLIC: dict[str, str] = {
     # 1. a model pair (and the bundled demo pair)
-    "load_pair", "ModelPair", "demo_pair",
+    "load_pair": "core.pair.loading", "ModelPair": "core.pair.loading", "demo_pair": "core.demo.pair",
     # 2. problems
-    "Problem", "load_problems", "demo_problems",
-    # 3. traces: score a given response, generate new ones, branch at a token
-    "Trace", "score", "score_batch", "generate", "branch", "compare",
-    # 4. who writes each token: the policy registry, the calibrated gate, the built-in policies
-    "Policy", "make_policy", "list_policies", "Gate", "calibrate",
-    "BaseOnly", "ReasonOnly", "Guided", "EntropyGated", "RandomPositions", "EarlyOnly", "Forced",
-    # 5. metrics and annotations
-    "list_metrics", "spikes", "tag_planning",
+    "Problem": "core.evaluation.problems", "load_problems": "core.evaluation.problems",
+    "demo_problems": "core.demo.pair",
+    # 3. traces: score a given response, generate new ones, switch takeovers on and off
+    "Trace": "core.trace", "score": "core.scoring.teacher_forced", "score_batch": "core.scoring.teacher_forced",
+    "compare": "core.scoring.comparison", "generate": "core.decoding.generation",
+    "takeover": "core.decoding.takeover", "branch": "core.decoding.takeover",
+    # 4. who writes each token: the policy registry and the calibrated gate
+    "Policy": "core.decoding.policies", "make_policy": "core.decoding.policies",
+    "build_policy": "core.decoding.calibration", "list_policies": "core.decoding.policies",
+    "Gate": "core.annotate.spikes", "calibrate": "core.decoding.calibration",
+    # 5. metrics, annotations, analyses
+    "list_metrics": "core.scoring.registry", "spikes": "core.annotate.spikes",
+    "tag_planning": "core.annotate.planning", "list_analyses": "core.analysis.registry",
     # 6. the store and files others open
-    "TraceStore", "export", "read_jsonl", "import_jsonl",
+    "TraceStore": "core.io.store", "import_file": "core.io.imports", "export": "core.views.exports",
+    "read_jsonl": "core.views.exports",
     # 7. evaluation
-    "evaluate", "grade", "reproduce",
-    # 8. errors (all in core.errors; catch ForkpointError for every user mistake)
-    "ForkpointError", "InvalidInputError", "ModelLoadError", "VocabularyMismatchError", "PairMismatchError",
-    "StoreError", "WriteError", "OutputExistsError", "GradingError", "GenerationCancelled", "ExecutorError",
-]  # fmt: skip
+    "evaluate": "core.evaluation.harness", "grade": "core.evaluation.grading", "reproduce": "core.evaluation.reproduce",
+    # 8. errors: every other type is in core.errors; catch ForkpointError for every user mistake
+    "ForkpointError": "core.errors", "InvalidInputError": "core.errors",
+}  # fmt: skip
+
+# Reachable as `core.<name>` for code written against earlier versions, but not part of the grouped API.
+_MORE: dict[str, str] = {
+    **{name: "core.decoding.policies" for name in (
+        "BaseOnly", "ReasonOnly", "Guided", "EntropyGated", "RandomPositions", "EarlyOnly", "Forced")},
+    **{name: "core.errors" for name in (
+        "ModelLoadError", "VocabularyMismatchError", "PairMismatchError", "StoreError", "WriteError",
+        "OutputExistsError", "GradingError", "GenerationCancelled", "ExecutorError")},
+    "widget": "core.views.notebook",  # needs the `notebook` extra (anywidget)
+    "RayExecutor": "core.scale.ray_executor",  # needs the `ray` extra (docs/SCALE.md)
+}  # fmt: skip
+
+_DEPRECATED = {"import_jsonl": "import_file"}  # old name -> new name (same function)
+
+__all__ = list(_PUBLIC)
 
 
-# spaCy (which pulls in a CLI framework) and math-verify (sympy) load only when first used.
-_LAZY = {
-    "tag_planning": "core.planning",
-    "grade": "core.evaluation.grading",
-    "reproduce": "core.evaluation.reproduce",
-    "compare": "core.comparison",  # several reasoners against one base (core/comparison.py)
-    "widget": "core.notebook",  # needs the `notebook` extra (anywidget); not in __all__ for that reason
-    "RayExecutor": "core.scale",  # scale-out on Ray (the `ray` extra; docs/SCALE.md); Ray loads only when used
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'core' has no attribute {name!r}")
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        warnings.warn(f"core.{name} is deprecated; use core.{_DEPRECATED[name]} (it reads JSONL, CSV and Parquet)",
+                      DeprecationWarning, stacklevel=2)
+        name = _DEPRECATED[name]
+    module = _PUBLIC.get(name) or _MORE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'core' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_PUBLIC) | set(_MORE))
+
+
+def _repr_html(trace: Any) -> str:
+    return importlib.import_module("core.views.display").trace_html(trace)
+
+
+_trace.register_html_renderer(_repr_html)  # a Trace shows itself in Jupyter without importing the views

@@ -16,11 +16,32 @@ import numpy as np
 import pandas as pd
 
 from core.errors import InvalidInputError
-from core.metrics import METRICS
+from core.scoring.registry import (
+    METRICS,
+    RANK_SHIFT,
+    RANK_SHIFT_METRIC,
+    rank_shift_category,
+)
 
 SCHEMA_VERSION = 1
 SOURCES = ("base", "reason", "forced")
 SIDES = ("base", "reason")
+_HTML_RENDERER: list = []  # Trace -> HTML for `_repr_html_`, set by `register_html_renderer` (the data never imports views)
+
+
+def register_html_renderer(render: Any) -> None:
+    """Set how a trace shows itself in Jupyter (`core/__init__.py` registers `core.views.display.trace_html`)."""
+    _HTML_RENDERER[:] = [render]
+
+
+def note_column(layer: list[dict[str, Any]], n: int) -> list[str]:
+    """Per token, the text of the notes of a "notes" layer covering it, joined with " | " ("" for none; "🔖"
+    for an empty bookmark): the `note` column of `frame()` and of CSV/Parquet exports."""
+    col: list[list[str]] = [[] for _ in range(n)]
+    for note in layer:
+        for pos in range(max(0, int(note["start"])), min(int(note["end"]), n - 1) + 1):
+            col[pos].append(str(note.get("text", "")) or ("🔖" if note.get("bookmark") else ""))
+    return [" | ".join(parts) for parts in col]
 
 
 def request_key(request: dict[str, Any]) -> str:
@@ -45,7 +66,7 @@ class Trace:
     tokens      T display strings; "".join(tokens) == text (a character split across byte-level
                 tokens is shown on the token that completes it).
     prompt_ids  {"base": [...], "reason": [...]}: each model's formatted prompt.
-    metrics     name -> (T,) array, one per entry of `core.metrics.METRICS`.
+    metrics     name -> (T,) array, one per entry of `core.scoring.metrics.METRICS`.
     topk        {"base": (ids (T,k) int64, probs (T,k) float32), "reason": (...)}.
     source      (T,) str: who emitted each token ("base", "reason" or "forced").
     meta        the reproducibility record (request, pair, formats, policy, sampling, ...).
@@ -95,6 +116,12 @@ class Trace:
         return int(self.topk["base"][0].shape[1]) if len(self) else 0
 
     @property
+    def spike_positions(self) -> list[int]:
+        """The positions of the "spikes" annotation layer, sorted ([] without one): the one reader of that layer."""
+        layer = self.annotations.get("spikes") or {}
+        return sorted({int(p) for p in layer.get("positions", ()) if 0 <= int(p) < len(self)})
+
+    @property
     def n_takeovers(self) -> int:
         """Tokens not written by the base model (the reasoner's or a forced token): the one count of takeovers."""
         return int(np.count_nonzero(self.source != "base"))
@@ -117,9 +144,7 @@ class Trace:
                 list(zip(row_ids.tolist(), row_probs.tolist())) for row_ids, row_probs in zip(ids, probs)
             ]
         data["source"] = list(self.source)
-        from core.rank_shift import NAME as RANK_SHIFT, categorise  # unshifted / marginal / shifted (core/rank_shift.py)
-
-        data[RANK_SHIFT] = categorise(self.metrics["reason_top_rank_in_base"]) if n else []
+        data[RANK_SHIFT] = rank_shift_category(self.metrics[RANK_SHIFT_METRIC]) if n else []  # unshifted / marginal / shifted
         if "tags" in self.annotations:
             data["tag"] = list(self.annotations["tags"])
         if "segments" in self.annotations:
@@ -129,16 +154,13 @@ class Trace:
             spike[list(self.annotations["spikes"]["positions"])] = True
             data["spike"] = spike
         if self.annotations.get("notes"):  # the notes layer (core/io/notes.py attach_notes): text per token
-            from core.io.notes import note_column
-
-            data["note"] = note_column(self)
+            data["note"] = note_column(self.annotations["notes"], n)
         return pd.DataFrame(data)
 
-    def _repr_html_(self) -> str:
-        """Jupyter's rich display: the HTML export's self-contained page (hover and all), see core/display.py."""
-        from core.display import trace_html
-
-        return trace_html(self)
+    def _repr_html_(self) -> str | None:
+        """Jupyter's rich display: the renderer `core` registers at import (core/views/display.py `trace_html`,
+        the HTML export's self-contained page); None (plain repr) when none is registered."""
+        return _HTML_RENDERER[0](self) if _HTML_RENDERER else None
 
     # -- derivation ---------------------------------------------------------------------------
     def annotate(self, **layers: Any) -> Trace:

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.metrics import INT_METRICS, METRICS, chunk_metrics
+from core.scoring.metrics import chunk_metrics
+from core.scoring.registry import INT_METRICS, METRICS
 from core.trace import SCHEMA_VERSION, Trace, request_key
 
 # A tiny vocabulary; token id i displays as FAKE_VOCAB[i]. Includes markup and newlines on purpose.
@@ -123,7 +124,7 @@ def make_trace(
         ce = metrics["cross_entropy"]
         n_spikes = max(1, n // 10)
         positions = sorted(np.argsort(-ce, kind="stable")[:n_spikes].tolist())
-        tags = [FAKE_TAGS.get(t.strip(), "execute") for t in tokens]  # core.planning's categories
+        tags = [FAKE_TAGS.get(t.strip(), "execute") for t in tokens]  # core.annotate.planning's categories
         cut = (2 * n) // 3
         segments = ["think"] * cut + ["answer"] * (n - cut)
         trace = trace.annotate(

@@ -1,6 +1,6 @@
 """Brute-force float64 reference for the per-token metrics, written from the formulas in docs/ARCHITECTURE.md.
 
-Deliberately independent of core.metrics: plain numpy, one position at a time, no clamping, ranks by
+Deliberately independent of core.scoring.metrics: plain numpy, one position at a time, no clamping, ranks by
 sorting. `model_reference` runs each model's full float64 forward over prompt + response (no cache, no
 chunking) and applies it. Used by test_metrics.py, test_scoring.py, test_big_vocab.py and test_gpu.py.
 """

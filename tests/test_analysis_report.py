@@ -11,8 +11,8 @@ import plotly.graph_objects as go
 import pytest
 from fakes import make_trace
 
-from core.analysis import tables as A
 from core.analysis import report as R
+from core.analysis import tables as A
 from core.errors import ForkpointError, InvalidInputError
 
 
@@ -92,6 +92,6 @@ def test_report_tables_write_csv(tmp_path):
 def test_report_skips_enrichment_without_tagger(tmp_path, monkeypatch):
     import sys
 
-    monkeypatch.setitem(sys.modules, "core.planning", None)  # import fails -> enrichment skipped
+    monkeypatch.setitem(sys.modules, "core.annotate.planning", None)  # import fails -> enrichment skipped
     tables = R.report_tables(_traces(tags=False))
     assert "enrichment" not in tables and "gini" in tables

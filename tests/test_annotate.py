@@ -8,21 +8,21 @@ from collections import deque
 
 import numpy as np
 import pytest
+from fakes import make_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.spike_rules import (
+from core.annotate.spikes import (
     Gate,
     calibrate_gate,
     gate_fires,
     gate_positions,
-    spike_positions,
     spikes,
+    spikes_or_top,
     top_count,
     top_positions,
 )
 from core.errors import InvalidInputError
-from fakes import make_trace
 
 
 def with_metrics(trace, **arrays):
@@ -201,16 +201,16 @@ def test_spikes_gate_matches_gate_positions():
     out = spikes(t, gate=g)
     assert out.annotations["spikes"]["rule"] == {"score": "cross_entropy", "gate": {"tau": g.tau, "lam": 1.2, "window": 4}}
     assert out.annotations["spikes"]["positions"] == gate_positions(t.metrics["cross_entropy"], g).tolist()
-    assert spike_positions(out).tolist() == out.annotations["spikes"]["positions"]
+    assert spikes_or_top(out).tolist() == out.annotations["spikes"]["positions"]
 
 
 def test_spike_positions_fallback():
     t = with_metrics(make_trace(5, 3), cross_entropy=[0, 0, 5, 0, 0])
-    assert spike_positions(t).tolist() == [2]
+    assert spikes_or_top(t).tolist() == [2]
     # the fallback is the rule `spikes` applies: no ~0 score is a spike, whatever `top` asks for
-    assert spike_positions(t, top=0.6).tolist() == [2] == spikes(t, top=0.6).annotations["spikes"]["positions"]
+    assert spikes_or_top(t, top=0.6).tolist() == [2] == spikes(t, top=0.6).annotations["spikes"]["positions"]
     flat = with_metrics(make_trace(5, 3), cross_entropy=[0, 0, 0, 0, 0])
-    assert spike_positions(flat, top=0.5).tolist() == [] == spikes(flat, top=0.5).annotations["spikes"]["positions"]
+    assert spikes_or_top(flat, top=0.5).tolist() == [] == spikes(flat, top=0.5).annotations["spikes"]["positions"]
 
 
 @pytest.mark.parametrize(

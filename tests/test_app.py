@@ -11,8 +11,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.downloads import export_file_bytes
-from core.io.exports import annotated, read_jsonl
 from core.io.store import TraceStore
+from core.views.exports import annotated, read_jsonl
 from tests.apptest import start_app, tiny_argv, write_problems
 
 PROBLEMS = [
@@ -92,7 +92,7 @@ def test_select_token_take_over_and_see_the_branch(env):
     assert at.session_state["trace_key"] == job["child"]
     tree = next(r for r in at.radio if r.key and r.key.startswith("tree_"))  # the branch tree lists both
     shown = [re.sub(r"\\(.)", r"\1", o) for o in tree.options]  # labels are Markdown with punctuation escaped
-    assert len(shown) == 2 and "branch @ 2 reasoner '" in shown[1] and "← open" in shown[1]
+    assert len(shown) == 2 and "⏻ #2 reasoner '" in shown[1] and "← open" in shown[1]
 
 
 def test_force_a_token_from_the_top_k(env):
@@ -405,7 +405,7 @@ def _ws_status(port: int, host: str) -> int:
 
 
 def test_score_selector_is_the_metric_registry(env):
-    from core.metrics import METRICS, SCORES
+    from core.scoring.registry import METRICS, SCORES
 
     at = env.start().run()
     assert at.selectbox(key="score").options == [METRICS[s].score_label for s in SCORES]
@@ -418,7 +418,7 @@ def test_a_long_trace_opens_on_the_page_of_the_linked_token(env):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from fakes import make_trace
 
-    from app.view import PAGE_TOKENS
+    from core.views.presentation import PAGE_TOKENS
 
     trace = make_trace(PAGE_TOKENS + 50, seed=3)
     TraceStore(env.store).put(trace)
@@ -470,3 +470,44 @@ def test_branch_with_its_own_temperature_and_seed(env):
     _ok(at)
     child = TraceStore(env.store).get(at.session_state["compare"]["child"])
     assert child.meta["sampling"]["temperature"] == 1.0 and child.meta["sampling"]["seed"] == 7
+
+
+def test_the_switchboard_flips_in_place_and_goes_back(env):
+    """A click in flip mode (the component's event, as the fragment reads it) switches the open trace in
+    place: the child is opened, graded and stored, the switch list shows it, and back / forward move
+    between the two states; switching it off again returns the original trace."""
+    at = env.start().run()
+    root = at.session_state["trace_key"]
+    store = TraceStore(env.store)
+    parent = store.get(root)
+    pos = next(i for i, s in enumerate(parent.source) if s == "base")
+    at.session_state["switch_job"] = {"pos": pos, "flip": True}
+    at.run()
+    _ok(at)
+    key = at.session_state["trace_key"]
+    assert key != root and at.query_params["trace"] == key
+    child = store.get(key)
+    assert child.meta["switches"] == {str(pos): "reason"} and child.source[pos] == "reason"
+    assert child.meta["correct"] is not None  # graded like every trace
+    assert child.token_ids[:pos].tolist() == parent.token_ids[:pos].tolist()
+    assert any(t.key == f"sw_{key}_{pos}" for t in at.toggle)  # the switch list
+    assert at.session_state["sw_hist"] == [root, key]
+    at.button(key="sw_back").click().run()
+    _ok(at)
+    assert at.session_state["trace_key"] == root
+    at.button(key="sw_fwd").click().run()
+    assert at.session_state["trace_key"] == key
+    at.toggle(key=f"sw_{key}_{pos}").set_value(False).run()  # switched off: the original again
+    _ok(at)
+    assert at.session_state["trace_key"] == root
+
+
+def test_a_top_k_alternative_click_forces_that_token(env):
+    at = env.start().run()
+    parent = TraceStore(env.store).get(at.session_state["trace_key"])
+    alt = int(parent.topk["reason"][0][3][1])
+    at.session_state["switch_job"] = {"pos": 3, "at": {3: alt}}
+    at.run()
+    _ok(at)
+    child = TraceStore(env.store).get(at.session_state["trace_key"])
+    assert int(child.token_ids[3]) == alt and child.source[3] == "forced"

@@ -8,18 +8,31 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from fakes import fake_decode, make_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.components.token_view import build_view
 from app.config import parse_args
-from app.view import SpikeRule, annotate_view, filter_table, first_difference, md_code, spike_count, tail, trace_table
-from core.presentation import hover_data, takeover_choices, tree_label, tree_rows
-from core.spike_rules import Gate, top_count
+from app.view import (
+    SpikeRule,
+    annotate_view,
+    filter_table,
+    md_code,
+    spike_count,
+    trace_table,
+)
+from core.annotate.spikes import Gate, top_count
 from core.errors import InvalidInputError
 from core.io.store import TraceStore
-from fakes import fake_decode, make_trace
-
+from core.views.presentation import (
+    first_difference,
+    hover_data,
+    tail,
+    takeover_choices,
+    tree_label,
+    tree_rows,
+)
 
 # -- config --------------------------------------------------------------------------------------
 
@@ -214,7 +227,7 @@ def test_filter_table(filled_store):
 
 
 def test_fmt_prob_never_reads_zero_for_a_small_probability():
-    from core.presentation import fmt_prob
+    from core.views.presentation import fmt_prob
 
     assert fmt_prob(0.0131) == "0.0131" and fmt_prob(0.000123) == "1.23e-04" and fmt_prob(0.0) == "0"
     assert fmt_prob(0.5, "logprob") == f"{np.log(0.5):.3f}" and fmt_prob(0.0, "logprob") == "−inf"
@@ -232,7 +245,7 @@ def test_md_escape_leaves_no_markdown_structure(text):
 
 
 def test_takeover_choices_show_both_models_probabilities():
-    from core.presentation import prob_at
+    from core.views.presentation import prob_at
 
     trace = make_trace(12, seed=4)
     choices = takeover_choices(trace, 3, fake_decode)
@@ -241,7 +254,7 @@ def test_takeover_choices_show_both_models_probabilities():
         for side in ("base", "reason"):
             p = prob_at(trace, side, 3, choice.token)
             if p is not None:
-                from core.presentation import fmt_prob
+                from core.views.presentation import fmt_prob
 
                 assert f"{side} p={fmt_prob(p)}" in choice.label
             else:
@@ -249,7 +262,7 @@ def test_takeover_choices_show_both_models_probabilities():
 
 
 def test_token_diff_aligns_equal_tokens_and_reports_deltas():
-    from app.view import token_diff
+    from core.views.presentation import token_diff
 
     a = make_trace(10, seed=1)
     b = _with_ids(make_trace(11, seed=2), [*a.token_ids[:4].tolist(), 999, *a.token_ids[4:10].tolist()])
@@ -264,7 +277,7 @@ def test_token_diff_aligns_equal_tokens_and_reports_deltas():
 
 
 def test_branch_label_names_the_forced_token():
-    from core.presentation import branch_token_text
+    from core.views.presentation import branch_token_text
 
     trace = make_trace(8, seed=3)
     trace.meta["branch_pos"] = 2
@@ -277,7 +290,7 @@ def test_branch_label_names_the_forced_token():
 
 
 def test_hover_labels_come_from_the_metric_registry():
-    from core.metrics import METRICS
+    from core.scoring.registry import METRICS
 
     data = hover_data(make_trace(6, seed=2), "jsd", fake_decode)
     assert data["labels"] == {name: METRICS[name].label for name in data["metrics"]}
@@ -285,7 +298,7 @@ def test_hover_labels_come_from_the_metric_registry():
 
 
 def test_long_trace_pages_keep_absolute_positions_and_the_whole_range():
-    from app.view import PAGE_TOKENS, page_bounds
+    from core.views.presentation import PAGE_TOKENS, page_bounds
 
     n = PAGE_TOKENS + 300
     trace = annotate_view(make_trace(n, seed=9), "cross_entropy", SpikeRule(top=0.05))
@@ -330,7 +343,7 @@ def test_score_plot_has_round_ticks_and_names_each_line_once():
     import math
 
     from app.figures import trace_figure
-    from core.metrics import METRICS
+    from core.scoring.registry import METRICS
 
     trace = annotate_view(make_trace(40, seed=5), "cross_entropy", SpikeRule(top=0.1))
     fig = trace_figure(trace, "cross_entropy")

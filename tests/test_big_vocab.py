@@ -16,7 +16,7 @@ from refmetrics import model_reference, reference_errors
 
 import core
 from core.demo.tiny import build_tiny_model, word_tokenizer
-from core.metrics import METRICS
+from core.scoring.registry import METRICS
 
 VOCAB = 151_936
 TOL = 1e-5

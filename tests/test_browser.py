@@ -137,10 +137,10 @@ def test_hover_click_take_over_and_export(app_url, page):
         button.click()
     saved = OUT / info.value.suggested_filename
     info.value.save_as(saved)
-    from core.io.exports import read_jsonl
+    from core.views.exports import read_jsonl
 
     traces = read_jsonl(saved)
-    from core.io.exports import annotated
+    from core.views.exports import annotated
 
     # lossless, plus the annotations the user saw (the sidebar's top 5% spikes, planning tags)
     assert [t.key for t in traces] == [parent] and traces[0] == annotated(store.get(parent), top=0.05)

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from core.cli import main
-from core.io.exports import read_jsonl
 from core.io.store import TraceStore
+from core.views.exports import read_jsonl
 
 PROBLEMS = [
     {"id": "p1", "question": "Tom has 3 boxes of 4 apples. He gives away 2. How many are left?", "answer": "10"},
@@ -123,8 +123,8 @@ def test_generate_guided_honours_score_budget_and_calibration(env):
     assert len(guided) == len(PROBLEMS) and len(base) == 2  # the calibration rollouts of the first 2 problems
     params = guided[0].meta["policy"]["params"]
     assert params["score"] == "jsd" and params["budget"] == 0.25 and params["max_takeovers"] is None
-    from core.metrics import score_values
-    from core.spike_rules import calibrate_gate
+    from core.annotate.spikes import calibrate_gate
+    from core.scoring.registry import score_values
 
     expect = calibrate_gate([score_values(t.metrics, "jsd") for t in base], 0.3, 16)
     assert params["tau"] == pytest.approx(expect.tau) and params["lam"] == pytest.approx(expect.lam)

@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from spies import FeedLog
 
 import core
 from core.decoding import (
@@ -29,8 +30,7 @@ from core.decoding import (
 from core.decoding.engine import Decoder
 from core.decoding.generation import make_rows
 from core.errors import GenerationCancelled
-from core.metrics import INT_METRICS, METRICS
-from spies import FeedLog
+from core.scoring.registry import INT_METRICS, METRICS
 
 SIDES = ("base", "reason")
 PROMPTS = ["What is 2+3?", "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?", "x"]
@@ -271,7 +271,8 @@ def test_branch_takes_the_reasoners_greedy_token(pair) -> None:
         assert_greedy(pair, child)
         assert child.meta["parent"] == parent.key and child.meta["branch_pos"] == pos
         assert child.meta["kind"] == "branch" and child.key != parent.key
-        assert child.meta["policy"]["branch"] == {"pos": pos, "token": "reason"}
+        assert child.meta["switches"] == {str(pos): "reason"} == child.meta["policy"]["switches"]
+        assert child.meta["switched"] == [{"pos": pos, "to": "reason", "token": None, "from": parent.source[pos] if pos < len(parent) else None}]
         assert len(child) == 14
         assert_matches_score(pair, child)
 

@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.demo import pair as demo, task as demo_task, train as demo_train
+from core.demo import pair as demo
+from core.demo import task as demo_task
+from core.demo import train as demo_train
 
 # An independent reading of the cue phrases (distinctive words -> op), written apart from demo_task.
 FIRST_WORDS = {"finds": "add", "from a friend": "add", "loses": "subtract", "burns": "subtract",

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from core.demo import card as demo_card, train as demo_train
+from core.demo import card as demo_card
+from core.demo import train as demo_train
 
 
 def test_bars_compare_in_the_right_direction():

@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import core
-
+from core.errors import InvalidInputError
 from core.evaluation import harness as ev
 from core.evaluation import sweep as sw
-from core.errors import InvalidInputError
 
 
 # -- pure maths --------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 from html.parser import HTMLParser
 
@@ -12,10 +12,11 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from fakes import fake_decode, make_trace
 
-from core.metrics import METRICS
 from core.errors import InvalidInputError, OutputExistsError
-from core.io.exports import (
+from core.scoring.registry import METRICS
+from core.views.exports import (
     FORMATS,
     annotated,
     export,
@@ -23,7 +24,6 @@ from core.io.exports import (
     read_jsonl,
     sidecar_path,
 )
-from fakes import fake_decode, make_trace
 
 EVIL = "Sure <script>alert(1)</script> and <img src=x onerror=alert(1)> done\n</pre></details><b>x"
 
@@ -234,8 +234,8 @@ def test_html_tooltip_in_browser(tmp_path, traces):
 
 
 def _expected(trace, top=0.1):
-    from core.heatmap import tag_colour
-    from core.spike_rules import spikes
+    from core.annotate.spikes import spikes
+    from core.views.heatmap import tag_colour
 
     spiked = spikes(trace, top=top)
     pos = set(spiked.annotations["spikes"]["positions"])
@@ -274,7 +274,7 @@ def test_every_format_carries_spikes_tags_and_topk_strings(tmp_path, traces):
 
 
 def test_export_gate_rule_is_described(tmp_path):
-    from core.spike_rules import Gate
+    from core.annotate.spikes import Gate
 
     trace = make_trace(30, seed=8)
     page = export(trace, tmp_path / "g.html", gate=Gate(tau=0.5, lam=1.2, window=4)).read_text(encoding="utf-8")

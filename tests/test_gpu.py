@@ -19,7 +19,8 @@ from refmetrics import model_reference, reference_errors, reference_metrics
 from test_big_vocab import PROMPTS, RESPONSE, VOCAB, build_big_pair, check, guided_for
 
 import core
-from core.metrics import EMITTED, METRICS, chunk_metrics, emitted_metrics, step_metrics
+from core.scoring.metrics import EMITTED, chunk_metrics, emitted_metrics, step_metrics
+from core.scoring.registry import METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = os.environ.get("FORKPOINT_TEST_DEVICE", "cuda")

@@ -11,9 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.evaluation import grading
 from core.errors import ForkpointError, InvalidInputError
-from core.evaluation.grading import check_answer, extract_answer, grade, last_boxed, normalize_answer
+from core.evaluation import grading
+from core.evaluation.grading import (
+    check_answer,
+    extract_answer,
+    grade,
+    last_boxed,
+    normalize_answer,
+)
 
 # -- extraction -----------------------------------------------------------------------------------
 

@@ -1,21 +1,21 @@
-"""core.heatmap: colour scales against hand values, escaping of model text, markers, speed."""
+"""core.views.heatmap: colour scales against hand values, escaping of model text, markers, speed."""
 
 from __future__ import annotations
 
 import html
 import re
 import time
-from html.parser import HTMLParser
-
 from html import unescape as html_unescape
+from html.parser import HTMLParser
 
 import numpy as np
 import pytest
+from fakes import fake_decode, make_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidInputError
-from core.heatmap import (
+from core.views.heatmap import (
     NAN_COLOUR,
     SCALES,
     colour_scale,
@@ -27,7 +27,6 @@ from core.heatmap import (
     token_tips,
     tokens_html,
 )
-from fakes import fake_decode, make_trace
 
 EVIL = "Hi <script>alert(1)</script> & <img src=x onerror=alert(1)> \"quoted\" 'single'\nnext"
 
@@ -157,7 +156,7 @@ def test_background_follows_score():
     for score in ("cross_entropy", "jsd", "delta_logp"):
         spans = parse(tokens_html(trace, score=score, tips=False)).spans
         backgrounds = [s["style"].split(";")[0].removeprefix("background:") for s in spans]
-        from core.metrics import score_values
+        from core.scoring.registry import score_values
 
         assert backgrounds == colour_scale(score_values(trace.metrics, score))
     with pytest.raises(InvalidInputError, match="cross_entropy"):
@@ -167,9 +166,9 @@ def test_background_follows_score():
 def test_a_negated_score_is_labelled_as_its_negative():
     """delta_logp colours by −Δlog p (higher = more disagreement): every label of those values says so."""
     from app.figures import trace_figure
-    from core.heatmap import legend_html
-    from core.metrics import score_label
-    from core.presentation import hover_data
+    from core.scoring.registry import score_label
+    from core.views.heatmap import legend_html
+    from core.views.presentation import hover_data
 
     trace = make_trace(12, seed=3)
     assert score_label("delta_logp") == "−(Log-prob gain (reasoner − base))" and score_label("jsd") == "Jensen-Shannon divergence"
@@ -258,13 +257,13 @@ def test_render_time_grows_linearly_with_tokens():
 
 
 def test_shared_range_gives_one_colour_per_value_across_views():
-    from core.heatmap import value_range
+    from core.views.heatmap import value_range
 
     a, b = make_trace(20, seed=1), make_trace(20, seed=2)
     lo, hi = value_range(a.metrics["cross_entropy"], b.metrics["cross_entropy"])
     assert lo == pytest.approx(min(a.metrics["cross_entropy"].min(), b.metrics["cross_entropy"].min()))
     whole = tokens_html(a, vmin=lo, vmax=hi, tips=False)
-    from app.view import tail
+    from core.views.presentation import tail
 
     part = tokens_html(tail(a, 7), vmin=lo, vmax=hi, offset=7, tips=False)  # the comparison's slice of `a`
     colours = dict(re.findall(r'data-pos="(\d+)" style="background:(#[0-9a-f]{6})', whole))
@@ -282,7 +281,7 @@ def test_offset_shifts_positions():
 
 
 def test_grapheme_split_over_tokens_renders_whole_and_every_token_stays_clickable():
-    from core.heatmap import grapheme_groups
+    from core.views.heatmap import grapheme_groups
 
     thumbs = "\U0001F44D"  # 👍
     tone = "\U0001F3FD"  # medium skin tone modifier: one grapheme with the thumb

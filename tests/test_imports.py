@@ -162,7 +162,7 @@ def test_fifty_megabyte_line_is_rejected_in_bounded_memory(tmp_path):
 def test_import_with_fake_scorer(tmp_path):
     calls, progress = [], []
 
-    def scorer(pair, problem, response):  # core.scoring.score takes a problem dict as its prompt
+    def scorer(pair, problem, response):  # core.scoring.teacher_forced.score takes a problem dict as its prompt
         calls.append((pair, problem))
         if problem["id"] == "b":
             raise ModelLoadError("token id 7 is outside the vocabulary")

@@ -15,7 +15,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.browser import ROOT, STEP_TIMEOUT_MS, chromium_page, pair_args, require_chromium, run_app
+from tests.browser import (
+    ROOT,
+    STEP_TIMEOUT_MS,
+    chromium_page,
+    pair_args,
+    require_chromium,
+    run_app,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

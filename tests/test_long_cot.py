@@ -18,7 +18,7 @@ import pytest
 import core
 from core.decoding import CACHES
 from core.demo.tiny import build_tiny_model
-from core.metrics import INT_METRICS
+from core.scoring.registry import INT_METRICS
 
 T = 16384
 PROMPT = "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?"

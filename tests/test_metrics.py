@@ -1,4 +1,4 @@
-"""core.metrics: every metric against an independent float64 reference, the identities that must hold, and
+"""core.scoring.metrics: every metric against an independent float64 reference, the identities that must hold, and
 the decoding entry points (step_metrics + emitted_metrics) giving exactly the scoring path's numbers."""
 
 from __future__ import annotations
@@ -15,20 +15,22 @@ from hypothesis.extra import numpy as hnp
 from refmetrics import reference_metrics
 
 from core.errors import InvalidInputError
-from core.metrics import (
-    DEFAULT_SCORE,
+from core.scoring.metrics import (
     EMITTED,
-    INT_METRICS,
-    METRICS,
-    SCORES,
-    check_score,
     chunk_metrics,
     emitted_metrics,
     entropy,
     log_probs,
-    score_values,
     step_metrics,
     target_metrics,
+)
+from core.scoring.registry import (
+    DEFAULT_SCORE,
+    INT_METRICS,
+    METRICS,
+    SCORES,
+    check_score,
+    score_values,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

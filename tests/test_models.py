@@ -13,10 +13,16 @@ import pytest
 import torch
 
 import core
+from core.demo.tiny import build_tiny_model, train_tokenizer
 from core.pair import loading as load
 from core.pair.forward import head
-from core.pair.loading import DEFAULT_BASE_FORMAT, PromptFormat, check_same_vocabulary, resolve_device, resolve_dtype
-from core.demo.tiny import build_tiny_model, train_tokenizer
+from core.pair.loading import (
+    DEFAULT_BASE_FORMAT,
+    PromptFormat,
+    check_same_vocabulary,
+    resolve_device,
+    resolve_dtype,
+)
 
 PROBLEM = "What is 3 * 4?"
 RESPONSE = "3 * 4 = 12. The answer is 12."
@@ -164,7 +170,7 @@ def test_padded_embedding_logits_are_truncated(llama_pair) -> None:
     for side in ("base", "reason"):
         assert (trace.topk[side][0] < pair.vocab_size).all()
         np.testing.assert_allclose(trace.topk[side][1].sum(-1), clean.topk[side][1].sum(-1), atol=1e-6)
-    for name in core.metrics.METRICS:
+    for name in core.scoring.metrics.METRICS:
         np.testing.assert_array_equal(trace.metrics[name], clean.metrics[name])
     hidden = torch.randn(3, pair.base.config.hidden_size)
     assert head(pair.base, hidden, pair.vocab_size).shape == (3, pair.vocab_size)

@@ -25,7 +25,7 @@ PROMPT = "What is 2+3?"
 RESPONSE = "2+3 = 5. Wait, 5. The answer is 5."
 SYNCED = ("score", "scores", "views", "selected", "selection_label", "choices", "tree", "notes", "can_note", "status")
 
-notebook = pytest.importorskip("core.notebook")  # the `notebook` extra (anywidget)
+notebook = pytest.importorskip("core.views.notebook")  # the `notebook` extra (anywidget)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_repr_html_is_the_export_page(trace):
     assert page.startswith("<!DOCTYPE html>") and 'id="fp-tip"' in page  # the export's page with its hover script
     assert page.count('class="tok') >= len(trace) and f'data-pos="{len(trace) - 1}"' in page
     assert "http://" not in page and "https://" not in page and "<link" not in page  # offline
-    from core.display import page_html
+    from core.views.display import page_html
 
     again = page_html(trace)
     strip = functools.partial(re.sub, r"exported [^·]*·", "")
@@ -85,20 +85,20 @@ def test_repr_html_escapes_model_text():
 
 def test_widget_model_state_in_branches_out(qwen_pair, trace):
     w = _widget(qwen_pair, trace)
-    from core.metrics import SCORES
+    from core.scoring.registry import SCORES
 
     assert [s for s, _ in w.scores] == [*SCORES, "rank_shift"]
     assert len(w.views) == 1 and w.views[0]["data"]["html"].count("data-pos=") == len(trace)
     assert w.views[0]["data"]["hover"]["tokens"] == trace.tokens
     assert w.selection is None and w.choices == [] and w.tree[0]["key"] == trace.key
     # metric selector
-    from core.metrics import METRICS
+    from core.scoring.registry import METRICS
 
     w.score = "jsd"
     assert w.views[0]["data"]["hover"]["score_name"] == METRICS["jsd"].label
     np.testing.assert_allclose(w.views[0]["data"]["hover"]["score"], np.round(trace.metrics["jsd"], 3), atol=1e-3)
     w.score = "rank_shift"  # the categorical colouring mode
-    from core import rank_shift
+    from core.annotate import rank_shift
 
     body = w.views[0]["data"]["html"]
     assert [m for m in re.findall(r"background:([^;\"]+)", body)] == rank_shift.colours(trace)
@@ -256,7 +256,7 @@ def test_widget_front_end_in_chromium(qwen_pair, trace, served, tmp_path_factory
         assert w.score == "jsd"
         page.mouse.move(0, 0)
         toks.nth(2).hover()
-        from core.metrics import METRICS
+        from core.scoring.registry import METRICS
 
         page.wait_for_function(f"document.querySelector('.fp-card-score').textContent.startsWith({json.dumps(METRICS['jsd'].label)})")
         # click a token: selection in Python, choices in the page

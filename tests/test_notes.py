@@ -11,8 +11,8 @@ import pytest
 
 from core.errors import InvalidInputError, StoreError
 from core.io import notes as nt
-from core.io.exports import export, read_jsonl
 from core.io.store import TraceStore
+from core.views.exports import export, read_jsonl
 from tests.apptest import tiny_app
 from tests.fakes import make_trace
 

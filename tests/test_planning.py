@@ -1,4 +1,4 @@
-"""Tests for core.planning: lexicon loading, word tags, word -> token mapping, think/answer segments."""
+"""Tests for core.annotate.planning: lexicon loading, word tags, word -> token mapping, think/answer segments."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from spacy.lookups import Lookups
 
-from core import planning
-from core.metrics import METRICS
-from core.errors import InvalidInputError
-from core.planning import (
+from core.annotate import planning
+from core.annotate.planning import (
     CATEGORIES,
     PlanningTagger,
     annotate_tags,
@@ -25,6 +23,8 @@ from core.planning import (
     tag_tokens,
     words_to_tokens,
 )
+from core.errors import InvalidInputError
+from core.scoring.registry import METRICS
 from core.trace import Trace
 
 

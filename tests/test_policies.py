@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import core
+from core.annotate.spikes import Gate, calibrate_gate, gate_fires
 from core.decoding.policies import (
     POLICIES,
     BaseOnly,
@@ -28,8 +29,7 @@ from core.decoding.policies import (
     row_identity,
     within_budget,
 )
-from core.metrics import score_values
-from core.spike_rules import Gate, calibrate_gate, gate_fires
+from core.scoring.registry import score_values
 
 PROMPT = "What is 2+3?"  # the tiny random models write no EOS on this one for 48+ tokens, whatever the policy
 PROMPTS = [PROMPT, "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?"]

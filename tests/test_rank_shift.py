@@ -1,4 +1,4 @@
-"""core/rank_shift.py: categories from hand-set ranks, ratios, the spikes/takeovers table, the metric itself."""
+"""core/annotate/rank_shift.py: categories from hand-set ranks, ratios, the spikes/takeovers table, the metric itself."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from core import rank_shift as rs
+from core.annotate import rank_shift as rs
 from core.errors import InvalidInputError
 from tests.apptest import tiny_app
 from tests.fakes import make_trace
@@ -77,7 +77,7 @@ def test_categories_partition_known_tokens(ranks):
 
 def test_metric_it_reads_is_the_base_rank_of_the_reasoner_top():
     """The categories sit on `reason_top_rank_in_base`: check it against a float64 argsort of random logits."""
-    from core.metrics import chunk_metrics
+    from core.scoring.metrics import chunk_metrics
 
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(50, 30, generator=g, dtype=torch.float64), torch.randn(50, 30, generator=g, dtype=torch.float64)
@@ -114,7 +114,7 @@ def test_the_analysis_report_has_the_rank_shift_table(tmp_path):
 def test_heatmap_colouring_mode_is_categorical():
     import re
 
-    from core.heatmap import tokens_html
+    from core.views.heatmap import tokens_html
 
     trace = _with_ranks([0, 2, 4, 1, 0])
     body = tokens_html(trace, colours=rs.colours(trace))
@@ -128,7 +128,7 @@ def test_exports_carry_a_per_token_rank_shift_column(tmp_path):
     import pandas as pd
     import pyarrow.parquet as pq
 
-    from core.io.exports import export
+    from core.views.exports import export
 
     trace = _with_ranks([0, 1, 2, 3, 0, 7])
     want = ["unshifted", "marginal", "marginal", "shifted", "unshifted", "shifted"]
@@ -147,7 +147,7 @@ def test_exports_carry_a_per_token_rank_shift_column(tmp_path):
 def test_rank_shift_is_a_colour_scale_of_the_heatmap():
     import re
 
-    from core.heatmap import SCALES, legend_html, tokens_html
+    from core.views.heatmap import SCALES, legend_html, tokens_html
 
     assert rs.NAME in SCALES  # the app's colour-scale selector and URL state read SCALES
     trace = _with_ranks([3, 0, 1])

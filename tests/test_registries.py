@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import core
 from core import settings
+from core.annotate.spikes import Gate
 from core.cli import main
 from core.decoding.policies import (
     POLICIES,
@@ -29,7 +30,7 @@ from core.decoding.policies import (
     policy_spec,
     register_policy,
 )
-from core.metrics import (
+from core.scoring.registry import (
     GATE_SCORES,
     INT_METRICS,
     METRICS,
@@ -37,7 +38,6 @@ from core.metrics import (
     list_metrics,
     score_values,
 )
-from core.spike_rules import Gate
 
 ROOT = Path(__file__).resolve().parents[1]
 

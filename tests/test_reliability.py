@@ -25,8 +25,8 @@ from spies import FeedLog
 import core.io.atomic as atomic
 from core.cli import main
 from core.errors import InvalidInputError, StoreError, WriteError
-from core.io.exports import export, read_jsonl
 from core.io.store import TraceStore
+from core.views.exports import export, read_jsonl
 
 FORK = multiprocessing.get_context("fork")
 
@@ -154,7 +154,7 @@ def test_put_of_identical_content_writes_nothing(tmp_path):
 
 
 def test_rerunning_score_or_generate_over_a_damaged_trace_recomputes_it(tmp_path, qwen_pair):
-    from core.scoring import score
+    from core.scoring.teacher_forced import score
 
     store = TraceStore(tmp_path)
     first = score(qwen_pair, "What is 2+3?", "5", store=store)
@@ -415,7 +415,7 @@ def test_csv_text_cells_cannot_run_as_formulas(tmp_path):
 
 
 def test_score_arguments_are_validated(qwen_pair):
-    from core.scoring import score
+    from core.scoring.teacher_forced import score
 
     with pytest.raises(InvalidInputError, match="chunk must be a whole number ≥ 1, got 0"):
         score(qwen_pair, "p", "r", chunk=0)
@@ -427,7 +427,7 @@ def test_score_arguments_are_validated(qwen_pair):
 
 def test_prompts_that_do_not_fit_the_context_are_refused_fast(tmp_path, qwen_pair, monkeypatch):
     from core.decoding.generation import generate
-    from core.scoring import score
+    from core.scoring.teacher_forced import score
 
     for side in ("base", "reason"):
         monkeypatch.setattr(qwen_pair.model(side).config, "max_position_embeddings", 64)

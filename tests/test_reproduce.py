@@ -19,7 +19,6 @@ from core.evaluation import harness as ev
 from core.evaluation.reproduce import reproduce, resolve_sampling, split_calibration
 from core.io.store import TraceStore
 
-
 # -- pure parts ------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""core.scoring: teacher-forced scores of the tiny pairs against a float64 brute force, and the trace they make."""
+"""core.scoring.teacher_forced: teacher-forced scores of the tiny pairs against a float64 brute force, and the trace they make."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from refmetrics import model_reference, reference_errors
 
 import core
+from core.annotate.rank_shift import NAME as RANK_SHIFT
 from core.demo.tiny import CORPUS
-from core.metrics import METRICS
 from core.pair.loading import PromptFormat
 from core.pair.tokens import REPLACEMENT, display_tokens
-from core.rank_shift import NAME as RANK_SHIFT
+from core.scoring.registry import METRICS
 from core.trace import request_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,7 +232,7 @@ def test_display_tokens_reuse_a_longer_responses_prefix(tiny_tokenizer, ids: lis
 def test_assemble_reuses_the_parents_prefix_rows(qwen_pair, monkeypatch) -> None:
     """assemble(parent=, keep=) takes the prefix's rows from the parent (new rows only, or all rows) and
     decodes only the new tokens; a prefix that is not the parent's is refused."""
-    from core import scoring
+    from core.scoring import teacher_forced as scoring
 
     parent = core.score(qwen_pair, PROBLEM, RESPONSE)
     child_ids = parent.token_ids.tolist()[:-3] + qwen_pair.encode(" 東京 🙂")

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import shutil
 import signal
-import multiprocessing
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from fakes import make_trace
 
 import core.io.store as store_mod
 from core.errors import InvalidInputError, StoreError
 from core.io.store import SUMMARY_COLUMNS, TraceStore, content_key, default_store_path
 from core.trace import SCHEMA_VERSION
-from fakes import make_trace
 
 # Writers are forked from this process (already importing torch and core), so each costs milliseconds,
 # not the seconds of a fresh interpreter; they are still separate processes with their own files.

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from spies import FeedLog
 
 import core
 from core.decoding import CACHES
 from core.decoding.engine import MAX_LOOKAHEAD, RATE_WINDOW, BlockSizer
-from core.metrics import INT_METRICS, METRICS
-from spies import FeedLog
+from core.scoring.registry import INT_METRICS, METRICS
 
 PROMPTS = ["What is 2+3?", "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?", "x"]
 ATOL, RTOL = 1e-5, 1e-6

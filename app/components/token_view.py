@@ -1,6 +1,6 @@
 """The token heatmap as a bidirectional Streamlit component (`st.components.v2`).
 
-Python sends the escaped heatmap HTML (from `core.heatmap.tokens_html`, one `data-pos` span per
+Python sends the escaped heatmap HTML (from `core.views.heatmap.tokens_html`, one `data-pos` span per
 token) plus compact hover data; the browser draws hover cards with textContent (never as HTML),
 marks the selected token, and sends clicks and next/previous-spike keys back as `{"pos": i}`.
 The HTML does not depend on the selection, so a click re-sends only the small `selected` field.
@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import streamlit as st
 
-from app.view import tail
-from core.presentation import hover_data, spike_list
-from core.metrics import DEFAULT_SCORE, score_values
-from core.heatmap import heatmap_css, legend_html, tokens_html
+from core.scoring.registry import DEFAULT_SCORE, score_values
 from core.trace import Trace
+from core.views.heatmap import front_end_source, heatmap_css, legend_html, tokens_html
+from core.views.presentation import hover_data, tail
 
-_HERE = Path(__file__).resolve().parent
 COMPONENT_NAME = "forkpoint_token_view"
 HOVER_K = 20  # most top-k rows on the hover card (a trace may keep more: the selection panel lists all)
 
@@ -41,7 +38,7 @@ def build_view(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear",
     hi = _finite(values, max) if vmax is None else vmax
     if reference is None and scale == "rank" and (start > 0 or (end is not None and end < len(trace))):
         reference = values  # a page ranks among the whole trace, like the unpaged view
-    spikes_all = spike_list(trace)
+    spikes_all = trace.spike_positions
     if start > 0 or (end is not None and end < len(trace)):
         trace = tail(trace, start, end)
     body = tokens_html(trace, score=score, scale=scale, decode=decode, tips=False, css_tips=False, vmin=lo,
@@ -68,7 +65,7 @@ def _finite(values: Any, pick: Callable) -> float | None:
 
 
 def _read(name: str) -> str:
-    return (_HERE / name).read_text(encoding="utf-8")
+    return front_end_source(name)
 
 
 @st.cache_resource(show_spinner=False)

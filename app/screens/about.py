@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
-from core.heatmap import TAG_COLOURS, heatmap_css, legend_html
-from core.metrics import METRICS, SCORES
+from core.scoring.registry import METRICS, SCORES
+from core.views.heatmap import TAG_COLOURS, heatmap_css, legend_html
 
 TEXT = """
 **forkpoint** shows, token by token, where a *base* language model and a *reasoning* model of the same

@@ -10,10 +10,10 @@ from app import resources, state
 from app.compare_panels import stacked_rows_html
 from app.context import get_context
 from app.view import md_code, md_escape
-from core import rank_shift as rs
-from core.comparison import compare, reasoner_name, with_reasoner
+from core.annotate import rank_shift as rs
 from core.errors import ForkpointError
-from core.metrics import score_label
+from core.scoring.comparison import compare, reasoner_name, with_reasoner
+from core.scoring.registry import score_label
 
 SELF = "the base model itself (a zero-disagreement reference)"
 

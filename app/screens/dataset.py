@@ -6,41 +6,28 @@ import pandas as pd
 import streamlit as st
 
 from app import resources, state
-from app.context import get_context
 from app.compare_panels import rank_shift_tab, reasoner_tables, reasoners_tab
+from app.context import get_context
 from app.view import DEFAULT_TOP, select_rows, with_policy_labels
-from core.analysis import tables as A
-from core import rank_shift as rs
 from core.analysis import report as R
+from core.analysis import tables as A
+from core.analysis.registry import (
+    Analysis,
+    figure_table_names,
+    list_analyses,
+    run_analysis,
+)
 from core.errors import ForkpointError
-from core.metrics import score_label
-from core.evaluation.harness import stored_policy_table
+from core.scoring.registry import score_label
 
 MAX_TRACES = 2000
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def _analysis(name: str, path: str, keys: tuple[str, ...], score: str, top: float, segment: str | None,
-              extra: str = "") -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """Run one analysis over the stored traces `keys` (cached by keys and settings)."""
-    traces = [resources.load_trace(path, k) for k in keys]
-    if name == "lorenz":
-        return A.lorenz(traces, score=score, segment=segment), A.gini_table(traces, score=score, segment=segment)
-    if name == "position":
-        return A.position_density(traces, score=score, top=top, segment=segment), None
-    if name == "iou":
-        return A.entropy_iou(traces, score=score, segment=segment), None
-    if name == "enrichment":
-        return A.enrichment(traces, score=score, top=top, segment=segment), None
-    if name == "auroc":
-        return A.roc_curve(traces, score=score, segment=segment), A.failure_auroc(traces, score=score, segment=segment)
-    if name == "rank":
-        return A.reason_rank(traces, at=extra or "all", score=score, segment=segment), None
-    if name == "recovery":
-        return stored_policy_table(traces), None
-    if name == "rank_shift":
-        return rs.at_positions(traces, score=score, top=top), rs.trace_table(traces)
-    raise ValueError(name)
+def _analysis(name: str, path: str, keys: tuple[str, ...], score: str, top: float,
+              segment: str | None) -> dict[str, pd.DataFrame]:
+    """The tables of one registered analysis over the stored traces `keys` (cached by keys and settings)."""
+    return run_analysis(name, [resources.load_trace(path, k) for k in keys], score, top, segment)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -68,20 +55,29 @@ def _select(ctx) -> tuple[str, ...]:
     return tuple(rows["key"].astype(str))
 
 
-def _show(fig_fn, name: str, path: str, keys, score, top, segment, extra: str = "", table_label: str = "table") -> None:
+def _show(spec: Analysis, path: str, keys, score, top, segment) -> None:
+    """One analysis tab: its figure (with its option picker) and its detail table."""
+    if spec.help:
+        st.caption(spec.help)
+    choice = {k: st.radio(k, values, horizontal=True, key=f"ds_{spec.name}_{k}") for k, values in spec.options.items()}
     try:
-        df, second = _analysis(name, path, keys, score, top, segment, extra)
-        fig = fig_fn(df, second) if name == "auroc" else fig_fn(df)
+        tables = _analysis(spec.name, path, keys, score, top, segment)
     except ForkpointError as err:
         st.warning(str(err))
         return
-    _tidy(name, fig)
-    st.plotly_chart(fig, width="stretch", key=f"ds_fig_{name}")
-    if name == "enrichment":
+    if spec.name == "rank_shift":
+        rank_shift_tab(tables["rank_shift"], tables["rank_shift_per_trace"], score, top)  # app/compare_panels.py
+        return
+    if spec.figure:
+        fig = getattr(R, spec.figure)(*[tables[n] for n in figure_table_names(spec, **choice)])
+        _tidy(spec.name, fig)
+        st.plotly_chart(fig, width="stretch", key=f"ds_fig_{spec.name}")
+    if spec.name == "enrichment":
         st.caption("“all planning” pools every planning category (plan, reflect, verify, conclude): the paper's "
                    "single planning share; the other bars are the categories themselves.")
-    with st.expander(table_label):
-        st.dataframe(second if second is not None else df, hide_index=True, width="stretch")
+    if spec.detail:
+        with st.expander(spec.detail.replace("_", " "), expanded=spec.figure is None):
+            st.dataframe(tables[spec.detail], hide_index=True, width="stretch")
 
 
 def _tidy(name: str, fig) -> None:
@@ -96,7 +92,7 @@ def _tidy(name: str, fig) -> None:
     elif name == "enrichment":
         for tr in fig.data:
             tr.x = ["all planning" if str(x) == "planning" else x for x in tr.x]
-    elif name == "iou":
+    elif name == "entropy_iou":
         fig.update_xaxes(tickvals=[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0],
                          ticktext=["0.1%", "0.2%", "0.5%", "1%", "2%", "5%", "10%", "20%", "50%", "100%"],
                          minor={"showgrid": False})
@@ -118,29 +114,13 @@ def main() -> None:
     source = ("sidebar" if s.rule.gate is None else
               "the sidebar's calibrated gate does not apply to these pooled analyses; its p% does")
     c2.caption(f"{len(keys)} traces · score {score_label(s.score)} · top fraction {top:g} ({source})")
-    tabs = st.tabs(["Lorenz", "Position", "Entropy IoU", "Planning enrichment", "Failure AUROC", "Reasoner rank",
-                    "Recovery vs budget", "Rank shift", "Reasoners"])
+    specs = list_analyses()
+    tabs = st.tabs([spec.label for spec in specs] + ["Reasoners"])
     path = s.store_path
-    with tabs[0]:
-        _show(R.lorenz_figure, "lorenz", path, keys, s.score, top, segment, table_label="Gini per trace")
-    with tabs[1]:
-        _show(R.position_density_figure, "position", path, keys, s.score, top, segment)
-    with tabs[2]:
-        _show(R.entropy_iou_figure, "iou", path, keys, s.score, top, segment)
-    with tabs[3]:
-        _show(R.enrichment_figure, "enrichment", path, keys, s.score, top, segment)
-    with tabs[4]:
-        _show(R.roc_figure, "auroc", path, keys, s.score, top, segment, table_label="AUROC")
-    with tabs[5]:
-        at = st.radio("At", A.RANK_AT, horizontal=True, key="ds_rank_at")
-        _show(R.reason_rank_figure, "rank", path, keys, s.score, top, segment, extra=at)
-    with tabs[6]:
-        _show(R.recovery_figure, "recovery", path, keys, s.score, top, segment)
-    with tabs[7]:
-        table, per_trace = _analysis("rank_shift", path, keys, s.score, top, None)
-        rank_shift_tab(table, per_trace, s.score, top)  # app/compare_panels.py
-    with tabs[8]:
+    for tab, spec in zip(tabs, specs):
+        with tab:
+            _show(spec, path, keys, s.score, top, segment)
+    with tabs[-1]:
         reasoners_tab(*_reasoners(path, keys, s.score, top))
-
 
 main()

@@ -10,8 +10,8 @@ from app.downloads import MIME, export_file_bytes, file_name
 from app.filters import trace_filter
 from app.view import md_code, md_escape, trace_table
 from core.errors import ForkpointError
-from core.io.exports import FORMATS
 from core.io.notes import attach_notes, notes_stamp
+from core.views.exports import FORMATS
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

@@ -16,11 +16,12 @@ from app import actions, resources, state
 from app.context import get_context
 from app.view import md_escape
 from core import settings
+from core.decoding.calibration import build_policy
 from core.decoding.policies import list_policies, policy_spec
 from core.errors import ForkpointError, InvalidInputError
-from core.metrics import METRICS
-from core.settings import SETTINGS
 from core.evaluation.problems import Problem
+from core.scoring.registry import METRICS
+from core.settings import SETTINGS
 
 TRACE_PAGE = Path(__file__).resolve().parent / "trace.py"
 
@@ -146,9 +147,10 @@ def main() -> None:
         phase = _phase_bar(bar)
         gated = policy_spec(name).needs_gate
         try:
-            policy = actions.build_policy(name, params, ctx.pair, calibration=chosen, store=ctx.store,
-                                          max_new_tokens=max_new, calibration_settings=calib,
-                                          progress=phase("Calibrating the gate (base rollouts)", 0.0, 0.3))
+            policy = build_policy(ctx.pair, name, {**params, **{k: v for k, v in calib.items() if k != "ratio"}},
+                                  calibrate_on=chosen, ratio=float(calib.get("ratio", settings.RATIO)),
+                                  store=ctx.store, max_new_tokens=max_new,
+                                  progress=phase("Calibrating the gate (base rollouts)", 0.0, 0.3))
             traces = actions.run_generate(ctx.pair, ctx.store, chosen, policy, max_new_tokens=max_new,
                                           temperature=temperature, top_p=top_p, seed=seed, samples=samples, k=k,
                                           progress=phase(f"Generating with {policy_spec(name).label}",

@@ -10,11 +10,11 @@ import streamlit as st
 
 from app import actions, resources, state
 from app.context import get_context
-from app.notes_panel import notes_search_tab
 from app.filters import trace_filter
+from app.notes_panel import notes_search_tab
 from app.view import md_escape, trace_table
-from core.metrics import score_label
 from core.errors import ForkpointError
+from core.scoring.registry import score_label
 
 TRACE_PAGE = Path(__file__).resolve().parent / "trace.py"
 

@@ -6,9 +6,8 @@ import streamlit as st
 
 from app import actions, resources, state
 from app.context import Context, get_context
-from app.trace_panels import header, run_pending, trace_panel
+from app.trace_panels import run_pending, trace_panel
 from app.view import md_escape
-from core.analysis.tables import first_token_artifact
 from core.errors import ForkpointError, InvalidInputError
 
 
@@ -75,11 +74,7 @@ def main() -> None:
         return
     if st.session_state.get("problem_id") is None:
         st.session_state["problem_id"] = (trace.meta.get("problem") or {}).get("id")
-    header(trace, s.rule.describe())
-    if first_token_artifact(trace, s.score):
-        st.warning("The largest spike is at token #0: the reasoner's chat template usually expects a thinking tag "
-                   "there, so position 0 measures the template, not the reasoning. Read it with care.")
-    trace_panel(key)
+    trace_panel(s.rule.describe())
 
 
 main()

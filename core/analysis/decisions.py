@@ -13,14 +13,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from core.analysis.views import ENTROPY, POOLED, SEGMENTS  # noqa: F401
+from core.analysis.views import as_list as _as_list  # noqa: F401
+from core.analysis.views import label as _label
+from core.analysis.views import prepare as _prepare
+from core.analysis.views import values as _values  # noqa: F401
+from core.analysis.views import view as _view
+from core.annotate.spikes import spikes_or_top, top_positions
 from core.errors import OutputExistsError
 from core.io.atomic import write_atomic
-from core.metrics import DEFAULT_SCORE, score_values
-from core.spike_rules import spike_positions, top_positions
+from core.scoring.registry import DEFAULT_SCORE, score_values
 from core.trace import Trace
-from core.analysis.views import ENTROPY, POOLED, SEGMENTS  # noqa: F401
-from core.analysis.views import as_list as _as_list, label as _label, prepare as _prepare  # noqa: F401
-from core.analysis.views import values as _values, view as _view  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ def decision_pairs(
     for i, t in enumerate(items):
         view = _view(t, segment)
         if "spikes" in t.annotations:
-            pos_list = np.intersect1d(view, spike_positions(t, score))
+            pos_list = np.intersect1d(view, spikes_or_top(t, score))
         else:
             pos_list = view[top_positions(_values(t, score, segment)[1], top)]
         values = np.asarray(score_values(t.metrics, score), dtype=np.float64)

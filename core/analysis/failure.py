@@ -10,13 +10,13 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from core.errors import InvalidInputError
-from core.metrics import DEFAULT_SCORE
-from core.trace import Trace
 from core.analysis.views import ENTROPY, POOLED, SEGMENTS  # noqa: F401
-from core.analysis.views import as_list as _as_list, label as _label, prepare as _prepare  # noqa: F401
-from core.analysis.views import values as _values, view as _view  # noqa: F401
-
+from core.analysis.views import as_list as _as_list  # noqa: F401
+from core.analysis.views import prepare as _prepare
+from core.analysis.views import values as _values  # noqa: F401
+from core.errors import InvalidInputError
+from core.scoring.registry import DEFAULT_SCORE
+from core.trace import Trace
 
 _STAT_RE = re.compile(r"^top(\d+)_mean$")
 

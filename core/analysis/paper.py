@@ -18,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from core.analysis import report as R
+from core.evaluation.harness import add_recovery
 from core.io.atomic import write_atomic
 
 AVERAGE = "average"
@@ -50,7 +51,6 @@ def paper_table(sweep: pd.DataFrame) -> pd.DataFrame:
 
     The average row averages accuracy, pass@k and ρ over benchmarks and computes recovery from those
     averages (as the paper's 91% = (61.4 − 36.0) / (64.1 − 36.0)); reference = the sweep's reference."""
-    from core.evaluation.harness import add_recovery
 
     df = sweep.assign(setting=[setting_label(r) for _, r in sweep.iterrows()])
     keep = ["setting", "policy", "config", "benchmark", "accuracy", "pass@k", "rho", "mean_tokens", "k"]

@@ -9,19 +9,20 @@ from __future__ import annotations
 import html
 import logging
 import os
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
 
-from core import rank_shift
+from core import settings
 from core.analysis import tables as A
-from core.metrics import DEFAULT_SCORE
+from core.analysis.registry import figure_table_names, list_analyses
 from core.errors import ForkpointError, InvalidInputError, OutputExistsError
-from core.trace import Trace
 from core.io.atomic import write_atomic
 from core.io.csvsafe import write_csv
+from core.scoring.registry import DEFAULT_SCORE
+from core.trace import Trace
 
 log = logging.getLogger(__name__)
 
@@ -121,39 +122,43 @@ def report_tables(
     traces: Sequence[Trace],
     outdir: str | None = None,
     score: str = DEFAULT_SCORE,
-    top: float = 0.01,
+    top: float = settings.SPIKE_TOP,
     segment: str | None = None,
-    stat: str = "top100_mean",
+    only: Sequence[str] | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """Every analysis table by name; written as `<outdir>/<name>.csv` when `outdir` is given.
-
-    Enrichment is skipped (with a logged warning) when tags are missing and cannot be made.
-    """
+    """Every table of every registered analysis (core/analysis/registry.py), by name; written as
+    `<outdir>/<name>.csv` when `outdir` is given. An analysis that cannot run on these traces (e.g.
+    enrichment without tags and no tagger) is skipped with a logged warning. `only`: these analyses' names."""
     items = list(traces)
-    tables: dict[str, pd.DataFrame] = {
-        "gini": A.gini_table(items, score, segment=segment),
-        "mass_fraction": A.mass_fraction(items, score, segment=segment),
-        "lorenz": A.lorenz(items, score, segment=segment),
-        "position_density": A.position_density(items, score, top=top, segment=segment),
-        "entropy_iou": A.entropy_iou(items, score, segment=segment),
-        "failure_auroc": A.failure_auroc(items, stat=stat, score=score, segment=segment),
-        "roc": A.roc_curve(items, stat=stat, score=score, segment=segment),
-        "reason_rank_all": A.reason_rank(items, "all", score, segment=segment),
-        "reason_rank_spikes": A.reason_rank(items, "spikes", score, segment=segment),
-        "reason_rank_within": A.reason_rank_within(items, score, segment=segment),
-        "decision_pairs": A.decision_pairs(items, score=score, top=top, segment=segment),
-        "rank_shift": rank_shift.at_positions(items, score=score, top=top),  # shifted vs marginal at spikes/takeovers
-    }
-    try:
-        tables["enrichment"] = A.enrichment(items, score, top=top, segment=segment)
-    except (ForkpointError, ImportError, OSError) as exc:
-        log.warning("enrichment skipped: %s", exc)
+    tables: dict[str, pd.DataFrame] = {}
+    for spec in list_analyses():
+        if only is not None and spec.name not in only:
+            continue
+        try:
+            tables.update(spec.run(items, score, top, segment))
+        except (ForkpointError, ImportError, OSError) as exc:
+            log.warning("%s skipped: %s", spec.name, exc)
     if outdir is not None:
         os.makedirs(outdir, exist_ok=True)
         for name, df in tables.items():
             write_csv(df, os.path.join(outdir, f"{name}.csv"))
         log.info("wrote %d analysis tables to %s", len(tables), outdir)
     return tables
+
+
+def figures(tables: dict[str, pd.DataFrame]) -> list[tuple[str, go.Figure]]:
+    """(heading, figure) of every registered analysis whose tables are present (one per option value)."""
+    out = []
+    for spec in list_analyses():
+        if spec.figure is None:
+            continue
+        choices = [{}] if not spec.options else [{k: v} for k, values in spec.options.items() for v in values]
+        for choice in choices:
+            names = figure_table_names(spec, **choice)
+            if all(n in tables for n in names):
+                heading = spec.label + "".join(f" ({v})" for v in choice.values())
+                out.append((heading, globals()[spec.figure](*[tables[n] for n in names])))
+    return out
 
 
 def _table_html(df: pd.DataFrame, max_rows: int = 50) -> str:
@@ -168,44 +173,31 @@ def report_html(
     score: str = DEFAULT_SCORE,
     top: float = 0.01,
     segment: str | None = None,
-    stat: str = "top100_mean",
     overwrite: bool = False,
     outdir: str | None = None,
+    only: Sequence[str] | None = None,
 ) -> str:
     """Write a self-contained HTML report (plotly JS embedded once, works offline); returns the path.
     With `outdir`, the same tables are also written there as CSV (see `report_tables`)."""
     if os.path.exists(path) and not overwrite:
         raise OutputExistsError(f"{path} exists; overwrite=True (CLI: --overwrite) replaces it")
     items = list(traces)
-    tables = report_tables(items, outdir, score=score, top=top, segment=segment, stat=stat)
-    figures: list[tuple[str, go.Figure]] = [
-        ("Sparsity", lorenz_figure(tables["lorenz"])),
-        ("Position", position_density_figure(tables["position_density"])),
-        ("Uncertainty", entropy_iou_figure(tables["entropy_iou"])),
-    ]
-    if "enrichment" in tables:
-        figures.append(("Planning tokens", enrichment_figure(tables["enrichment"])))
-    figures += [
-        ("Failure prediction", roc_figure(tables["roc"], tables["failure_auroc"])),
-        ("Reasoner's choice in the base top-k (all tokens)", reason_rank_figure(tables["reason_rank_all"])),
-        ("Reasoner's choice in the base top-k (spikes)", reason_rank_figure(tables["reason_rank_spikes"])),
-    ]
+    tables = report_tables(items, outdir, score=score, top=top, segment=segment, only=only)
     parts = []
-    for i, (heading, fig) in enumerate(figures):
+    for i, (heading, fig) in enumerate(figures(tables)):
         body = fig.to_html(full_html=False, include_plotlyjs=(i == 0))
         parts.append(f"<h2>{html.escape(heading)}</h2>\n{body}")
-    table_names = ["gini", "mass_fraction", "entropy_iou", "failure_auroc", "reason_rank_within", "enrichment",
-                   "rank_shift"]
-    for name in table_names:
-        if name in tables:
-            parts.append(f"<h2>{html.escape(name)}</h2>\n{_table_html(tables[name])}")
-    pairs = tables["decision_pairs"].copy()
-    pairs["prefix"] = pairs["prefix"].map(lambda s: ("…" + s[-80:]) if len(s) > 80 else s)
-    parts.append(f"<h2>decision pairs</h2>\n{_table_html(pairs)}")
+    for spec in list_analyses():
+        if spec.detail in tables and spec.detail != "decision_pairs":
+            parts.append(f"<h2>{html.escape(spec.label)}: {html.escape(spec.detail)}</h2>\n{_table_html(tables[spec.detail])}")
+    if "decision_pairs" in tables:
+        pairs = tables["decision_pairs"].copy()
+        pairs["prefix"] = pairs["prefix"].map(lambda s: ("…" + s[-80:]) if len(s) > 80 else s)
+        parts.append(f"<h2>decision pairs</h2>\n{_table_html(pairs)}")
     seg = segment or "whole response"
     header = (
         f"<h1>forkpoint analysis</h1><p>{len(items)} traces, {sum(len(t) for t in items)} tokens; "
-        f"score <code>{html.escape(score)}</code>, top {top:g}, segment {html.escape(seg)}, stat {html.escape(stat)}</p>"
+        f"score <code>{html.escape(score)}</code>, top {top:g}, segment {html.escape(seg)}</p>"
     )
     style = (
         "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"

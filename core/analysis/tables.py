@@ -1,6 +1,6 @@
 """The seed paper's analyses as pure functions: lists of traces in, tidy DataFrames out.
 
-Every function takes `score=` (a name from `core.metrics.SCORES`) and `segment=None|"think"|
+Every function takes `score=` (a name from `core.scoring.metrics.SCORES`) and `segment=None|"think"|
 "answer"`: with a segment, a trace that carries annotations["segments"] is cut to the positions of
 that segment (and analysed as if that were the whole response); a trace without the layer is kept
 whole. Figures live in `core.analysis.report`; failure prediction in `failure`, decision pairs in
@@ -15,15 +15,28 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from core.spike_rules import spike_positions, top_positions
-from core.metrics import DEFAULT_SCORE, check_score, score_values
-from core.errors import InvalidInputError
-from core.trace import Trace
+from core.analysis.decisions import (  # noqa: F401
+    DECISION_COLUMNS,
+    decision_pairs,
+    write_decision_pairs_jsonl,
+)
+from core.analysis.failure import (  # noqa: F401
+    auroc,
+    failure_auroc,
+    roc_curve,
+    roc_points,
+    trace_stat,
+)
 from core.analysis.views import ENTROPY, POOLED, SEGMENTS  # noqa: F401
-from core.analysis.views import as_list as _as_list, label as _label, prepare as _prepare  # noqa: F401
-from core.analysis.views import values as _values, view as _view  # noqa: F401
-from core.analysis.decisions import DECISION_COLUMNS, decision_pairs, write_decision_pairs_jsonl  # noqa: F401
-from core.analysis.failure import auroc, failure_auroc, roc_curve, roc_points, trace_stat  # noqa: F401
+from core.analysis.views import as_list as _as_list  # noqa: F401
+from core.analysis.views import label as _label
+from core.analysis.views import prepare as _prepare
+from core.analysis.views import values as _values  # noqa: F401
+from core.analysis.views import view as _view
+from core.annotate.spikes import spikes_or_top, top_positions
+from core.errors import InvalidInputError
+from core.scoring.registry import DEFAULT_SCORE, check_score, score_values
+from core.trace import Trace
 
 log = logging.getLogger(__name__)
 
@@ -215,10 +228,12 @@ def _tags(trace: Trace) -> np.ndarray:
     tags = trace.annotations.get("tags")
     if tags is None:
         try:
-            from core.planning import tag_planning  # lazy: spaCy is heavy and optional here
+            from core.annotate.planning import (
+                tag_planning,  # lazy: spaCy is heavy and optional here
+            )
         except ImportError as exc:
             raise InvalidInputError(
-                "trace has no 'tags' annotation and core.planning could not be imported; "
+                "trace has no 'tags' annotation and core.annotate.planning could not be imported; "
                 "annotate tags first (trace.annotate(tags=[...]))"
             ) from exc
         tagged = tag_planning(trace)
@@ -282,7 +297,7 @@ def _rank_values(traces: list[Trace], at: str, score: str, segment: str | None) 
         pos = _view(t, segment)
         if at == "spikes":
             if "spikes" in t.annotations:
-                pos = np.intersect1d(pos, spike_positions(t, score))
+                pos = np.intersect1d(pos, spikes_or_top(t, score))
             else:
                 _, s = _values(t, score, segment)
                 pos = pos[top_positions(s, 0.01)]

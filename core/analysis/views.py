@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from core.errors import InvalidInputError
-from core.metrics import check_score, score_values
+from core.scoring.registry import check_score, score_values
 from core.trace import Trace
 
 SEGMENTS = (None, "think", "answer")

@@ -184,7 +184,7 @@ def setting_option(name: str, param: Param | None = None, *, dest: str | None = 
         low = param.low if param.low is not None else low
         high = param.high if param.high is not None else high
     if kind is str and not choices and name == "score":
-        from core.metrics import SCORES
+        from core.scoring.registry import SCORES
 
         choices = SCORES
     kwargs = {"type": _range_type(kind, low, high, choices), "default": row.value, "show_default": True, "help": row.help}

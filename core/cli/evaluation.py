@@ -23,7 +23,7 @@ from core.cli.common import (
     ray_option,
     store_option,
 )
-from core.metrics import DEFAULT_SCORE, SCORES
+from core.scoring.registry import DEFAULT_SCORE, SCORES
 
 RATIOS_HELP = "Comma-separated calibration ratios r (the gate's τ is the 1-r quantile), e.g. 0.01,0.02,0.05,0.1."
 BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-tokens); 'none' = no cap, the "
@@ -35,10 +35,15 @@ BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-toke
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace an existing report in --out.")
+@click.option("--only", "only", multiple=True, metavar="ANALYSIS",
+              help="Run only these analyses (repeatable; names: `core.list_analyses()`, e.g. lorenz, position).")
 @_fail_cleanly
-def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool) -> None:
-    """Write a self-contained HTML report with every analysis, and the tables as CSV."""
+def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, only: tuple[str, ...]) -> None:
+    """Write a self-contained HTML report with every registered analysis, and the tables as CSV."""
+    from core.analysis.registry import analysis
     from core.analysis.report import report_html
+
+    names = [analysis(name).name for name in only] or None  # an unknown name is a message listing the choices
 
     html = Path(out) / "report.html"
     if html.exists() and not overwrite:
@@ -51,7 +56,7 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool) 
     if not traces:
         raise click.ClickException(f"The store {store.path} has no traces; generate some first")
     Path(out).mkdir(parents=True, exist_ok=True)
-    report_html(traces, str(html), score=score_name, overwrite=True, outdir=out)
+    report_html(traces, str(html), score=score_name, overwrite=True, outdir=out, only=names)
     click.echo(f"report -> {html}")
 
 

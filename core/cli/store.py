@@ -22,9 +22,9 @@ from core.cli.common import (
     store_option,
 )
 from core.errors import ForkpointError
-from core.io.exports import FORMATS as EXPORT_FORMATS
 from core.io.foreign import IMPORT_FORMATS
-from core.metrics import DEFAULT_SCORE, SCORES
+from core.scoring.registry import DEFAULT_SCORE, SCORES
+from core.views.exports import FORMATS as EXPORT_FORMATS
 
 
 def _existing_store(store_path: str | None):
@@ -87,7 +87,7 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
     """Export traces (all readable ones, or the given keys) as JSONL, CSV, Parquet or self-contained HTML."""
     from tqdm import tqdm
 
-    from core.io.exports import export as run_export
+    from core.views.exports import export as run_export
 
     store = _existing_store(store_path)
     if keys:  # keys the user named must all be there: no silent drop

@@ -8,7 +8,6 @@ from typing import Any
 
 import click
 
-from core import settings
 from core.cli.common import (
     _Bar,
     _close_executor,
@@ -27,7 +26,7 @@ from core.cli.common import (
     settings_options,
     store_option,
 )
-from core.metrics import GATE_SCORES, score_values
+from core.scoring.registry import GATE_SCORES, score_values
 
 TOP_ROWS = 10  # rows `forkpoint score` prints by default
 
@@ -42,7 +41,7 @@ TOP_ROWS = 10  # rows `forkpoint score` prints by default
 @_fail_cleanly
 def score(prompt: str, response: str, top: int, score_name: str, store_path: str | None, **opts: Any) -> None:
     """Score a response under both models and print the most disagreeing tokens."""
-    from core.scoring import score as run_score
+    from core.scoring.teacher_forced import score as run_score
 
     if response.startswith("@"):
         try:
@@ -74,6 +73,8 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
              top_p: float, seed: int, samples: int, batch_size: int, ray_address: str | None, **opts: Any) -> None:
     """Generate traces with a takeover policy into the store (options: see `core.list_policies()`)."""
     from core.decoding import generate_many
+    from core.decoding.calibration import build_policy
+    from core.decoding.policies import policy_spec
     from core.evaluation.grading import grade_trace
 
     params = policy_kwargs(policy_name, {**opts, "seed": seed})
@@ -85,8 +86,11 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     problems = [prompt] if prompt else _problems(problems_path, limit)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
     try:
-        policy = _build_policy(pair, store, problems, policy_name, params, ratio=ratio, n=calibration_problems,
-                               sampling={**sampling, "executor": executor})
+        if policy_spec(policy_name).needs_gate and "tau" not in params:
+            click.echo(f"calibrating the gate on base rollouts of {min(calibration_problems, len(problems))} "
+                       "problems ...", err=True)
+        policy = build_policy(pair, policy_name, params, calibrate_on=problems[:calibration_problems], ratio=ratio,
+                              store=store, executor=executor, **sampling)
         bar = _Bar(f"generate {policy.name}")
         traces = generate_many(pair, problems, policy, samples=samples, top_p=top_p, store=store,
                                on_trace=grade_trace, progress=bar, executor=executor, **sampling)
@@ -97,25 +101,6 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     if notice:
         click.echo(f"note: {notice}", err=True)
     click.echo(f"{len(traces)} traces ({sum(t.n_takeovers for t in traces)} takeovers) in {store.path}")
-
-
-def _build_policy(pair: Any, store: Any, problems: list[Any], name: str, params: dict[str, Any], *, ratio: float,
-                  n: int, sampling: dict[str, Any]) -> Any:
-    """make_policy from the CLI's values; a gate policy without --tau calibrates on the first `n` problems."""
-    from core.decoding import calibrate as run_calibrate
-    from core.decoding.policies import make_policy, policy_spec
-
-    spec = policy_spec(name)
-    if not spec.needs_gate:
-        return make_policy(name, **params)
-    gate_names = [p.name for p in spec.params if p.from_gate]
-    if "tau" in params:
-        return make_policy(name, **params)
-    score = params.get("score", settings.SCORE)
-    click.echo(f"calibrating the gate on base rollouts of {min(n, len(problems))} problems ...", err=True)
-    gate = run_calibrate(pair, problems[:n], ratio=ratio, window=params.get("window", settings.WINDOW), score=score,
-                         store=store, **sampling)
-    return make_policy(name, gate=gate, **{k: v for k, v in params.items() if k not in gate_names})
 
 
 @main.command()

@@ -12,12 +12,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from core import settings
+from core.annotate.spikes import Gate, calibrate_gate
 from core.decoding.generation import generate_many
-from core.decoding.policies import BaseOnly
+from core.decoding.policies import BaseOnly, Policy, make_policy, policy_spec
 from core.errors import InvalidInputError
-from core.metrics import check_score, score_values
 from core.pair.loading import ModelPair
-from core.spike_rules import Gate, calibrate_gate
+from core.scoring.registry import check_score, score_values
 from core.trace import Trace
 
 ROLLOUT_LIMIT = 256  # most stored rollouts read when calibrating from the store alone
@@ -85,3 +85,25 @@ def calibrate(pair: ModelPair, prompts: Sequence[Any] | None = None, ratio: floa
                 "No base rollouts of this model pair in the store to calibrate the gate on; make some by "
                 "passing problems (core.calibrate(pair, problems, store=store)) or running BaseOnly on them")
     return calibrate_gate([score_values(t.metrics, score) for t in traces], ratio, window)
+
+
+def build_policy(pair: ModelPair | None, name: str, params: dict[str, Any] | None = None, *,
+                 calibrate_on: Sequence[Any] = (), ratio: float = settings.RATIO, store: Any = None,
+                 max_new_tokens: int = settings.MAX_NEW_TOKENS, temperature: float = settings.TEMPERATURE,
+                 top_p: float = settings.TOP_P, seed: int = settings.SEED, batch_size: int = settings.BATCH_SIZE,
+                 progress: Callable[[int, int], None] | None = None, executor: Any = None) -> Policy:
+    """`make_policy(name, **params)`, calibrating the gate first when the policy needs one and `params` give
+    no tau: on base rollouts of `calibrate_on` at `ratio`, with the window and score from `params`.
+    The CLI, the app and the notebook build every policy through here."""
+    spec = policy_spec(name)
+    params = dict(params or {})
+    if not spec.needs_gate or "tau" in params:
+        return make_policy(name, **params)
+    if pair is None or not len(calibrate_on):
+        raise InvalidInputError(f"{spec.label} needs problems to calibrate its gate on (or explicit tau/lam/window)")
+    from_gate = {p.name for p in spec.params if p.from_gate}
+    window = int(params.get("window", settings.WINDOW))
+    gate = calibrate(pair, list(calibrate_on), ratio=ratio, window=window, score=str(params.get("score", settings.SCORE)),
+                     max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                     batch_size=batch_size, store=store, progress=progress, executor=executor)
+    return make_policy(name, gate=gate, **{k: v for k, v in params.items() if k not in from_gate})

@@ -27,16 +27,16 @@ from core.decoding.records import TokenRecord
 from core.decoding.sampling import Sampling, position_generator, sample_token
 from core.decoding.state import ModelState
 from core.errors import GenerationCancelled, InvalidInputError
-from core.metrics import (
+from core.pair.loading import SIDES, ModelPair
+from core.scoring.metrics import (
     EMITTED,
     LogProbs,
     emitted_metrics,
     entropy,
-    score_values,
     step_metrics,
 )
-from core.pair.loading import SIDES, ModelPair
-from core.scoring import empty_metrics, metrics_from_hidden
+from core.scoring.registry import score_values
+from core.scoring.teacher_forced import empty_metrics, metrics_from_hidden
 
 MAX_LOOKAHEAD = 32  # the adaptive block size never exceeds this
 LOGIT_BYTES = 512 << 20  # at most this many bytes of logits and log-probs (both models) per block
@@ -120,7 +120,9 @@ class Decoder:
     def __init__(self, pair: ModelPair, rows: list[Row], policy: Policy, sampling: Sampling, k: int, *,
                  lookahead: int | None = None, states: dict[str, ModelState] | None = None, start: int = 0,
                  progress: Callable[[int, int], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> None:
+                 should_stop: Callable[[], bool] | None = None,
+                 on_token: Callable[[int, int, str], None] | None = None) -> None:
+        self.on_token = on_token if len(rows) == 1 else None  # streaming: (pos, token id, source) of a single row
         self.pair, self.rows, self.policy, self.sampling, self.k = pair, rows, policy, sampling, k
         if states is None:
             record = 1 if len(rows) == 1 else 0  # a single row's hidden states are held for branching
@@ -195,7 +197,7 @@ class Decoder:
         hidden = self._read(self.reason, drafts[:, : n - 1])[:, -n:]  # (B, n, d): positions t .. t+n-1
         logits_b = self.reason.logits(hidden)
         b, v = logits_a.shape[0], logits_a.shape[-1]
-        # the scoring path's maths (core.metrics), rows i * n + j; emitted-token metrics of the drafts
+        # the scoring path's maths (core.scoring.metrics), rows i * n + j; emitted-token metrics of the drafts
         metrics, logprobs = step_metrics(logits_a.reshape(b * n, v), logits_b.reshape(b * n, v), k=self.k)
         metrics.update(emitted_metrics(logprobs, drafts.reshape(-1)))
         metrics = {name: x.cpu().numpy().reshape((b, n) + x.shape[1:]) for name, x in metrics.items()}
@@ -331,6 +333,8 @@ class Decoder:
             r.source.append(sources[i])
             self.taken[i] += sources[i] != "base"
             r.history.append(float(gate[i]))
+            if self.on_token is not None:
+                self.on_token(p, tok, sources[i])
             if tok in self.pair.eos_ids or (self.stop_chars and self._hits_stop(r.tokens)) or (
                     r.room is not None and len(r.tokens) >= r.room):
                 r.done = True

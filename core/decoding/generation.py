@@ -16,7 +16,7 @@ from core.decoding.policies import BaseOnly, Policy, row_identity
 from core.decoding.sampling import Sampling, row_seed
 from core.errors import InvalidInputError
 from core.pair.loading import ModelPair
-from core.scoring import assemble, make_meta, problem_record
+from core.scoring.teacher_forced import assemble, make_meta, problem_record
 from core.trace import Trace
 
 Progress = Callable[[int, int], None]

@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from core import settings
+from core.annotate.spikes import Gate, gate_fires
 from core.decoding.params import Param, declared_params, param
 from core.errors import InvalidInputError
-from core.metrics import DEFAULT_SCORE, GATE_SCORES, check_gate_score
-from core.spike_rules import Gate, gate_fires
+from core.scoring.registry import DEFAULT_SCORE, GATE_SCORES, check_gate_score
 from core.trace import Trace
 
 REASON = "reason"  # Forced({pos: REASON}): the reasoning model picks the token at pos

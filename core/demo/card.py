@@ -15,9 +15,17 @@ from typing import Any
 
 import numpy as np
 
-
+from core.analysis.tables import enrichment, gini, gini_table, position_density
+from core.decoding import calibrate
+from core.decoding.policies import (
+    BaseOnly,
+    EarlyOnly,
+    RandomPositions,
+    ReasonOnly,
+    make_policy,
+)
+from core.demo import pair as demo
 from core.evaluation import harness as ev
-from core.decoding.policies import BaseOnly, EarlyOnly, RandomPositions, ReasonOnly, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +104,6 @@ def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
                  batch_size: int = 100, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """All measured properties of a pair on `problems`, with the gate calibrated on base rollouts of
     `calibration`: {"settings", "gate", "greedy", "sampled" (summary records), "values", "passed"}."""
-    from core.analysis.tables import enrichment, gini, gini_table, position_density
-    from core.decoding import calibrate
 
     t0 = time.perf_counter()
     store = _Counted(store)
@@ -295,7 +301,6 @@ def write_card(demo_dir: Any, n: int = 500, samples: int = 8, command: str = "fo
     write demo_dir/CARD.md and demo_dir/measure.json; returns the measurement."""
     from pathlib import Path
 
-    from core.demo import pair as demo
 
     demo_dir = Path(demo_dir)
     pair = demo.demo_pair(demo_dir=demo_dir)

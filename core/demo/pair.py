@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidInputError, ModelLoadError
+from core.evaluation.problems import load_problems
+from core.pair.loading import load_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_DIR = ROOT / "assets" / "demo"
@@ -25,7 +27,6 @@ def demo_formats(demo_dir: str | Path = DEMO_DIR) -> dict[str, str]:
 
 def demo_pair(device: str = "cpu", dtype: str = "float32", demo_dir: str | Path = DEMO_DIR) -> Any:
     """The demo base / reasoning pair as a `core.models.ModelPair`, loaded through `core.load_pair`."""
-    from core.pair.loading import load_pair
 
     demo_dir = Path(demo_dir)
     return load_pair(demo_dir / "base", demo_dir / "reason", device=device, dtype=dtype, **demo_formats(demo_dir))
@@ -33,7 +34,6 @@ def demo_pair(device: str = "cpu", dtype: str = "float32", demo_dir: str | Path 
 
 def demo_problems(split: str = "test", limit: int | None = None) -> list[Any]:
     """The demo task's problems of `split` as `core.problems.Problem` records (prompt, gold)."""
-    from core.evaluation.problems import load_problems
 
     if split not in SPLITS:
         raise InvalidInputError(f"Unknown demo split {split!r}; choose one of: {', '.join(SPLITS)}")

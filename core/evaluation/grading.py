@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.evaluation import mathverify_worker
 from core.errors import GradingError, InvalidInputError
+from core.evaluation import mathverify_worker
 
 logger = logging.getLogger(__name__)
 

@@ -20,11 +20,13 @@ import numpy as np
 import pandas as pd
 
 from core import settings
+from core.decoding import generate_many
 from core.decoding.policies import BaseOnly, Policy, ReasonOnly, policy_spec
 from core.errors import ForkpointError, InvalidInputError
-from core.evaluation.grading import grade_trace, gold_text
+from core.evaluation.grading import gold_text, grade_trace
 from core.evaluation.problems import ANSWER_FIELDS
-from core.scoring import problem_record
+from core.evaluation.thinking import Solo
+from core.scoring.teacher_forced import problem_record
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,6 @@ def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Itera
     tokens, taken, key. `problems` is a list (one benchmark) or {benchmark: list}. Rows come from the
     store when present. With `keep` (a dict), traces are also collected, keep[policy label] -> [Trace].
     `executor` (e.g. `core.RayExecutor()`) makes the traces elsewhere; grading and the table stay here."""
-    from core.decoding import generate_many
 
     if samples < 1:
         raise InvalidInputError(f"samples must be ≥ 1, got {samples}")
@@ -285,7 +286,6 @@ def evaluate(pair: Any, problems: Any, policies: Mapping[str, Policy] | Iterable
 
 def thinking_records(thinking: Any, problems: Any, **common: Any) -> pd.DataFrame:
     """Records of the thinking model writing every token alone (`Solo` on a `load_thinking` pair)."""
-    from core.evaluation.thinking import Solo
 
     return run_records(thinking, problems, {THINKING: Solo()}, **common)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidInputError
+from core.evaluation.grading import last_boxed
 from core.io.foreign import MAX_DEPTH, MAX_LINE_BYTES, json_depth_exceeds
 
 logger = logging.getLogger(__name__)
@@ -184,7 +185,6 @@ def _problem(
         gold = final.strip() or None
         solution = solution or worked.strip() or None
     if gold is None and solution is not None:
-        from core.evaluation.grading import last_boxed  # local import: grading pulls in math-verify
 
         gold = last_boxed(solution)
     pid = _text(row[i_name]) if i_name else None

@@ -20,11 +20,16 @@ from typing import Any
 import pandas as pd
 
 from core import settings
+from core.analysis.tables import enrichment, first_token_artifact_share
 from core.errors import InvalidInputError
+from core.evaluation.harness import GUIDE, THINKING, Reference
+from core.evaluation.sources import load_benchmarks
+from core.evaluation.sweep import DEFAULT_RATIOS, budget_sweep
+from core.evaluation.thinking import DEFAULT_THINKING_FORMAT, load_thinking
 from core.io.atomic import write_atomic
 from core.io.csvsafe import write_csv
-from core.evaluation.harness import GUIDE, THINKING, Reference
-from core.evaluation.sweep import DEFAULT_RATIOS, budget_sweep
+from core.io.store import TraceStore
+from core.pair.loading import ModelPair, PromptFormat, format_spec, load_pair
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +94,6 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
     {name: source or problems}, or a list of problem records. `preset="paper"` sets the paper's sampling
     and prompt formats; explicit arguments override it. `revisions` pins {"base"|"reason"|"thinking": rev}.
     `executor` (e.g. `core.RayExecutor()`) makes the traces on other workers (docs/SCALE.md)."""
-    from core.evaluation.sources import load_benchmarks
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -105,7 +109,6 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
     else:
         calibration = [p for ps in load_benchmarks(_as_sources(calibration)).values() for p in ps]
     if store is None:
-        from core.io.store import TraceStore
 
         store = TraceStore(out / "store")
     reference = reference if reference is not None else (THINKING if thinking_pair is not None else GUIDE)
@@ -124,7 +127,6 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
     paper-style table, the CSVs and the HTML report in `out`."""
     from core.analysis.paper import paper_table, reproduce_html
     from core.analysis.report import report_tables
-    from core.analysis.tables import enrichment, first_token_artifact_share
 
     if not isinstance(reference, str):
         sweep.attrs["reference_numbers"] = reference
@@ -174,7 +176,6 @@ def _formats(preset: str | None, **given: str | None) -> dict[str, str | None]:
 
 def _pair(base: Any, reason: str | None, formats: Mapping[str, str | None], device: str, dtype: str,
           revisions: Mapping[str, str | None], trust_remote_code: bool) -> Any:
-    from core.pair.loading import ModelPair, PromptFormat, format_spec, load_pair
 
     if isinstance(base, ModelPair):
         given = {side: formats[f"{side}_format"] for side in ("base", "reason") if formats[f"{side}_format"]}
@@ -192,8 +193,6 @@ def _pair(base: Any, reason: str | None, formats: Mapping[str, str | None], devi
 
 def _thinking(pair: Any, thinking: Any, formats: Mapping[str, str | None], revision: str | None,
               trust_remote_code: bool) -> Any:
-    from core.evaluation.thinking import DEFAULT_THINKING_FORMAT, load_thinking
-    from core.pair.loading import ModelPair
 
     if thinking is None or isinstance(thinking, ModelPair):
         return thinking

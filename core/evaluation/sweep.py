@@ -15,12 +15,29 @@ import numpy as np
 import pandas as pd
 
 from core import settings
-from core.decoding.policies import BaseOnly, EarlyOnly, RandomPositions, ReasonOnly, make_policy
+from core.annotate.spikes import Gate, calibrate_gate
+from core.decoding.policies import (
+    BaseOnly,
+    EarlyOnly,
+    RandomPositions,
+    ReasonOnly,
+    make_policy,
+)
 from core.errors import InvalidInputError
-from core.evaluation.harness import (BASE, GUIDE, THINKING, Reference, add_recovery, benchmarks_of, early_rate_for,
-                                     policy_table, require_gold, run_records, thinking_records)
-from core.metrics import score_values
-from core.spike_rules import Gate, calibrate_gate
+from core.evaluation.harness import (
+    BASE,
+    GUIDE,
+    THINKING,
+    Reference,
+    add_recovery,
+    benchmarks_of,
+    early_rate_for,
+    policy_table,
+    require_gold,
+    run_records,
+    thinking_records,
+)
+from core.scoring.registry import score_values
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ from core.io.foreign import (  # noqa: F401  (re-exported)
     read_foreign_jsonl,
 )
 from core.io.jsonsafe import dumps_strict
+from core.scoring.teacher_forced import score
 from core.trace import Trace, request_key
 
 log = logging.getLogger(__name__)
@@ -189,15 +190,12 @@ def import_file(
     should_stop: Callable[[], bool] | None = None,
 ) -> ImportResult:
     """Score each record with `score_fn(pair, {"id", "prompt", "gold"}, response)` (default
-    `core.scoring.score`), mark it kind="import" and put it in `store`, one record at a time.
+    `core.scoring.teacher_forced.score`), mark it kind="import" and put it in `store`, one record at a time.
 
     Never raises for a bad record, a failed scoring, Ctrl-C or a full disk: the result says what
     happened. `progress(lines done, lines total)`; `should_stop()` is asked before each record.
     """
-    if score_fn is None:
-        from core.scoring import (
-            score as score_fn,  # lazily: scoring pulls in the model stack
-        )
+    score_fn = score_fn or score
     fmt = detect_format(path, format)
     records = iter_foreign(path, fmt)  # raises InvalidInputError for a missing or unusable file
     total = count_records(path, fmt) if progress is not None else 0

@@ -11,13 +11,15 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.errors import StoreError, WriteError
 from core.io.atomic import clean_temp_files, temp_files, write_atomic
-from core.io.store import KEY_RE, TraceStore
 from core.io.summary_index import identity, index_line
-from core.io.tracefile import read_trace_record
+from core.io.tracefile import KEY_RE, read_trace_record
+
+if TYPE_CHECKING:  # the store calls in here (TraceStore.verify/repair), so only the type is named
+    from core.io.store import TraceStore
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,10 @@ import pandas as pd
 
 from core.errors import InvalidInputError, StoreError, WriteError
 from core.io.atomic import clean_temp_files, os_error_reason, write_atomic
+from core.io.store import TraceStore
 from core.io.tracefile import check_key
 from core.trace import Trace
+from core.trace import note_column as trace_note_column
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +129,6 @@ def _n_tokens(store: Any, key: str, n_tokens: int | None) -> int:
         return int(n_tokens)
     if not _trace_file(store, key).exists():
         raise InvalidInputError(f"No trace with key {key!r} in {_root(store)}; notes attach to stored traces")
-    from core.io.store import TraceStore
 
     return len(store.get(key) if hasattr(store, "get") else TraceStore(_root(store)).get(key))
 
@@ -243,11 +244,7 @@ def trace_notes(trace: Trace) -> list[Note]:
 def note_column(trace: Trace) -> list[str]:
     """Per token, the text of the notes covering it joined with " | " ("" for none; "🔖" for an empty bookmark):
     the `note` column of CSV/Parquet exports."""
-    col: list[list[str]] = [[] for _ in range(len(trace))]
-    for note in trace_notes(trace):
-        for pos in range(max(0, note.start), min(note.end, len(trace) - 1) + 1):
-            col[pos].append(note.text or ("🔖" if note.bookmark else ""))
-    return [" | ".join(parts) for parts in col]
+    return trace_note_column([n.to_dict() for n in trace_notes(trace)], len(trace))
 
 
 def notes_html(trace: Trace) -> str:

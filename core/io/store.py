@@ -27,11 +27,25 @@ from typing import Any
 import pandas as pd
 
 from core.errors import InvalidInputError, StoreError, WriteError
+from core.io import maintenance
 from core.io.atomic import clean_temp_files, fsync_dir, os_error_reason, write_atomic
 from core.io.summary_index import Identity, SummaryIndex, identity
 from core.io.tracefile import (  # noqa: F401  (re-exported: the store's public names)
-    KEY_RE, READ_ERRORS, STORE_FORMAT, SUM_KEY, SUMMARY_COLUMNS, check_key, content_key, decode, encode,
-    read_footer_checksum, read_trace, read_trace_record, reason, summarise, write_table,
+    KEY_RE,
+    READ_ERRORS,
+    STORE_FORMAT,
+    SUM_KEY,
+    SUMMARY_COLUMNS,
+    check_key,
+    content_key,
+    decode,
+    encode,
+    read_footer_checksum,
+    read_trace,
+    read_trace_record,
+    reason,
+    summarise,
+    write_table,
 )  # fmt: skip
 from core.trace import SCHEMA_VERSION, Trace
 
@@ -380,15 +394,11 @@ class TraceStore:
     # -- maintenance (implemented in core/io/maintenance.py) -------------------------------------
     def verify(self) -> Any:
         """Deep check of every file, the index and temp files: a `StoreCheck` (see core.io.maintenance)."""
-        from core.io.maintenance import verify
-
-        return verify(self)
+        return maintenance.verify(self)
 
     def repair(self) -> Any:
         """Set damaged files aside, remove dead writers' temp files, rewrite the index: a `RepairReport`."""
-        from core.io.maintenance import repair
-
-        return repair(self)
+        return maintenance.repair(self)
 
     # -- branch trees -----------------------------------------------------------------------
     def root_of(self, problem_id: str) -> str | None:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.errors import InvalidInputError, StoreError
-from core.metrics import DEFAULT_SCORE, SCORES, score_values
+from core.scoring.registry import DEFAULT_SCORE, SCORES, score_values
 from core.trace import SCHEMA_VERSION, SIDES, Trace, _json_default, request_key
 
 STORE_FORMAT = 2  # 2: footer checksum. Bump on incompatible changes.

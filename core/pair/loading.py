@@ -17,7 +17,13 @@ import torch
 from core.errors import InvalidInputError, ModelLoadError, VocabularyMismatchError
 from core.pair.attention import use_block_attention
 from core.pair.formats import (  # noqa: F401  (re-exported: the pair API names them)
-    CHAT_MODES, DEFAULT_BASE_FORMAT, NAMED_FORMATS, PAPER_INSTRUCTION, PREFILLS, PromptFormat, format_spec,
+    CHAT_MODES,
+    DEFAULT_BASE_FORMAT,
+    NAMED_FORMATS,
+    PAPER_INSTRUCTION,
+    PREFILLS,
+    PromptFormat,
+    format_spec,
 )
 from core.pair.tokens import display_tokens
 

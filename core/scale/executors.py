@@ -20,6 +20,7 @@ import pandas as pd
 from core import settings
 from core.errors import GenerationCancelled
 from core.scale.jobs import GenerateJob, Worker, WorkerStats, make_jobs
+from core.scale.spec import PairSpec
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,6 @@ class InProcessExecutor(_Executor):
         self.stats: list[WorkerStats] = []
 
     def _pair(self, pair: Any) -> Any:
-        from core.scale.spec import PairSpec
 
         if not isinstance(pair, PairSpec):
             return pair

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from core import settings
+from core.decoding import generate
 from core.errors import InvalidInputError
+from core.io.store import TraceStore
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,6 @@ class Worker:
 
     def keys(self, jobs: Sequence[GenerateJob]) -> list[list[str]]:
         """The store keys of each job's rows, in row order (no model forward)."""
-        from core.decoding import generate
 
         return [list(generate(self.pair, list(j.problems), j.policy, store=_KeyProbe(), **j.kwargs())) for j in jobs]
 
@@ -142,11 +143,9 @@ class Worker:
         """Generate the job's rows except those whose key is in `skip` (None in their place), and
         (rows made, tokens made, seconds) for the throughput summary. With `store_path` (a store on a
         filesystem this worker sees), each new trace is passed through `on_trace` and written here too."""
-        from core.decoding import generate
 
         target = None
         if store_path is not None:
-            from core.io.store import TraceStore
 
             target = TraceStore(store_path)
         t0 = time.perf_counter()

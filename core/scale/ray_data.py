@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidInputError
+from core.io.foreign import ForeignRecord, count_records, detect_format, iter_foreign
+from core.io.imports import _Log, _Run, record_key
+from core.io.store import TraceStore
+from core.scale.jobs import Worker
+from core.scale.ray_executor import RayExecutor, connect, import_ray
 from core.scale.spec import as_spec
+from core.scoring.teacher_forced import score
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +45,6 @@ def read_blocks(path: str, fmt: str, rows_per_block: int = ROWS_PER_BLOCK) -> It
     """Arrow blocks of records from `iter_foreign` (a bad record is a row with a non-empty `error`);
     `response`, `answer` and `extra` travel as JSON text (a response may be text or token ids, an answer
     may be missing), so no column ever holds a null that a batch format could turn into NaN."""
-    from core.io.foreign import ForeignRecord, iter_foreign
 
     rows: list[dict[str, Any]] = []
     for item in iter_foreign(path, fmt):
@@ -75,25 +80,21 @@ def _datasource(path: str, fmt: str, rows_per_block: int) -> Any:
 
 
 class _Scorer:
-    """A Ray Data actor: loads the pair once and scores each good record (`core.scoring.score`, as the
+    """A Ray Data actor: loads the pair once and scores each good record (`core.scoring.teacher_forced.score`, as the
     in-process import does); the trace, or the exception, goes back to the driver with the record."""
 
     def __init__(self, spec: Any, device: str, threads: int, store_path: str | None) -> None:
-        from core.scale.jobs import Worker
 
         self.pair = Worker(spec, device, threads).pair
         self.identity = self.pair.fingerprint()
         self.store = None
         if store_path is not None:
-            from core.io.store import TraceStore
 
             self.store = TraceStore(store_path)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
 
-        from core.io.imports import record_key
-        from core.scoring import score
 
         results = []
         for i in range(len(batch["line"])):
@@ -112,7 +113,6 @@ class _Scorer:
 
 
 def _record(batch: dict[str, Any], i: int) -> Any:
-    from core.io.foreign import ForeignRecord
 
     return ForeignRecord(int(batch["line"][i]), str(batch["id"][i]), str(batch["prompt"][i]),
                          json.loads(batch["response"][i]), json.loads(batch["answer"][i]), json.loads(batch["extra"][i]))
@@ -129,8 +129,6 @@ def import_file_ray(pair: Any, path: str | os.PathLike[str], store: Any, *, exec
     `workers_see_store`: the actors skip records already in the store themselves (True when the store is
     on a filesystem every node sees; default: True for a local Ray, False when joining a cluster).
     The executor's generation actors, if any, are stopped first: the pipeline starts its own pool."""
-    from core.io.foreign import count_records, detect_format
-    from core.scale.ray_executor import RayExecutor, connect, import_ray
 
     executor = executor or RayExecutor()
     fmt = detect_format(path, format)
@@ -165,7 +163,6 @@ def _settle(pair: Any, batches: Iterator[dict[str, Any]], store: Any, source: st
             report_path: Any, progress: Callable[[int, int], None] | None, bar: bool) -> Any:
     """Feed the scored rows, in file order, through the in-process importer's bookkeeping (`_Run`): its
     `score_fn` hands back what the worker made, so stored traces and outcomes are the in-process ones."""
-    from core.io.imports import _Log, _Run
 
     made: list[Any] = [None]
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from core.demo.pair import DEMO_DIR, demo_formats
 from core.errors import InvalidInputError
+from core.pair.loading import load_pair
 
 
 @dataclass(frozen=True)
@@ -45,14 +47,12 @@ class PairSpec:
     @classmethod
     def demo(cls) -> PairSpec:
         """The bundled demo pair (its files ship inside the package, so every node has them)."""
-        from core.demo.pair import DEMO_DIR, demo_formats
 
         return cls(base=str(DEMO_DIR / "base"), reason=str(DEMO_DIR / "reason"), dtype="float32",
                    **demo_formats(DEMO_DIR))
 
     def load(self, device: str = "auto") -> Any:
         """Load the pair on `device` (auto: CUDA when this process sees a GPU, else CPU)."""
-        from core.pair.loading import load_pair
 
         return load_pair(self.base, self.reason, device=device, dtype=self.dtype, base_format=self.base_format,
                          reason_format=self.reason_format, base_revision=self.base_revision,

@@ -1,10 +1,10 @@
 """`core.widget(pair, trace)`: the app's token view as a Jupyter widget (anywidget), with branching in the kernel.
 
 The front end is ONE source shared with the app: `app/components/token_view.{js,css}` (read at runtime;
-its default export is renamed to `fpTokenView`) plus the notebook's controls in `core/notebook_widget.js`.
+its default export is renamed to `fpTokenView`) plus the notebook's controls in `core/views/notebook_widget.js`.
 State flows through synced traits: the browser sets `score`, `selected` ({view, pos}) and `request`
 ({action: take_over | show | note, ...}); Python answers with `views` (one payload per shown trace: the
-escaped heatmap from `core.heatmap.tokens_html` and hover data), `choices`, `tree`, `notes`, `status`.
+escaped heatmap from `core.views.heatmap.tokens_html` and hover data), `choices`, `tree`, `notes`, `status`.
 The Python side exposes the same objects: `w.selection`, `w.branches`, `w.take_over(pos, token)`.
 Needs the `notebook` extra (anywidget); `import core` never imports it.
 """
@@ -22,15 +22,29 @@ from typing import Any
 import anywidget
 import traitlets
 
-from core import rank_shift, settings
+from core import settings
+from core.annotate import rank_shift
+from core.annotate.spikes import spikes
+from core.decoding import branch
+from core.decoding.takeover import flipped, set_switches, switches_in_force
 from core.errors import ForkpointError, InvalidInputError
-from core.metrics import DEFAULT_SCORE, METRICS, SCORES, check_score
+from core.evaluation.grading import graded_put
+from core.io.notes import add_note, read_notes
+from core.scoring.registry import DEFAULT_SCORE, METRICS, SCORES, check_score
 from core.trace import Trace
+from core.views.heatmap import heatmap_css, tokens_html
+from core.views.presentation import (
+    branch_token_text,
+    hover_data,
+    switch_text,
+    takeover_choices,
+    tree_label,
+)
 
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).resolve().parent
-COMPONENT_DIR = _HERE.parent / "app" / "components"  # the app's token view: the one renderer
+COMPONENT_DIR = _HERE  # token_view.{js,css}: the one front end, shared with the app
 RANK_SHIFT_LABEL = "Rank shift (unshifted / marginal / shifted)"
 _DEFAULT_EXPORT = re.compile(r"^export\s+default\s+function\s*(\w*)\s*\(", re.MULTILINE)
 
@@ -50,7 +64,6 @@ def _sources(js_mtime: float, css_mtime: float) -> tuple[str, str]:
     if n != 1:
         raise ImportError(f"{COMPONENT_DIR / 'token_view.js'} has no `export default function (component)`; "
                           "the notebook widget mounts the app's token view through it")
-    from core.heatmap import heatmap_css
 
     esm_text = renamed + "\n\n" + _read(_HERE / "notebook_widget.js")
     css_text = "\n".join([heatmap_css(), _read(COMPONENT_DIR / "token_view.css"), _read(_HERE / "notebook_widget.css")])
@@ -70,16 +83,13 @@ def esm() -> str:
 
 
 def css() -> str:
-    """The widget's stylesheet: core.heatmap's, the app's token_view.css and the notebook controls'."""
+    """The widget's stylesheet: core.views.heatmap's, the app's token_view.css and the notebook controls'."""
     return _sources(_mtime(COMPONENT_DIR / "token_view.js"), _mtime(COMPONENT_DIR / "token_view.css"))[1]
 
 
 def view_payload(trace: Trace, score: str = DEFAULT_SCORE, decode: Any = None, k: int = settings.K) -> dict[str, Any]:
     """The token view's `data` for one trace (as the app's component gets it): escaped heatmap HTML (one
     data-pos span per token), hover data (both top-k), spike positions and a content version."""
-    from core.presentation import hover_data, spike_list
-    from core.heatmap import tokens_html
-    from core.spike_rules import spikes
 
     colours = None
     if score == rank_shift.NAME:  # categorical colours; hover and spikes stay on the default score
@@ -91,7 +101,7 @@ def view_payload(trace: Trace, score: str = DEFAULT_SCORE, decode: Any = None, k
         "html": body,
         "version": hashlib.blake2b(body.encode("utf-8"), digest_size=8).hexdigest(),
         "hover": hover_data(trace, score, decode, k),
-        "spikes": spike_list(trace),
+        "spikes": trace.spike_positions,
         "offset": 0,
         "n": len(trace),
         "height": 420,
@@ -170,8 +180,6 @@ class TokenWidget(anywidget.AnyWidget):
     def take_over(self, pos: int, token: int | None = None, *, view: int = 0) -> Trace:
         """Branch the shown trace `view` at `pos` (the reasoner's own choice, or the forced `token`) with
         `core.branch`; the branch is shown beside the original and added to `branches`."""
-        from core.decoding import branch
-        from core.evaluation.grading import graded_put
 
         parent = self.shown[view]
 
@@ -189,6 +197,29 @@ class TokenWidget(anywidget.AnyWidget):
         self.status = f"branched at #{pos}: {len(child)} tokens, {child.n_takeovers} takeover(s)"
         return child
 
+    def switch(self, at: dict[int, Any] | None = None, *, flip: int | None = None, view: int = 0) -> Trace:
+        """Switch takeovers on the shown trace `view` (`core.takeover`'s `at`, or `flip` one token as the app's
+        switchboard does); the new trace streams into the status line and is shown beside the original."""
+        parent = self.shown[view]
+        wanted = flipped(parent, int(flip)) if flip is not None else {**switches_in_force(parent), **(at or {})}
+        shown: list[str] = []
+
+        def on_token(pos: int, token: int, source: str) -> None:  # live in the front end: traits sync as set
+            shown.append(self._decode(token) if self._decode else str(token))
+            self.status = f"#{pos}: …{''.join(shown)[-60:]}"
+
+        child = set_switches(self.pair, parent, wanted, store=self.store, max_new_tokens=self.max_new_tokens,
+                             on_token=on_token)
+        child = graded_put(self.store, child)  # graded like every other trace (stored when a store is given)
+        if child.key != self.original.key and all(child.key != b.key for b in self.branches):
+            self.branches.append(child)
+        self._shown = None if child.key == self.original.key else child
+        self.selected = None
+        self._refresh()
+        self.status = f"{switch_text(child, self._decode) or 'no switches'}: {len(child)} tokens, " \
+                      f"{child.n_takeovers} takeover(s), answer {child.meta.get('answer')!r}"
+        return child
+
     def show(self, key: str) -> None:
         """Show the original alone (its key) or a branch beside it."""
         trace = self.trace(key)
@@ -199,7 +230,6 @@ class TokenWidget(anywidget.AnyWidget):
 
     def add_note(self, pos: int, text: str, *, end: int | None = None, view: int = 0, bookmark: bool = False) -> Any:
         """Note tokens pos..end of a shown trace in the store (see core/io/notes.py)."""
-        from core.io.notes import add_note
 
         if self.store is None:
             raise InvalidInputError("Notes are kept in a store: make the widget with store=core.TraceStore(...)")
@@ -222,7 +252,6 @@ class TokenWidget(anywidget.AnyWidget):
 
     @traitlets.observe("selected")
     def _on_selected(self, change: dict[str, Any]) -> None:
-        from core.presentation import takeover_choices
 
         sel = self.selection if hasattr(self, "original") else None
         if sel is None:
@@ -243,13 +272,20 @@ class TokenWidget(anywidget.AnyWidget):
                 token = self.choices[int(req.get("choice", 0))][1] if self.choices else req.get("token")
                 self.status = "branching…"
                 self.take_over(int(req["pos"]), token, view=int(req.get("view", 0)))
+            elif action == "flip":
+                self.status = "switching…"
+                self.switch(flip=int(req["pos"]), view=int(req.get("view", 0)))
+            elif action == "force":
+                self.status = "switching…"
+                self.switch({int(req["pos"]): int(req["token"])}, view=int(req.get("view", 0)))
             elif action == "show":
                 self.show(str(req["key"]))
             elif action == "note":
                 self.add_note(int(req["pos"]), str(req.get("text", "")), view=int(req.get("view", 0)))
                 self.status = "note saved"
             else:
-                raise InvalidInputError(f"Unknown widget action {action!r}; choose one of: take_over, show, note")
+                raise InvalidInputError(f"Unknown widget action {action!r}; choose one of: take_over, flip, force, "
+                                        "show, note")
         except ForkpointError as exc:
             self.status = f"error: {exc}"
         except (IndexError, KeyError, TypeError, ValueError) as exc:  # a malformed request from the front end
@@ -275,7 +311,6 @@ class TokenWidget(anywidget.AnyWidget):
     def _refresh_notes(self) -> None:
         if self.store is None:
             return
-        from core.io.notes import read_notes
 
         rows = []
         for i, trace in enumerate(self.shown):
@@ -287,7 +322,6 @@ class TokenWidget(anywidget.AnyWidget):
 
 def tree_rows(root: Trace, branches: list[Trace], decode: Any = None) -> list[tuple[int, str, str]]:
     """The branch tree of `root` and `branches` (by meta parent), depth-first: (depth, label, key) rows."""
-    from core.presentation import branch_token_text, tree_label
 
     children: dict[str, list[Trace]] = {}
     for b in branches:

@@ -2,17 +2,15 @@
 (Reading files made elsewhere is `core/io/imports.py`.)
 
 Every export carries the reproducibility record (each trace's meta plus the exporting forkpoint's
-version). All model text that reaches HTML goes through `core.heatmap` or `html.escape`.
+version). All model text that reaches HTML goes through `core.views.heatmap` or `html.escape`.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +20,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core import settings
-from core.metrics import DEFAULT_SCORE, check_score
+from core.annotate.rank_shift import rank_shift
+from core.annotate.spikes import spikes
 from core.errors import InvalidInputError, OutputExistsError
-from core.heatmap import tag_colour
 from core.io.atomic import write_atomic
 from core.io.csvsafe import write_csv
 from core.io.jsonsafe import dumps_strict, floats_in
-from core.rank_shift import rank_shift
+from core.io.provenance import forkpoint_version, utc_now
+from core.scoring.registry import DEFAULT_SCORE, check_score
 from core.trace import SIDES, Trace
+from core.views.heatmap import tag_colour
+from core.views.html_page import html_page
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,7 @@ Decoder = Callable[[int], str]
 def annotated(trace: Trace, score: str = DEFAULT_SCORE, top: float | None = None, gate: Any = None) -> Trace:
     """The trace with what the user sees: spikes (under `top` or `gate`; else the trace's own layer; else
     the top settings.SPIKE_TOP) and planning tags / think-answer segments (computed when missing)."""
-    from core.planning import annotate_tags
-    from core.spike_rules import spikes
+    from core.annotate.planning import annotate_tags
 
     out = trace
     if gate is not None:
@@ -62,9 +62,8 @@ def annotated(trace: Trace, score: str = DEFAULT_SCORE, top: float | None = None
 def spike_flags(trace: Trace) -> list[bool]:
     """Per token: is it a spike under the trace's spike layer (all False without one)."""
     flags = [False] * len(trace)
-    for p in (trace.annotations.get("spikes") or {}).get("positions", []):
-        if 0 <= int(p) < len(trace):
-            flags[int(p)] = True
+    for p in trace.spike_positions:
+        flags[p] = True
     return flags
 
 
@@ -103,18 +102,6 @@ def _topk_text(trace: Trace, side: str, decode: Decoder | None) -> list[list[str
     return [[show(int(i)) for i in row] for row in ids.tolist()] if len(trace) else []
 
 
-def forkpoint_version() -> str:
-    """The installed forkpoint version, or "0+unknown" when running from a bare checkout."""
-    try:
-        return importlib.metadata.version("forkpoint")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 def _dumps(value: Any, indent: int | None = None) -> str:
     return dumps_strict(value, ensure_ascii=False, indent=indent)  # NaN/inf -> null (core/io/jsonsafe.py)
 
@@ -144,7 +131,7 @@ def trace_to_record(trace: Trace, decode: Decoder | None = None) -> dict[str, An
     return {
         "forkpoint_trace": JSONL_VERSION,
         "key": trace.key,
-        "exported_by": {"forkpoint": forkpoint_version(), "at": _now()},
+        "exported_by": {"forkpoint": forkpoint_version(), "at": utc_now()},
         "meta": trace.meta,
         "prompt_ids": trace.prompt_ids,
         "token_ids": trace.token_ids.tolist(),
@@ -158,7 +145,7 @@ def trace_to_record(trace: Trace, decode: Decoder | None = None) -> dict[str, An
         },
         "spike": spike_flags(trace),
         "tag": tag_column(trace),
-        "rank_shift": [str(c) for c in rank_shift(trace)],  # unshifted / marginal / shifted (core/rank_shift.py)
+        "rank_shift": [str(c) for c in rank_shift(trace)],  # unshifted / marginal / shifted (core/annotate/rank_shift.py)
         "dtypes": {
             "metrics": {name: str(values.dtype) for name, values in metrics.items()},
             "topk_probs": {side: str(np.asarray(trace.topk[side][1]).dtype) for side in SIDES},
@@ -247,7 +234,7 @@ def _record_header(traces: Sequence[Trace], fmt: str) -> dict[str, Any]:
         "forkpoint_export": JSONL_VERSION,
         "format": fmt,
         "forkpoint_version": forkpoint_version(),
-        "exported": _now(),
+        "exported": utc_now(),
         "traces": [
             {
                 "key": t.key,
@@ -315,7 +302,6 @@ def export(
     if fmt == "jsonl":
         write_atomic(path, lambda fh: fh.writelines(_dumps(trace_to_record(t, decode)) + "\n" for t in traces))
     elif fmt == "html":
-        from core.io.html_page import html_page  # (it imports this module's record helpers)
 
         page = html_page(traces, score=score, decode=decode)
         write_atomic(path, lambda fh: fh.write(page))

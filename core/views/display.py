@@ -1,6 +1,6 @@
 """How a `Trace` shows itself in Jupyter (`Trace._repr_html_`): the HTML export's page, hover and all.
 
-The page is exactly `core.io.html_page.html_page` of the annotated trace (spikes, planning tags, notes it
+The page is exactly `core.views.html_page.html_page` of the annotated trace (spikes, planning tags, notes it
 carries), so it is self-contained and works offline. It is shown in an `<iframe srcdoc>` so that its
 stylesheet and tooltip script stay inside it; the iframe grows to its content where the front end runs
 the onload handler (JupyterLab, VS Code, Colab), else it is a fixed, scrollable height.
@@ -11,8 +11,10 @@ from __future__ import annotations
 import html
 import logging
 
-from core.metrics import DEFAULT_SCORE
+from core.scoring.registry import DEFAULT_SCORE
 from core.trace import Trace
+from core.views.exports import annotated, token_decoder
+from core.views.html_page import html_page
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +23,6 @@ MIN_HEIGHT, MAX_HEIGHT = 320, 900  # px, before the onload handler resizes the f
 
 def page_html(trace: Trace, score: str = DEFAULT_SCORE) -> str:
     """The self-contained HTML page of one trace: the same page `core.export(trace, "x.html")` writes."""
-    from core.io.exports import annotated, token_decoder
-    from core.io.html_page import html_page
-
     shown = annotated(trace, score)
     return html_page([shown], score=score, decode=token_decoder([shown]), title=_title(trace))
 

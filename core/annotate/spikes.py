@@ -19,8 +19,8 @@ from typing import overload
 import numpy as np
 
 from core import settings
-from core.metrics import DEFAULT_SCORE, check_score, score_values
 from core.errors import InvalidInputError
+from core.scoring.registry import DEFAULT_SCORE, check_score, score_values
 from core.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -230,12 +230,12 @@ def _dataset_positions(values: list[np.ndarray], top: float, floor: float | None
     return [chosen[(chosen >= lo) & (chosen < hi)] - lo for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
-def spike_positions(trace: Trace, score: str = DEFAULT_SCORE, top: float = 0.01) -> np.ndarray:
-    """The trace's annotated spike positions, or, when it has none, its top-`top` positions by `score`
-    above settings.SPIKE_FLOOR (the rule `spikes` applies, so analyses count what the heatmap marks)."""
-    layer = trace.annotations.get("spikes")
-    if layer is not None:
-        return np.asarray(layer["positions"], dtype=np.int64)
+def spikes_or_top(trace: Trace, score: str = DEFAULT_SCORE, top: float = settings.SPIKE_TOP) -> np.ndarray:
+    """The trace's annotated spikes (`Trace.spike_positions`) when it has a spike layer, else its top-`top`
+    positions by `score` above settings.SPIKE_FLOOR (the rule `spikes` applies, so analyses count what the
+    heatmap marks)."""
+    if "spikes" in trace.annotations:
+        return np.asarray(trace.spike_positions, dtype=np.int64)
     return top_positions(_scores(trace, score), top, settings.SPIKE_FLOOR)
 
 
@@ -245,7 +245,7 @@ __all__ = [
     "calibrate_gate",
     "gate_fires",
     "gate_positions",
-    "spike_positions",
+    "spikes_or_top",
     "spikes",
     "top_count",
     "top_positions",

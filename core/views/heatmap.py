@@ -10,16 +10,19 @@ import html
 import re
 import zlib
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from core.metrics import DEFAULT_SCORE, score_label, score_values
+from core.annotate.rank_shift import colours as rank_shift_colours
+from core.annotate.rank_shift import legend_items
 from core.errors import InvalidInputError
+from core.scoring.registry import DEFAULT_SCORE, score_label, score_values
 from core.trace import Trace
 
-SCALES = ("linear", "log", "rank", "rank_shift")  # rank_shift: categorical colours (core/rank_shift.py), not the score
+SCALES = ("linear", "log", "rank", "rank_shift")  # rank_shift: categorical colours (core/annotate/rank_shift.py), not the score
 # White -> yellow -> orange -> red; dark enough at the top to see, light enough for black text.
 _STOPS = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
 _RGB = np.array([[255, 255, 255], [254, 240, 170], [253, 186, 116], [248, 113, 113], [220, 38, 38]], dtype=float)
@@ -31,7 +34,7 @@ _LUT = [
 NAN_COLOUR = "transparent"
 TIP_K = 5  # top-k rows in hover text by default (the paper's "promoted token is in the base top-5")
 UNTAGGED = frozenset({"", "none", "execute", "execution", "other", "o"})  # tags that get no underline
-# core.planning's categories first; other names get a stable colour from _PALETTE.
+# core.annotate.planning's categories first; other names get a stable colour from _PALETTE.
 # "plan" green and "conclude" blue differ in hue and lightness (the old teal "conclude" read as "plan").
 TAG_COLOURS = {"plan": "#16a34a", "reflect": "#db2777", "verify": "#d97706", "conclude": "#1d4ed8",
                "planning": "#16a34a", "check": "#d97706"}  # fmt: skip
@@ -55,6 +58,8 @@ HEATMAP_CSS = """
 .fp-heatmap .tok.src-reason::before { content: "▲"; font-size: 0.6em; vertical-align: super; color: #1d4ed8; }
 .fp-heatmap .tok.src-forced { font-weight: 700; }
 .fp-heatmap .tok.src-forced::before { content: "◆"; font-size: 0.6em; vertical-align: super; color: #b45309; }
+.fp-heatmap .tok.sw { text-decoration: underline double #dc2626; text-underline-offset: 3px; }
+.fp-heatmap .tok.sw-base::before { content: "○"; font-size: 0.6em; vertical-align: super; color: #dc2626; }
 .fp-heatmap .nl { color: #9ca3af; }
 .fp-heatmap .seg { border-left: 4px solid #9ca3af; padding: 2px 0 6px 8px; margin: 6px 0; }
 .fp-heatmap .seg-think { border-left-color: #a78bfa; background: #faf5ff; }
@@ -297,11 +302,12 @@ def tokens_html(
     """The response as one `<span class="tok" data-pos=i data-tip=...>` per token, coloured by `score`.
 
     spikes/tags/segments default to the trace's annotation layers (pass [] to hide spikes); selected
-    positions get a ring; reasoner-emitted tokens are bold with a ▲ marker (◆ when forced). Tokens that
+    positions get a ring; reasoner-emitted tokens are bold with a ▲ marker (◆ when forced); positions
+switched by `core.takeover` (meta["switches"]) are double-underlined (○: a takeover switched off). Tokens that
     draw one grapheme together are wrapped in `<span class="gph">` with the whole grapheme on the last
     of them (the others stay clickable, empty). `offset` is added to data-pos (a page of a longer trace);
     vmin/vmax/reference fix the colour range across views (see `normalise`). `colours` (T css colours)
-    replaces the score's colour scale, e.g. core.rank_shift.colours(trace) for the categorical rank-shift mode.
+    replaces the score's colour scale, e.g. core.annotate.rank_shift.colours(trace) for the categorical rank-shift mode.
     css_tips adds a pure-CSS hover tooltip; turn it off when the page brings its own (JS) tooltip.
     (Longer than most functions here on purpose: the per-token work stays in one loop over the tokens,
     which is the app's render budget — benchmarks/bench_render.py.)
@@ -309,16 +315,16 @@ def tokens_html(
     n = len(trace)
     values = score_values(trace.metrics, score)
     if colours is None and scale == "rank_shift":
-        from core.rank_shift import colours as rank_shift_colours
 
         colours = rank_shift_colours(trace)
     colours = colour_scale(values, vmin, vmax, scale, reference) if colours is None else list(colours)
     if len(colours) != n:
         raise InvalidInputError(f"colours has {len(colours)} entries for {n} tokens")
     if spikes is None:
-        spikes = (trace.annotations.get("spikes") or {}).get("positions", ())
+        spikes = trace.spike_positions
     spike_set = _positions(spikes)
     selected_set = _positions(selected)
+    switched = {int(p): w for p, w in (trace.meta.get("switches") or {}).items()}  # core.takeover's switches
     if tags is None:
         tags = trace.annotations.get("tags")
     if segments is None:
@@ -360,6 +366,8 @@ def tokens_html(
             classes.append("sel")
         if show_source and trace.source[i] != "base":
             classes.append(f"src-{_css_name(str(trace.source[i]))}")
+        if i in switched:  # a user's switch: double underline; a takeover switched off keeps a ○
+            classes += ["sw", "sw-base"] if switched[i] == "base" else ["sw"]
         if tags is not None and (colour := tag_colour(tags[i])) is not None:
             classes.append("tag")
             style += f";--tag:{colour}"
@@ -399,7 +407,6 @@ def legend_html(
         f'<span class="bar" style="background:linear-gradient(to right, {stops})"></span>{html.escape(hi)}</span>',
     ]
     if scale == "rank_shift":  # categories, not a colour bar: where the reasoner's top token ranks under the base
-        from core.rank_shift import legend_items
 
         parts[1] = legend_items()
     if spike_rule:
@@ -437,3 +444,9 @@ def describe_spike_rule(rule: Any) -> str | None:
         extra = f", score > {float(floor):g}" if floor is not None else ""
         return f"top {100 * float(rule['top']):g}% by {score} per {rule.get('per', 'trace')}{extra}"
     return None
+
+
+def front_end_source(name: str) -> str:
+    """A file of the token view's front end (`token_view.js`/`.css` beside this module), shared by the app's
+    component and the notebook widget."""
+    return (Path(__file__).resolve().parent / name).read_text(encoding="utf-8")

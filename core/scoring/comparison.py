@@ -22,9 +22,26 @@ import pandas as pd
 import torch
 
 from core import settings
-from core.errors import InvalidInputError, PairMismatchError
-from core.metrics import DEFAULT_SCORE, check_score, score_values
-from core.pair.loading import ModelPair, check_same_vocabulary, load_one
+from core.analysis import tables as A
+from core.annotate.rank_shift import rank_shift, shifted_ratio
+from core.errors import ForkpointError, InvalidInputError, PairMismatchError
+from core.pair.loading import (
+    ModelPair,
+    PromptFormat,
+    check_same_vocabulary,
+    format_spec,
+    load_one,
+)
+from core.scoring.registry import DEFAULT_SCORE, check_score, score_values
+from core.scoring.teacher_forced import (
+    _batch_hidden,
+    _check_length,
+    _response_ids,
+    assemble,
+    make_meta,
+    metrics_from_hidden,
+    problem_record,
+)
 from core.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -44,7 +61,6 @@ def with_reasoner(pair: ModelPair, reason: str | ModelPair, *, revision: str | N
                   reason_format: str | None = None, trust_remote_code: bool = False) -> ModelPair:
     """`pair`'s base (the same resident model) with another reasoner: a hub id / local dir / .gguf, or the
     reasoner of another loaded pair. The new reasoner must share the base's vocabulary."""
-    from core.pair.loading import PromptFormat, format_spec
 
     if isinstance(reason, ModelPair):
         model, tok, spec = reason.reason, reason.prompt_tokenizers.get("reason", reason.tokenizer), reason.specs["reason"]
@@ -117,7 +133,6 @@ class Comparison:
     def frame(self, score: str = DEFAULT_SCORE) -> pd.DataFrame:
         """One row per token: pos, token, and per reasoner `<name>` (the score), `<name> top` (its top token
         id), `<name> rank_shift` (category)."""
-        from core.rank_shift import rank_shift
 
         check_score(score)
         out = pd.DataFrame({"pos": np.arange(len(self)), "token": self.tokens})
@@ -146,15 +161,6 @@ class Comparison:
 def compare_batch(pairs: Sequence[ModelPair], items: Sequence[tuple[Any, Any]], *, names: Sequence[str] | None = None,
                   k: int = settings.K, store: Any = None) -> list[Comparison]:
     """Score each (prompt, response) under every pair (pairs share the base: it runs once per item)."""
-    from core.scoring import (
-        _batch_hidden,
-        _check_length,
-        _response_ids,
-        assemble,
-        make_meta,
-        metrics_from_hidden,
-        problem_record,
-    )
 
     pairs = list(pairs)
     _check_shared_base(pairs)
@@ -214,9 +220,6 @@ def dataset_tables(groups: Mapping[str, Sequence[Trace]], score: str = DEFAULT_S
                    top: float = settings.SPIKE_TOP, bins: int = 20) -> dict[str, pd.DataFrame]:
     """Side-by-side analysis per reasoner: "summary" (one row each: traces, tokens, pooled Gini, median spike
     position, shifted ratio), "position_density" and "enrichment" (each with a `reasoner` column)."""
-    from core.analysis import tables as A
-    from core.errors import ForkpointError
-    from core.rank_shift import shifted_ratio
 
     check_score(score)
     summary, density, enrich = [], [], []

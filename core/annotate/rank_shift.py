@@ -16,14 +16,17 @@ import numpy as np
 import pandas as pd
 
 from core import settings
+from core.annotate.spikes import top_positions
 from core.errors import InvalidInputError
+from core.scoring import registry
+from core.scoring.registry import DEFAULT_SCORE, score_values
 from core.trace import Trace
 
-METRIC = "reason_top_rank_in_base"
-NAME = "rank_shift"  # the colouring mode, the export column, the frame column
-CATEGORIES = ("unshifted", "marginal", "shifted")
-UNKNOWN = ""  # no rank recorded (negative / NaN rank)
-MARGINAL_MAX_RANK = 2  # 0-based: base ranks 2..3 (1-based) are marginal
+# The categories are defined beside the metric they read (core/scoring/registry.py); this module draws and counts them.
+NAME, METRIC, CATEGORIES, UNKNOWN = registry.RANK_SHIFT, registry.RANK_SHIFT_METRIC, registry.RANK_SHIFT_CATEGORIES, registry.RANK_SHIFT_UNKNOWN
+MARGINAL_MAX_RANK = registry.MARGINAL_MAX_RANK
+categorise = registry.rank_shift_category
+
 # Categorical colours (light enough for black text): green = base agrees, amber = close call, red = shifted.
 COLOURS = {"unshifted": "#dcfce7", "marginal": "#fde68a", "shifted": "#fca5a5", UNKNOWN: "transparent"}
 LABELS = {
@@ -32,17 +35,6 @@ LABELS = {
     "shifted": "shifted (below base's 3rd)",
 }
 GROUPS = ("all tokens", "spikes", "takeovers")  # rows of `at_positions`
-
-
-def categorise(ranks: Any) -> np.ndarray:
-    """(T,) 0-based base ranks of the reasoner's top token -> (T,) category strings ("" when unknown)."""
-    r = np.asarray(ranks, dtype=np.float64).reshape(-1)
-    out = np.full(r.shape, UNKNOWN, dtype=object)
-    known = np.isfinite(r) & (r >= 0)
-    out[known & (r == 0)] = "unshifted"
-    out[known & (r >= 1) & (r <= MARGINAL_MAX_RANK)] = "marginal"
-    out[known & (r > MARGINAL_MAX_RANK)] = "shifted"
-    return out
 
 
 def rank_shift(trace: Trace) -> np.ndarray:
@@ -102,19 +94,11 @@ def trace_table(traces: Sequence[Trace]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["key", "n", *CATEGORIES, *(f"{c}_share" for c in CATEGORIES)])
 
 
-def spike_positions(trace: Trace) -> list[int]:
-    """The trace's annotated spike positions ([] without a spike layer)."""
-    layer = trace.annotations.get("spikes") or {}
-    return [int(p) for p in layer.get("positions", []) if 0 <= int(p) < len(trace)]
-
-
 def at_positions(traces: Sequence[Trace], score: str | None = None, top: float | None = None) -> pd.DataFrame:
     """Categories over all tokens, at spikes and at takeovers (source != "base"), pooled over `traces`:
     one row per group with n, counts and shares. Spikes are each trace's top-`top` tokens by `score` when
     `top` is given, else its spike layer. The ReasonMaxxer claim is that at spikes/takeovers the
     reasoner's pick is mostly unshifted or marginal (already in the base's top few)."""
-    from core.metrics import DEFAULT_SCORE, score_values
-    from core.spike_rules import top_positions
 
     pooled: dict[str, list[np.ndarray]] = {g: [] for g in GROUPS}
     for trace in traces:
@@ -123,7 +107,7 @@ def at_positions(traces: Sequence[Trace], score: str | None = None, top: float |
             spikes = top_positions(np.asarray(score_values(trace.metrics, score or DEFAULT_SCORE)), top,
                                    settings.SPIKE_FLOOR)  # the rule `core.spikes` applies
         else:
-            spikes = np.asarray(spike_positions(trace), dtype=np.int64)
+            spikes = np.asarray(trace.spike_positions, dtype=np.int64)
         pooled["all tokens"].append(cats)
         pooled["spikes"].append(cats[np.asarray(spikes, dtype=np.int64)])
         pooled["takeovers"].append(cats[np.asarray(trace.source != "base", dtype=bool)])

@@ -18,10 +18,11 @@ import torch
 
 from core import settings
 from core.errors import InvalidInputError
-from core.metrics import INT_METRICS, METRICS, chunk_metrics
 from core.pair.forward import backbone, head
 from core.pair.loading import SIDES, ModelPair
 from core.pair.tokens import display_tokens
+from core.scoring.metrics import chunk_metrics
+from core.scoring.registry import INT_METRICS, METRICS
 from core.trace import SCHEMA_VERSION, Trace, request_key
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
-// forkpoint notebook widget (anywidget front end). core/notebook.py appends this to the app's
-// app/components/token_view.js, whose default export is renamed `fpTokenView`: the token view, hover
+// forkpoint notebook widget (anywidget front end). core/views/notebook.py appends this to the app's
+// core/views/token_view.js, whose default export is renamed `fpTokenView`: the token view, hover
 // cards and spike keys are that one renderer. This file only adds the notebook's controls around it:
 // metric selector, take-over choices, notes, the branch beside the original and the branch tree.
-// Model text is only ever set via textContent (the heatmap HTML is escaped by core.heatmap).
+// Model text is only ever set via textContent (the heatmap HTML is escaped by core.views.heatmap).
 
 function wEl(tag, cls, text) {
   const node = document.createElement(tag);
@@ -18,7 +18,12 @@ function wRender({ model, el }) {
   const scoreSel = wEl("select", "fp-w-score");
   scoreLabel.append(scoreSel);
   const status = wEl("span", "fp-w-status");
-  bar.append(scoreLabel, status);
+  const flipLabel = wEl("label", "fp-w-label", " click flips the takeover ");
+  const flip = wEl("input", "fp-w-flip");
+  flip.type = "checkbox";
+  flip.title = "On: a click on a token switches the reasoner's takeover there on or off (core.takeover)";
+  flipLabel.prepend(flip);
+  bar.append(scoreLabel, flipLabel, status);
   const pick = wEl("div", "fp-w-pick");
   const views = wEl("div", "fp-w-views");
   const notesBox = wEl("div", "fp-w-notes");
@@ -77,7 +82,10 @@ function wRender({ model, el }) {
         data: { ...view.data, selected },
         parentElement: m.mount,
         setTriggerValue: (name, value) => {
-          if (name === "click" && value) select(i, value.pos);
+          if (name !== "click" || !value || value.nav !== undefined) return;
+          if (value.token !== undefined) send({ action: "force", view: i, pos: value.pos, token: value.token });
+          else if (flip.checked) send({ action: "flip", view: i, pos: value.pos });
+          else select(i, value.pos);
         },
       });
     });

@@ -4,6 +4,7 @@
 
 const NEXT_KEYS = new Set(["n", "j", "]"]);
 const PREV_KEYS = new Set(["p", "k", "["]);
+const NAV_KEYS = { b: -1, f: 1 }; // back / forward through the switch history (the app's switchboard)
 
 function el(tag, cls, text) {
   const node = document.createElement(tag);
@@ -58,7 +59,9 @@ function buildCard(card, hover, pos, mode) {
     head.appendChild(el("th", null, mode === "logprob" ? "log p" : "p"));
     col.appendChild(head);
     hover.top[side][pos].forEach((id, j) => {
-      const row = el("tr", id === emitted ? "emitted" : null);
+      const row = el("tr", id === emitted ? "emitted" : "alt");
+      row.dataset.token = String(id); // a click forces this token here (the switchboard)
+      row.title = id === emitted ? "the emitted token" : "click: force this token here";
       row.appendChild(el("td", "fp-top-tok", visible(hover.vocab[String(id)] ?? `#${id}`)));
       row.appendChild(el("td", "fp-top-p", fmtP(hover.prob[side][pos][j], mode)));
       col.appendChild(row);
@@ -92,7 +95,7 @@ export default function (component) {
   if (!s) {
     s = { version: null, sel: null };
     const wrap = el("div", "fp-view");
-    const help = el("div", "fp-help", "Hover a token for both models' top-k · click to select · n / p: next / previous spike");
+    const help = el("div", "fp-help", "");
     const scroller = el("div", "fp-scroll");
     scroller.setAttribute("tabindex", "0");
     const card = el("div", "fp-card");
@@ -117,13 +120,26 @@ export default function (component) {
       s.mark(pos, true);
       s.setTrigger("click", { pos });
     };
+    // the card stays while the pointer moves into it, so an alternative in its top-k can be clicked
+    s.hideSoon = () => { clearTimeout(s.hideTimer); s.hideTimer = setTimeout(() => { s.card.hidden = true; }, 250); };
     scroller.addEventListener("mouseover", (e) => {
       const target = e.target.closest ? e.target.closest("[data-pos]") : null;
       if (!target || !s.data) return;
-      buildCard(s.card, s.data.hover, Number(target.dataset.pos) - (s.data.offset || 0), s.data.prob_mode);
+      clearTimeout(s.hideTimer);
+      s.cardPos = Number(target.dataset.pos);
+      buildCard(s.card, s.data.hover, s.cardPos - (s.data.offset || 0), s.data.prob_mode);
       placeCard(s.card, target);
     });
-    scroller.addEventListener("mouseleave", () => { s.card.hidden = true; });
+    scroller.addEventListener("mouseleave", () => s.hideSoon());
+    card.addEventListener("mouseenter", () => clearTimeout(s.hideTimer));
+    card.addEventListener("mouseleave", () => s.hideSoon());
+    card.addEventListener("click", (e) => {
+      const row = e.target.closest ? e.target.closest("tr[data-token]") : null;
+      if (!row || row.classList.contains("emitted") || s.cardPos === undefined) return;
+      s.card.hidden = true;
+      s.mark(s.cardPos, false);
+      s.setTrigger("click", { pos: s.cardPos, token: Number(row.dataset.token) });
+    });
     scroller.addEventListener("scroll", () => { s.card.hidden = true; });
     scroller.addEventListener("click", (e) => {
       const target = e.target.closest ? e.target.closest("[data-pos]") : null;
@@ -140,6 +156,11 @@ export default function (component) {
       const active = window.__fpActiveView;
       if (active && active !== s && active.scroller && active.scroller.isConnected) return;
       const key = e.key;
+      if (key in NAV_KEYS) {
+        e.preventDefault();
+        s.setTrigger("click", { nav: NAV_KEYS[key] });
+        return;
+      }
       if (!NEXT_KEYS.has(key) && !PREV_KEYS.has(key)) return;
       const spikes = s.data.spikes || [];
       if (!spikes.length) return;
@@ -160,9 +181,10 @@ export default function (component) {
   }
   s.data = data;
   s.setTrigger = setTriggerValue;
+  s.scroller.previousSibling.textContent = data.help || "Hover a token for both models' top-k · click to select · n / p: next / previous spike";
   if (data.height) s.scroller.style.maxHeight = `${data.height}px`;
   if (s.version !== data.version) {
-    s.scroller.innerHTML = data.html; // escaped server-side by core.heatmap.tokens_html
+    s.scroller.innerHTML = data.html; // escaped server-side by core.views.heatmap.tokens_html
     s.version = data.version;
     s.card.hidden = true;
     s.sel = null;

@@ -1,5 +1,5 @@
 """The self-contained HTML page of traces (inline CSS and JS, no external resources): the HTML export and
-a notebook's inline view. Every piece of model text goes through `core.heatmap` or `html.escape`."""
+a notebook's inline view. Every piece of model text goes through `core.views.heatmap` or `html.escape`."""
 
 from __future__ import annotations
 
@@ -7,12 +7,17 @@ import html
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from core.heatmap import describe_spike_rule, heatmap_css, legend_html, tokens_html
-from core.io.exports import _dumps, _now, forkpoint_version
+from core.io.jsonsafe import dumps_strict
 from core.io.notes import notes_html
-from core.metrics import DEFAULT_SCORE, check_score
+from core.io.provenance import forkpoint_version, utc_now
+from core.scoring.registry import DEFAULT_SCORE, check_score
 from core.trace import Trace
-
+from core.views.heatmap import (
+    describe_spike_rule,
+    heatmap_css,
+    legend_html,
+    tokens_html,
+)
 
 _PAGE_CSS = """
 body { font: 14px system-ui, sans-serif; margin: 24px auto; max-width: 1100px; padding: 0 16px; color: #111; }
@@ -118,7 +123,7 @@ def html_page(
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{_PAGE_CSS}{heatmap_css()}</style></head><body>",
         f"<header><h1>{esc(title)}</h1><p class='muted'>{len(traces)} trace(s) · colour: {esc(score)} ({esc(scale)})"
-        f" · exported {esc(_now())} by forkpoint {esc(forkpoint_version())}"
+        f" · exported {esc(utc_now())} by forkpoint {esc(forkpoint_version())}"
         " · hover a token for both models' top-k; click to pin</p></header>",
     ]
     for trace in traces:
@@ -140,3 +145,7 @@ def html_page(
         ]
     parts.append(f'<div id="fp-tip"></div><script>{_PAGE_JS}</script></body></html>')
     return "".join(parts)
+
+
+def _dumps(value: Any, indent: int | None = None) -> str:
+    return dumps_strict(value, ensure_ascii=False, indent=indent)

@@ -3,19 +3,20 @@ data, the takeover choices at a token, branch-tree labels and number formats. Pl
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from core.errors import InvalidInputError
-from core.metrics import DEFAULT_SCORE, METRICS, score_values
+from core.scoring.registry import DEFAULT_SCORE, METRICS, score_values
 from core.trace import SIDES, Trace
 
-
-# Metrics shown on hover, in order; their labels come from core.metrics' registry.
+# Metrics shown on hover, in order; their labels come from core.scoring.metrics' registry.
 HOVER_METRICS: tuple[str, ...] = (
     "cross_entropy", "kl_base_reason", "kl_reason_base", "jsd", "entropy_base", "entropy_reason", "delta_logp",
     "logp_base", "logp_reason", "rank_base", "rank_reason", "reason_top_rank_in_base",
@@ -42,9 +43,6 @@ def fmt_prob(p: float | None, mode: str = "prob") -> str:
         return f"1−{1.0 - p:.1e}"
     return f"{p:.3g}" if p >= 1e-3 else f"{p:.2e}"
 
-def spike_list(trace: Trace) -> list[int]:
-    """Annotated spike positions (sorted ints), [] when the trace has none."""
-    return [int(p) for p in (trace.annotations.get("spikes") or {}).get("positions", [])]
 
 # -- hover data -----------------------------------------------------------------------------------
 
@@ -152,12 +150,48 @@ def tree_label(depth: int, node: dict[str, Any], what: str = "") -> str:
     """One line of the branch tree: indentation, where it branched and with what token, length, short key."""
     where = "root" if node.get("branch_pos") is None else f"branch @ {node['branch_pos']}"
     if what:
-        where += f" {what}"
+        where = what if what.startswith("⏻") else f"{where} {what}"
     return f"{'　' * depth}{'└ ' if depth else ''}{where} · {node.get('n_tokens')} tokens · {str(node['key'])[:8]}"
 
 
+def switch_text(trace: Trace, decode: Callable[[int], str] | None = None) -> str:
+    """What a child's switches did, e.g. "⏻ #40 off · ⏻ #12 reasoner ' Wait'" ("" for a root). A typed
+    string shows as one switch with all its tokens."""
+    switched = trace.meta.get("switched") or []
+    parts: list[str] = []
+    typed: list[int] = []
+    for entry in switched:
+        pos, to = int(entry["pos"]), entry["to"]
+        if to == "forced" and typed and pos == typed[-1] + 1:
+            typed.append(pos)
+            continue
+        if typed:
+            parts[-1] += _typed_tail(trace, typed, decode)
+        typed = [pos] if to == "forced" else []
+        if to == "base":
+            parts.append(f"⏻ #{pos} off" if entry.get("from") == "reason" else f"⏻ #{pos} base")
+        else:
+            tok = int(trace.token_ids[pos]) if pos < len(trace) else None
+            text = "" if tok is None else repr(decode(tok) if decode is not None else trace.tokens[pos])
+            parts.append(f"⏻ #{pos} {'forced' if to == 'forced' else 'reasoner'} {text}".rstrip())
+    if typed:
+        parts[-1] += _typed_tail(trace, typed, decode)
+    return " · ".join(parts)
+
+
+def _typed_tail(trace: Trace, typed: list[int], decode: Callable[[int], str] | None) -> str:
+    if len(typed) < 2:
+        return ""
+    ids = [int(trace.token_ids[p]) for p in typed[1:] if p < len(trace)]
+    rest = "".join(decode(i) if decode is not None else trace.tokens[p] for p, i in zip(typed[1:], ids))
+    return f" +{rest!r} ({len(typed)} tokens)"
+
+
 def branch_token_text(trace: Trace, decode: Callable[[int], str] | None = None) -> str:
-    """What a branch put at its branch position: "forced 'x'" or "reasoner 'x'" ("" for a root)."""
+    """What a branch put at its branch position: its switches (`switch_text`), or for a branch made before
+    switches were recorded "forced 'x'" / "reasoner 'x'" ("" for a root)."""
+    if trace.meta.get("switched"):
+        return switch_text(trace, decode)
     pos = trace.meta.get("branch_pos")
     if pos is None or not 0 <= int(pos) < len(trace):
         return ""
@@ -166,3 +200,96 @@ def branch_token_text(trace: Trace, decode: Callable[[int], str] | None = None) 
     text = decode(tok) if decode is not None else trace.tokens[pos]
     who = "forced" if str(trace.source[pos]) == "forced" else "reasoner"
     return f"{who} {text!r}"
+
+
+# -- branches: where two traces part, slices and token diffs -------------------------------------------------------------------------------------
+
+
+def first_difference(a: Trace, b: Trace, start: int = 0) -> int | None:
+    """First position ≥ start where the two token sequences differ (a length difference counts), or None."""
+    n = min(len(a), len(b))
+    if start < n:
+        diff = np.flatnonzero(a.token_ids[start:n] != b.token_ids[start:n])
+        if diff.size:
+            return int(start + diff[0])
+    longest = max(len(a), len(b))
+    return max(n, start) if len(a) != len(b) and max(n, start) < longest else None
+
+
+def tail(trace: Trace, start: int, end: int | None = None) -> Trace:
+    """Tokens start..end-1 (default: to the end) as a new trace (metrics, top-k, sources and token layers cut
+    alike; spike positions shifted to the slice)."""
+    n = len(trace)
+    start = max(0, min(int(start), n))
+    end = n if end is None else max(start, min(int(end), n))
+    cut = {}
+    for name, layer in trace.annotations.items():
+        if isinstance(layer, (list, tuple)) and len(layer) == n:
+            cut[name] = list(layer[start:end])
+    spikes_layer = trace.annotations.get("spikes")
+    if isinstance(spikes_layer, dict):
+        cut["spikes"] = {**spikes_layer,
+                         "positions": [p - start for p in spikes_layer.get("positions", []) if start <= p < end]}
+    meta = trace.meta
+    if meta.get("switches"):  # switch positions shift with the slice, like spikes
+        meta = {**meta, "switches": {str(int(p) - start): w for p, w in meta["switches"].items()
+                                     if start <= int(p) < end}}
+    return Trace(
+        token_ids=trace.token_ids[start:end], tokens=trace.tokens[start:end], prompt_ids=trace.prompt_ids,
+        metrics={name: np.asarray(v)[start:end] for name, v in trace.metrics.items()},
+        topk={side: (ids[start:end], probs[start:end]) for side, (ids, probs) in trace.topk.items()},
+        source=trace.source[start:end], meta=meta, annotations=cut,
+    )
+
+
+PAGE_TOKENS = 4096  # the token view shows at most this many tokens at once (a 16k-token trace: 4 pages)
+
+
+def page_bounds(n_tokens: int, page: int, size: int = PAGE_TOKENS) -> tuple[int, int]:
+    """[start, end) of page `page` (clamped) of a trace of `n_tokens`."""
+    pages = max(1, -(-int(n_tokens) // size))
+    page = max(0, min(int(page), pages - 1))
+    return page * size, min(int(n_tokens), (page + 1) * size)
+
+
+DIFF_COLUMNS = ["op", "pos_original", "pos_branch", "original", "branch", "score_original", "score_branch", "delta"]
+
+
+def token_diff(original: Trace, branch: Trace, start: int, score: str = DEFAULT_SCORE) -> pd.DataFrame:
+    """Original vs branch from `start` on, aligned token by token (difflib over token ids): one row per
+    aligned pair (op equal / replace) or unpaired token (insert / delete), with both scores and
+    delta = branch - original (NaN where a side is missing)."""
+    a = original.token_ids[start:].tolist()
+    b = branch.token_ids[start:].tolist()
+    sa = np.asarray(score_values(original.metrics, score), dtype=np.float64)
+    sb = np.asarray(score_values(branch.metrics, score), dtype=np.float64)
+    rows: list[dict[str, Any]] = []
+
+    def row(op: str, i: int | None, j: int | None) -> None:
+        va = float(sa[start + i]) if i is not None else math.nan
+        vb = float(sb[start + j]) if j is not None else math.nan
+        rows.append({"op": op, "pos_original": None if i is None else start + i,
+                     "pos_branch": None if j is None else start + j,
+                     "original": "" if i is None else original.tokens[start + i],
+                     "branch": "" if j is None else branch.tokens[start + j],
+                     "score_original": va, "score_branch": vb, "delta": vb - va})
+
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op == "equal" or op == "replace":
+            pairs = list(zip(range(i1, i2), range(j1, j2)))
+            for i, j in pairs:
+                row(op, i, j)
+            for i in range(i1 + len(pairs), i2):
+                row("delete", i, None)
+            for j in range(j1 + len(pairs), j2):
+                row("insert", None, j)
+        elif op == "delete":
+            for i in range(i1, i2):
+                row(op, i, None)
+        else:
+            for j in range(j1, j2):
+                row(op, None, j)
+    df = pd.DataFrame(rows, columns=DIFF_COLUMNS)
+    for col in ("pos_original", "pos_branch"):
+        df[col] = df[col].astype("Int64")
+    return df

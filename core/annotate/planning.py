@@ -17,7 +17,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy
 import spacy
@@ -26,9 +26,7 @@ from spacy.language import Language
 from spacy.matcher import Matcher, PhraseMatcher
 
 from core.errors import InvalidInputError, ModelLoadError
-
-if TYPE_CHECKING:
-    from core.trace import Trace
+from core.trace import Trace
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +34,7 @@ CATEGORIES: tuple[str, ...] = ("plan", "reflect", "verify", "conclude", "execute
 DEFAULT = "execute"
 MATCHED = CATEGORIES[:-1]  # categories a lexicon may list; earlier wins a tie between equal spans
 PLANNING_CATEGORIES = MATCHED  # the paper's "planning" side of the planning/execution split
-DEFAULT_LEXICON = Path(__file__).resolve().parent.parent / "assets" / "planning_lexicon.json"
+DEFAULT_LEXICON = Path(__file__).resolve().parents[2] / "assets" / "planning_lexicon.json"
 DEFAULT_PIPELINE = "en_core_web_sm"
 SEGMENTS = ("think", "answer")
 

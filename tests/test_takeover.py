@@ -1,0 +1,183 @@
+"""core.takeover: switch takeovers on and off at any positions of a trace (the app's switchboard).
+
+Checked against the parent itself (round trips are exact under greedy decoding and under the
+position-keyed draws of sampling), against plain Hugging Face argmaxes (via `test_decoding`'s helpers),
+and by counting backbone calls (a switch at p re-reads none of the prefix).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from spies import FeedLog
+from test_decoding import PROMPTS, assert_greedy
+
+import core
+from core.decoding import CACHES
+from core.decoding.takeover import switches
+from core.errors import InvalidInputError
+
+GUIDED = {"tau": 2.0, "lam": 1.0, "window": 4}  # fires a few times on the tiny pair's prompts
+
+
+@pytest.fixture(scope="module")
+def pair(qwen_pair) -> core.ModelPair:
+    return qwen_pair
+
+
+@pytest.fixture(scope="module")
+def guided(pair) -> core.Trace:
+    trace = core.generate(pair, PROMPTS[1], core.make_policy("guided", **GUIDED), max_new_tokens=24)
+    assert trace.n_takeovers >= 2, "the fixture needs a Guided trace with takeovers"
+    return trace
+
+
+def _tokens(trace: core.Trace) -> tuple[list[int], list[str]]:
+    return trace.token_ids.tolist(), [str(s) for s in trace.source]
+
+
+def test_switching_a_takeover_off_and_on_gives_the_parent_back(pair, guided) -> None:
+    for p in [i for i, s in enumerate(guided.source) if s == "reason"]:
+        off = core.takeover(pair, guided, {p: "base"})
+        assert off.source[p] == "base" and off.token_ids[:p].tolist() == guided.token_ids[:p].tolist()
+        assert off.meta["switched"] == [{"pos": p, "to": "base", "token": None, "from": "reason"}]
+        assert off.meta["parent"] == guided.key and off.meta["root"] == guided.key
+        back = core.takeover(pair, off, {p: "reason"})
+        assert _tokens(back) == _tokens(guided)
+        assert back.meta["switches"] == {str(p): "reason"}  # the off switch is replaced, not stacked
+
+
+def test_the_same_switches_from_any_ancestor_are_the_same_trace(pair, guided) -> None:
+    p, q = 3, 9
+    both = core.takeover(pair, guided, {p: "reason", q: "base"})
+    step = core.takeover(pair, core.takeover(pair, guided, {p: "reason"}), {q: "base"})
+    assert _tokens(both) == _tokens(step) and both.key == step.key
+    assert step.meta["switches"] == {str(p): "reason", str(q): "base"} and step.meta["root"] == guided.key
+
+
+def test_a_switch_where_both_models_agree_changes_no_text(self_pair) -> None:
+    """With the same model on both sides the two always agree: any switch keeps the text."""
+    parent = core.generate(self_pair, PROMPTS[1], max_new_tokens=16)
+    for p in (0, 7, 15):
+        child = core.takeover(self_pair, parent, {p: "reason"})
+        assert child.token_ids.tolist() == parent.token_ids.tolist()
+        assert child.source[p] == "reason" and child.n_takeovers == 1
+
+
+@pytest.mark.parametrize("then", ["base", "reason", "policy"])
+def test_then_decides_every_other_position(pair, guided, then: str) -> None:
+    p = 2
+    child = core.takeover(pair, guided, {p: "reason"}, then=then)
+    after = [str(s) for s in child.source[p + 1:]]
+    if then == "base":
+        assert set(after) <= {"base"}
+    elif then == "reason":
+        assert set(after) == {"reason"}
+    else:
+        assert child.meta["policy"]["name"] == "guided"
+    assert_greedy(pair, child)
+
+
+def test_a_typed_string_is_forced_from_its_position(pair, guided) -> None:
+    ids = pair.tokenizer.encode(" nine", add_special_tokens=False)[:3] + [7]
+    child = core.takeover(pair, guided, {4: ids}, then="base")
+    assert child.token_ids[4:4 + len(ids)].tolist() == ids
+    assert set(child.source[4:4 + len(ids)]) == {"forced"}
+    assert child.meta["switches"] == {str(4 + i): t for i, t in enumerate(ids)}
+
+
+def test_sampled_switches_repeat_and_a_no_op_switch_is_the_parent(pair) -> None:
+    parent = core.generate(pair, PROMPTS[0], core.make_policy("guided", **GUIDED), max_new_tokens=20,
+                           temperature=0.9, seed=3)
+    p = next(i for i, s in enumerate(parent.source) if s == "base")
+    same = core.takeover(pair, parent, {p: "base"})  # the base draws the same token from the same keyed stream
+    assert _tokens(same) == _tokens(parent)
+    a = core.takeover(pair, parent, {p + 1: "reason"})
+    CACHES.clear()
+    b = core.takeover(pair, parent, {p + 1: "reason"})
+    assert _tokens(a) == _tokens(b)
+
+
+def test_a_switch_reads_none_of_the_prefix_again(pair, monkeypatch) -> None:
+    CACHES.clear()
+    parent = core.generate(pair, PROMPTS[1], core.make_policy("guided", **GUIDED), max_new_tokens=18)
+    log = FeedLog(pair, monkeypatch)
+    first_new: list[int] = []
+    core.takeover(pair, parent, {10: "reason", 14: "base"}, lookahead=1,
+                  on_token=lambda pos, tok, src: first_new.append(len(log.calls)))
+    assert first_new[0] == 0, "a forward ran before the first new token"
+    assert all(n == 1 for _, n in log.calls), log.calls  # no prefill: one token per model per step
+
+
+def test_streamed_tokens_are_the_childs_tokens(pair, guided) -> None:
+    seen: list[tuple[int, int, str]] = []
+    child = core.takeover(pair, guided, {5: "reason"}, on_token=lambda *a: seen.append(a))
+    assert [pos for pos, _, _ in seen] == list(range(5, len(child)))
+    assert [tok for _, tok, _ in seen] == child.token_ids[5:].tolist()
+    assert [src for _, _, src in seen] == [str(s) for s in child.source[5:]]
+
+
+def test_branch_is_the_one_switch_takeover(pair, guided) -> None:
+    a = core.branch(pair, guided, 6)
+    b = core.takeover(pair, guided, {6: "reason"}, then="base")
+    assert _tokens(a) == _tokens(b) and a.key == b.key
+
+
+@pytest.mark.parametrize("at, match", [
+    ({}, "maps response positions"), ({-1: "reason"}, "non-negative"), ({2: "maybe"}, "takes 'reason'"),
+    ({2: []}, "empty"), ({2: 10**9}, "outside the vocabulary"), ({2: ["reason", 5]}, "takes 'reason'"),
+])
+def test_bad_switches_are_clear_errors(pair, guided, at, match) -> None:
+    with pytest.raises(InvalidInputError, match=match):
+        core.takeover(pair, guided, at)
+
+
+def test_bad_then_and_positions_are_clear_errors(pair, guided) -> None:
+    with pytest.raises(InvalidInputError, match="then must be one of"):
+        core.takeover(pair, guided, {1: "reason"}, then="someone")
+    with pytest.raises(InvalidInputError, match="outside the trace"):
+        core.takeover(pair, guided, {len(guided) + 1: "reason"})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.integers(0, 30), st.one_of(st.sampled_from(["reason", "base"]), st.integers(0, 50)),
+                       min_size=1, max_size=4))
+def test_switches_flatten_and_keep_every_position(at) -> None:
+    flat = switches(at, vocab_size=64)
+    assert flat == {int(p): w for p, w in at.items()}
+    lists = {p: [w, w] if isinstance(w, int) else w for p, w in at.items()}
+    if all(isinstance(w, int) for w in at.values()) and all(p + 1 not in at for p in at):
+        assert switches(lists, 64) == {**{p: w for p, w in at.items()}, **{p + 1: w for p, w in at.items()}}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=3, unique=True))
+def test_round_trip_at_any_set_of_positions(pair, guided, positions) -> None:
+    """Flip any positions to the other side, then back: the parent returns, token for token."""
+    flipped = {p: ("base" if guided.source[p] == "reason" else "reason") for p in positions}
+    child = core.takeover(pair, guided, flipped)
+    back = core.takeover(pair, child, {p: str(guided.source[p]) for p in positions})
+    np.testing.assert_array_equal(back.token_ids, guided.token_ids)
+    assert [str(s) for s in back.source] == [str(s) for s in guided.source]
+
+
+def test_the_switchboard_flips_and_undoes(pair, guided, tmp_path) -> None:
+    """flipped + set_switches: flip a token on, a takeover off, then undo both (back to the root)."""
+    from core.decoding.takeover import flipped, set_switches
+
+    store = core.TraceStore(tmp_path / "store")
+    store.put(guided)
+    r = next(i for i, s in enumerate(guided.source) if s == "reason")
+    b = next(i for i, s in enumerate(guided.source) if s == "base" and i > r)
+    one = set_switches(pair, guided, flipped(guided, b), store=store)
+    assert one.meta["switches"] == {str(b): "reason"} and one.source[b] == "reason"
+    two = set_switches(pair, one, flipped(one, r), store=store)
+    assert two.meta["switches"] == {str(r): "base"} or two.meta["switches"] == {str(r): "base", str(b): "reason"}
+    assert two.source[r] == "base"
+    back = set_switches(pair, two, {}, store=store)
+    assert back.key == guided.key
+    again = set_switches(pair, two, flipped(two, r), store=store)  # a switched position loses its switch
+    assert r not in {int(p) for p in again.meta.get("switches") or {}}
+    assert _tokens(again)[0][:b] == _tokens(guided)[0][:b]
