@@ -79,6 +79,9 @@ _LAZY = {
     "compare": "core.comparison",  # several reasoners against one base (core/comparison.py)
     "widget": "core.notebook",  # needs the `notebook` extra (anywidget); not in __all__ for that reason
     "RayExecutor": "core.scale",  # scale-out on Ray (the `ray` extra; docs/SCALE.md); Ray loads only when used
+    # research instruments (core/instruments/): outside __all__, which is at its size limit
+    "takeover_effects": "core.instruments", "success_curve": "core.instruments",
+    "lens": "core.instruments.lens", "token_stats": "core.instruments.token_stats",
 }
 
 

@@ -176,6 +176,7 @@ def success_curve(pair: ModelPair, trace: Trace, samples: int = 8, *, temperatur
         a, b = stack.pop()
         if b - a > 1 and abs(p(b) - p(a)) >= threshold:
             mid = (a + b) // 2
+            p(mid)  # visited even when both halves are single tokens: their jumps are read off it
             stack += [(mid, b), (a, mid)]
     values = np.asarray(score_values(trace.metrics, score), dtype=np.float64)
     rows = []
