@@ -186,3 +186,29 @@ def test_success_curve_finds_the_decision_token_by_bisection(demo) -> None:
     inside = curve[curve["n"] > 0]
     assert ((inside["ci_low"] <= inside["p"]) & (inside["p"] <= inside["ci_high"])).all()
     assert not math.isnan(fx.pivot_correlation(curve)) or len(curve.dropna(subset=["jump"])) < 3
+
+
+def test_cli_effects_writes_the_csv_stores_the_continuations_and_resumes(tmp_path, monkeypatch) -> None:
+    import pandas as pd
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    store, out = tmp_path / "store", tmp_path / "fx.csv"
+    args = ["effects", "--store", str(store), "--limit", "2", "--samples", "3", "--max-new-tokens", "80",
+            "--positions", "spikes", "--out", str(out)]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out)
+    assert list(table.columns) == fx.EFFECT_COLUMNS and len(table) >= 1 and (table["n"] == 3).all()
+    assert "Newcombe" in result.output
+    kept = core.TraceStore(store)
+    assert all(k in kept for k in " ".join(table["keys_with"]).split())
+    again = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert again.exit_code != 0 and "--overwrite" in again.output
+    monkeypatch.setattr("core.instruments.continuations.Decoder.run", lambda *a, **k: pytest.fail("decoded again"))
+    rerun = CliRunner().invoke(main, [*args, "--overwrite"], catch_exceptions=False)
+    assert rerun.exit_code == 0, rerun.output
+    pd.testing.assert_frame_equal(pd.read_csv(out), table)
+    bad = CliRunner().invoke(main, ["effects", "--store", str(store), "--positions", "a,b", "--out", str(tmp_path / "x.csv")])
+    assert bad.exit_code == 2 and "--positions" in bad.output

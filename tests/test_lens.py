@@ -154,3 +154,24 @@ def test_unknown_architectures_and_bad_arguments_are_refused(demo_trace) -> None
         lens(pair, trace, 3, window=-1)
     with pytest.raises(InvalidInputError, match="k must"):
         lens(pair, trace, 3, k=0)
+
+
+def test_cli_lens_prints_every_layer_of_both_models(tmp_path, demo_trace) -> None:
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    pair, trace = demo_trace
+    store = core.TraceStore(tmp_path / "store")
+    store.put(trace)
+    result = CliRunner().invoke(main, ["lens", "--store", str(store.path), trace.key, "--pos", "15", "--csv"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    import io
+
+    import pandas as pd
+
+    table = pd.read_csv(io.StringIO(result.output))
+    assert len(table) == 2 * (pair.model("base").config.num_hidden_layers + 1)
+    bad = CliRunner().invoke(main, ["lens", "--store", str(store.path), "nope", "--pos", "1"])
+    assert bad.exit_code == 2 and "--key" in bad.output and "nope" in bad.output

@@ -94,3 +94,21 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(InvalidInputError, match="missing: effect"):
         token_stats(traces, effects=pd.DataFrame({"trace": ["x"], "pos": [1]}))
     assert token_stats([]).empty
+
+
+def test_cli_tokens_prints_and_writes_the_table(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    store = core.TraceStore(tmp_path / "store")
+    traces = [make_trace(n_tokens=30, seed=s, annotate=True) for s in range(3)]
+    for t in traces:
+        store.put(t)
+    out = tmp_path / "tokens.csv"
+    result = CliRunner().invoke(main, ["tokens", "--store", str(store.path), "--out", str(out), "--sort", "max_score"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out, keep_default_na=False, na_values=[""])
+    assert table["count"].sum() == 90 and table["max_score"].is_monotonic_decreasing
+    assert "tokens over 3 traces" in result.output

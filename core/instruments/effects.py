@@ -82,7 +82,8 @@ def _check(trace: Trace, samples: int) -> None:
         raise InvalidInputError(f"samples must be an integer ≥ 1, got {samples!r}")
 
 
-def _positions(trace: Trace, positions: Sequence[int] | str | None, score: str) -> list[int]:
+def effect_positions(trace: Trace, positions: Sequence[int] | str | None, score: str = settings.SCORE) -> list[int]:
+    """The positions to measure: the trace's spikes by `score` (None or "spikes"), or the given ones, sorted."""
     if positions is None or positions == "spikes":
         return sorted(int(p) for p in spike_positions(trace, score))
     if isinstance(positions, str):
@@ -114,7 +115,7 @@ def takeover_effects(pair: ModelPair, trace: Trace, positions: Sequence[int] | s
     check_score(score)
     temp = resolve_temperature(trace, temperature)
     n = samples if temp > 0 else 1
-    todo = _positions(trace, positions, score)
+    todo = effect_positions(trace, positions, score)
     values = np.asarray(score_values(trace.metrics, score), dtype=np.float64)
     rows = []
     for done, pos in enumerate(todo):

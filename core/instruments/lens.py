@@ -106,8 +106,8 @@ def lens(pair: ModelPair, trace: Trace, pos: int, *, window: int = 0, k: int = 5
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise InvalidInputError(f"k must be an integer ≥ 1, got {k!r}")
     first, last = max(0, int(pos) - window), min(len(trace) - 1, int(pos) + window)
-    targets = torch.as_tensor(trace.token_ids[first:last + 1], dtype=torch.long)
-    top = {side: torch.as_tensor(trace.topk[side][0][first:last + 1, 0], dtype=torch.long) for side in SIDES}
+    targets = torch.tensor(trace.token_ids[first:last + 1].tolist(), dtype=torch.long)
+    top = {side: torch.tensor(trace.topk[side][0][first:last + 1, 0].tolist(), dtype=torch.long) for side in SIDES}
     frames = []
     for side in SIDES:
         model, prompt = pair.model(side), trace.prompt_ids[side]
