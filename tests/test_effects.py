@@ -109,6 +109,12 @@ def test_effect_is_positive_at_the_decision_token_and_absent_where_models_agree(
     assert all(k.meta["branch_pos"] == decision and k.meta["correct"] is not None for k in kids)
     assert all(k.tokens[:decision] == trace.tokens[:decision] and k.source[decision] == "reason" for k in kids)
     assert sum(k.meta["correct"] for k in kids) == round(row.acc_with * 12)
+    # the Dataset page rebuilds the same rows from the store, without a model
+    rebuilt = fx.stored_effects(store, trace)
+    cols = ["pos", "acc_with", "acc_without", "effect", "ci_low", "ci_high", "n"]
+    assert rebuilt[cols].equals(frame[cols])
+    assert set(rebuilt["keys_with"].str.split().sum()) == set(frame["keys_with"].str.split().sum())
+    assert rebuilt.set_index("pos").loc[decision, "reason_token"] == " divide"
 
 
 def test_a_rerun_reads_every_continuation_back(demo, tmp_path, monkeypatch) -> None:

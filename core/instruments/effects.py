@@ -122,22 +122,49 @@ def takeover_effects(pair: ModelPair, trace: Trace, positions: Sequence[int] | s
         seeds = sample_seeds(seed, pos, n)
         kids = _continue(pair, trace, pos, ["reason"] * n + ["base"] * n, seeds + seeds, temperature=temp,
                          store=store, max_new_tokens=max_new_tokens, should_stop=should_stop)
-        with_, without = kids[:n], kids[n:]
-        s1, s2 = _correct(with_), _correct(without)
-        low, high = newcombe(s1, n, s2, n)
-        rows.append({
-            "trace": trace.key, "pos": pos, "token": trace.tokens[pos],
-            "base_token": pair.token_text(int(trace.topk["base"][0][pos, 0])),
-            "reason_token": pair.token_text(int(trace.topk["reason"][0][pos, 0])),
-            "score": float(values[pos]), "acc_with": s1 / n, "acc_without": s2 / n, "effect": (s1 - s2) / n,
-            "ci_low": low, "ci_high": high, "n": n,
-            **dict(zip(("with_low", "with_high"), wilson(s1, n))),
-            **dict(zip(("without_low", "without_high"), wilson(s2, n))),
-            "interval": INTERVAL, "keys_with": " ".join(str(t.key) for t in with_),
-            "keys_without": " ".join(str(t.key) for t in without),
-        })
+        top = [pair.token_text(int(trace.topk[side][0][pos, 0])) for side in ("base", "reason")]
+        rows.append(_effect_row(trace, pos, kids[:n], kids[n:], values[pos], *top))
         if progress is not None:
             progress(done + 1, len(todo))
+    return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
+
+
+def _effect_row(trace: Trace, pos: int, with_: list[Trace], without: list[Trace], score: float, base_token: str,
+                reason_token: str) -> dict[str, Any]:
+    """One row of the effects table from the graded continuations of both arms."""
+    n = len(with_)
+    s1, s2 = _correct(with_), _correct(without)
+    low, high = newcombe(s1, n, s2, len(without))
+    return {
+        "trace": trace.key, "pos": pos, "token": trace.tokens[pos], "base_token": base_token,
+        "reason_token": reason_token, "score": float(score), "acc_with": s1 / n, "acc_without": s2 / len(without),
+        "effect": s1 / n - s2 / len(without), "ci_low": low, "ci_high": high, "n": n,
+        **dict(zip(("with_low", "with_high"), wilson(s1, n))),
+        **dict(zip(("without_low", "without_high"), wilson(s2, len(without)))),
+        "interval": INTERVAL, "keys_with": " ".join(str(t.key) for t in with_),
+        "keys_without": " ".join(str(t.key) for t in without),
+    }
+
+
+def stored_effects(store: Any, trace: Trace, *, score: str = settings.SCORE) -> pd.DataFrame:
+    """The `takeover_effects` rows that the continuations already in `store` give (no decoding): one per
+    (position, temperature) with both arms measured. base_token / reason_token are then the token each
+    arm wrote most often at pos (no tokenizer is needed)."""
+    check_score(score)
+    arms: dict[tuple[int, float], dict[str, list[Trace]]] = {}
+    for key in store.children(trace.key):
+        kid = store.get(key)
+        switch = kid.meta.get("branch") or {}
+        if switch.get("who") not in ("reason", "base") or kid.meta.get("correct") is None:
+            continue  # a user's branch, or an ungraded one
+        temp = float((kid.meta.get("sampling") or {}).get("temperature") or 0.0)
+        arms.setdefault((int(switch["pos"]), temp), {"reason": [], "base": []})[switch["who"]].append(kid)
+    values = np.asarray(score_values(trace.metrics, score), dtype=np.float64)
+    rows = []
+    for (pos, _temp), both in sorted(arms.items()):
+        if both["reason"] and both["base"] and pos < len(trace):
+            common = [pd.Series([k.tokens[pos] for k in both[w]]).mode().iloc[0] for w in ("base", "reason")]
+            rows.append(_effect_row(trace, pos, both["reason"], both["base"], values[pos], *common))
     return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
 
 
