@@ -53,6 +53,18 @@ def one_forward(pair: core.ModelPair, trace: core.Trace, pos: int) -> None:
         head(pair.model(side), hidden[:, -1], pair.vocab_size)
 
 
+def one_round(pair: core.ModelPair, trace: core.Trace, pos: int, seeds: list[int], n: int) -> dict[str, float]:
+    """CPU seconds of each measured call at `pos`, once."""
+    return {
+        "position": _cpu(lambda: fx.takeover_effects(pair, trace, [pos], n, temperature=0.6)),
+        "one": _cpu(lambda: fx._continue(pair, trace, pos, ["reason"], seeds[:1], temperature=0.6)),
+        "serial": _cpu(lambda: [fx._continue(pair, trace, pos, [w], [s], temperature=0.6)
+                                for w in ("reason", "base") for s in seeds]),
+        "lens": _cpu(lambda: lens(pair, trace, pos)),
+        "forward": _cpu(lambda: one_forward(pair, trace, pos)),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=8, help="continuations per arm (2 arms per position)")
@@ -71,21 +83,14 @@ def main() -> None:
         seeds = fx.sample_seeds(0, pos, n)
         t = {"position": [], "one": [], "serial": [], "lens": [], "forward": []}
         for rep in range(args.repeats + 1):
-            times = {
-                "position": _cpu(lambda: fx.takeover_effects(pair, trace, [pos], n, temperature=0.6)),
-                "one": _cpu(lambda: fx._continue(pair, trace, pos, ["reason"], seeds[:1], temperature=0.6)),
-                "serial": _cpu(lambda: [fx._continue(pair, trace, pos, [w], [s], temperature=0.6)
-                                        for w in ("reason", "base") for s in seeds]),
-                "lens": _cpu(lambda: lens(pair, trace, pos)),
-                "forward": _cpu(lambda: one_forward(pair, trace, pos)),
-            }
+            times = one_round(pair, trace, pos, seeds, n)
             if rep:  # the first round warms up
                 for name, value in times.items():
                     t[name].append(value)
         med = {name: statistics.median(v) for name, v in t.items()}
         rows.append((pos, med))
-    lines = [f"{'pos':>4} {'effects/pos s':>13} {'one cont. s':>11} {'ratio':>6} {'2n one by one s':>15} "
-             f"{'batch gain':>10} {'lens s':>8} {'forward s':>9} {'ratio':>6}"]
+    lines = [(f"{'pos':>4} {'effects/pos s':>13} {'one cont. s':>11} {'ratio':>6} {'2n one by one s':>15} "
+              f"{'batch gain':>10} {'lens s':>8} {'forward s':>9} {'ratio':>6}")]
     for pos, m in rows:
         lines.append(f"{pos:>4} {m['position']:>13.3f} {m['one']:>11.4f} {m['position'] / m['one']:>6.1f} "
                      f"{m['serial']:>15.3f} {m['serial'] / m['position']:>9.1f}x {m['lens']:>8.4f} "

@@ -110,10 +110,16 @@ def test_only_the_window_is_read_into_residuals(llama_pair, monkeypatch) -> None
 
 
 def _tiny(kind: str):
-    from transformers import AutoModelForCausalLM, Gemma2Config, GPT2Config, MistralConfig, Qwen2Config
+    from transformers import (
+        AutoModelForCausalLM,
+        Gemma2Config,
+        GPT2Config,
+        MistralConfig,
+        Qwen2Config,
+    )
 
-    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128)
+    common = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128}
     config = {
         "gpt2": lambda: GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=128),
         "qwen2": lambda: Qwen2Config(**common),
@@ -143,7 +149,7 @@ def test_unknown_architectures_and_bad_arguments_are_refused(demo_trace) -> None
     pair, trace = demo_trace
 
     class Other:
-        class config:  # noqa: N801
+        class config:
             model_type = "bert"
 
     with pytest.raises(InvalidInputError, match="'bert'.*supported: gemma"):

@@ -8,6 +8,7 @@ import streamlit as st
 from app import resources, state
 from app.context import get_context
 from app.compare_panels import rank_shift_tab, reasoner_tables, reasoners_tab
+from app.instruments_panels import dataset_instruments
 from app.view import DEFAULT_TOP, select_rows, with_policy_labels
 from core.analysis import tables as A
 from core import rank_shift as rs
@@ -141,6 +142,7 @@ def main() -> None:
         rank_shift_tab(table, per_trace, s.score, top)  # app/compare_panels.py
     with tabs[8]:
         reasoners_tab(*_reasoners(path, keys, s.score, top))
+    dataset_instruments(ctx, keys)
 
 
 main()

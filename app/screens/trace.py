@@ -6,6 +6,7 @@ import streamlit as st
 
 from app import actions, resources, state
 from app.context import Context, get_context
+from app.instruments_panels import trace_instruments
 from app.trace_panels import header, run_pending, trace_panel
 from app.view import md_escape
 from core.analysis.tables import first_token_artifact
@@ -80,6 +81,7 @@ def main() -> None:
         st.warning("The largest spike is at token #0: the reasoner's chat template usually expects a thinking tag "
                    "there, so position 0 measures the template, not the reasoning. Read it with care.")
     trace_panel(key)
+    trace_instruments(ctx, trace)
 
 
 main()

@@ -83,7 +83,11 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
     from core.decoding import generate_many
     from core.evaluation.grading import grade_trace
     from core.evaluation.harness import require_gold
-    from core.instruments.effects import effect_correlation, effect_positions, takeover_effects
+    from core.instruments.effects import (
+        effect_correlation,
+        effect_positions,
+        takeover_effects,
+    )
     from core.io.csvsafe import write_csv
 
     where = _positions(positions)

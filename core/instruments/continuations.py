@@ -22,10 +22,17 @@ import numpy as np
 from core import settings
 from core.decoding.branching import resume
 from core.decoding.engine import Decoder, Row
-from core.decoding.policies import REASON, BaseOnly, Policy, Step, policy_from_record, row_identity
+from core.decoding.policies import (
+    REASON,
+    BaseOnly,
+    Policy,
+    Step,
+    policy_from_record,
+    row_identity,
+)
 from core.decoding.sampling import Sampling, row_seed
 from core.errors import InvalidInputError, PairMismatchError
-from core.evaluation.grading import graded_put, grade_trace
+from core.evaluation.grading import grade_trace, graded_put
 from core.metrics import score_values
 from core.pair.loading import SIDES, ModelPair
 from core.scoring import assemble, make_meta

@@ -31,7 +31,9 @@ def _tags(trace: Trace) -> list[str]:
     """The trace's planning tags: its annotation layer, else the tagger's (spaCy loads on first use)."""
     if "tags" in trace.annotations:
         return [str(t) for t in trace.annotations["tags"]]
-    from core.planning import tag_planning  # spaCy: heavy, loaded only when grouping by tag
+    from core.planning import (
+        tag_planning,  # spaCy: heavy, loaded only when grouping by tag
+    )
 
     return [str(t) for t in tag_planning(trace)]
 
