@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from core.decoding.kvcache import growing_cache
+from core.errors import InvalidInputError
 from core.pair.forward import backbone, head
 from core.pair.loading import ModelPair
 
@@ -112,7 +113,7 @@ class ModelState:
     def repeat(self, n: int) -> None:
         """Make this one-row state n identical rows (one prefill shared by n continuations); stops recording."""
         if self.last_hidden.shape[0] != 1:
-            raise ValueError(f"repeat needs a one-row state, this one has {self.last_hidden.shape[0]} rows")
+            raise InvalidInputError(f"repeat needs a one-row state, this one has {self.last_hidden.shape[0]} rows")
         self.cache.batch_repeat_interleave(n)
         for layer in self.cache.layers:  # the next write allocates an n-row buffer owned by the layer
             if hasattr(layer, "_buffers"):

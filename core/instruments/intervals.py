@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from core.errors import InvalidInputError
+
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile: two-sided 95% intervals
 
 
@@ -18,7 +20,7 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
     if n <= 0:
         return 0.0, 1.0
     if not 0 <= successes <= n:
-        raise ValueError(f"successes must be in 0..{n}, got {successes}")
+        raise InvalidInputError(f"successes must be in 0..{n}, got {successes}")
     p = successes / n
     denom = 1 + z * z / n
     center = (p + z * z / (2 * n)) / denom
