@@ -8,17 +8,18 @@ import time
 
 import pandas as pd
 import streamlit as st
-from core.evaluation.ablation import ablate_takeovers
 
 from app import actions, resources, state
 from app.components.token_view import token_view
 from app.context import Context, get_context
 from app.figures import trace_figure
+from app.instruments_panels import trace_instruments
 from app.notes_panel import trace_notes_panel
 from app.view import md_code, md_escape
 from core.analysis.tables import first_token_artifact
 from core.decoding.takeover import flipped, set_switches, switches_in_force
 from core.errors import ForkpointError
+from core.evaluation.ablation import ablate_takeovers
 from core.evaluation.grading import graded_put
 from core.scoring.registry import METRICS, metric_label, score_label, score_values
 from core.trace import SIDES, Trace
@@ -361,6 +362,7 @@ def trace_panel(rule_text: str) -> None:
     compare_panel(ctx, trace, lo, hi, reference)
     tree_panel(ctx, trace)
     trace_notes_panel(ctx.store, trace, sel)  # notes and bookmarks (app/notes_panel.py)
+    trace_instruments(ctx, trace)  # takeover effects, success curve, lens (app/instruments_panels.py)
     state.write_query_params()
 
 

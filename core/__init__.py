@@ -42,7 +42,10 @@ _PUBLIC: dict[str, str] = {
     "read_jsonl": "core.views.exports",
     # 7. evaluation
     "evaluate": "core.evaluation.harness", "grade": "core.evaluation.grading", "reproduce": "core.evaluation.reproduce",
-    # 8. errors: every other type is in core.errors; catch ForkpointError for every user mistake
+    # 8. research instruments: does a takeover matter, where is success decided, where does a decision form
+    "takeover_effects": "core.instruments.effects", "success_curve": "core.instruments.effects",
+    "lens": "core.instruments.lens", "token_stats": "core.instruments.token_stats",
+    # 9. errors: every other type is in core.errors; catch ForkpointError for every user mistake
     "ForkpointError": "core.errors", "InvalidInputError": "core.errors",
 }  # fmt: skip
 

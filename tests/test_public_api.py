@@ -22,7 +22,7 @@ CORE_FILES = sorted((ROOT / "core").rglob("*.py"))
 
 
 def test_the_api_is_small_and_complete() -> None:
-    assert len(core.__all__) == len(set(core.__all__)) and len(core.__all__) <= 45
+    assert len(core.__all__) == len(set(core.__all__)) and len(core.__all__) <= 40
     for name in core.__all__:
         assert getattr(core, name) is not None, name
     for name in ("Policy", "make_policy", "list_policies", "list_metrics", "Gate", "calibrate", "generate",
@@ -100,7 +100,8 @@ def test_every_exception_type_lives_in_errors_and_is_exported() -> None:
     classes = [c for _, c in inspect.getmembers(core.errors, inspect.isclass) if issubclass(c, Exception)]
     for cls in classes:
         assert issubclass(cls, core.errors.ForkpointError) and cls.__doc__, cls
-        assert cls.__name__ in core.__all__, f"{cls.__name__} is not exported by core"
+        assert getattr(core, cls.__name__) is cls, f"core.{cls.__name__} does not reach core.errors.{cls.__name__}"
+    assert [c for c in core.__all__ if c.endswith("Error")] == ["ForkpointError", "InvalidInputError"]
 
 
 def test_core_raises_no_bare_forkpoint_or_value_error() -> None:
@@ -123,6 +124,19 @@ def test_import_core_loads_no_ui_cli_or_lazy_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True,
                          cwd=ROOT)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_import_jsonl_is_a_deprecated_alias() -> None:
+    with pytest.warns(DeprecationWarning, match="core.import_file"):
+        assert core.import_jsonl is core.import_file
+
+
+def test_import_core_loads_no_model_stack() -> None:
+    """`import core` and the store's modules load neither torch nor transformers (file-only commands start fast)."""
+    code = ("import json, sys; import core, core.io.store, core.views.exports; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True, cwd=ROOT)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 

@@ -8,6 +8,7 @@ import streamlit as st
 from app import resources, state
 from app.compare_panels import rank_shift_tab, reasoner_tables, reasoners_tab
 from app.context import get_context
+from app.instruments_panels import dataset_instruments
 from app.view import DEFAULT_TOP, select_rows, with_policy_labels
 from core.analysis import report as R
 from core.analysis import tables as A
@@ -122,5 +123,6 @@ def main() -> None:
             _show(spec, path, keys, s.score, top, segment)
     with tabs[-1]:
         reasoners_tab(*_reasoners(path, keys, s.score, top))
+    dataset_instruments(ctx, keys)
 
 main()

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from core.decoding.kvcache import growing_cache
+from core.errors import InvalidInputError
 from core.pair.forward import backbone, head
 from core.pair.loading import ModelPair
 
@@ -108,6 +109,19 @@ class ModelState:
         if self._states is not None:
             self._states.n = fed + 1
             self.last_hidden = self._states.view()[:, -1]
+
+    def repeat(self, n: int) -> None:
+        """Make this one-row state n identical rows (one prefill shared by n continuations); stops recording."""
+        if self.last_hidden.shape[0] != 1:
+            raise InvalidInputError(f"repeat needs a one-row state, this one has {self.last_hidden.shape[0]} rows")
+        self.cache.batch_repeat_interleave(n)
+        for layer in self.cache.layers:  # the next write allocates an n-row buffer owned by the layer
+            if hasattr(layer, "_buffers"):
+                layer._buffers = None
+        self._mask = _Grow(self._mask.view().repeat(n, 1))
+        self.next_pos = self.next_pos.repeat(n)
+        self.last_hidden = self.last_hidden.repeat(n, 1)
+        self._states = None
 
     def logits(self, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """(..., V) float32 logits of `hidden` (default: last_hidden (B, d) -> (B, V))."""

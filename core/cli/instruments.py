@@ -1,0 +1,197 @@
+"""forkpoint effects | lens | tokens: the research instruments (core/instruments/) on stored or new traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from core.cli.common import (
+    _Bar,
+    _fail_cleanly,
+    _pair,
+    _problems,
+    _store,
+    main,
+    pair_options,
+    policy_kwargs,
+    policy_options,
+    settings_options,
+    store_option,
+)
+from core.scoring.registry import DEFAULT_SCORE, SCORES
+
+SHOW_ROWS = 15  # rows printed by default
+
+
+def _positions(value: str) -> str | list[int]:
+    if value == "spikes":
+        return value
+    try:
+        return [int(p) for p in value.split(",") if p.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither 'spikes' nor a comma-separated list of token positions",
+                                 param_hint="--positions") from None
+
+
+def _free(out: str, overwrite: bool) -> Path:
+    path = Path(out)
+    if path.exists() and not overwrite:
+        raise click.ClickException(f"{path} exists; pass --overwrite to replace it (or choose another --out)")
+    return path
+
+
+def _stored(store: Any, keys: tuple[str, ...]) -> list[Any]:
+    missing = [k for k in keys if k not in store]
+    if missing:
+        raise click.BadParameter(f"no readable trace {missing[0]!r} in {store.path}", param_hint="--key")
+    return [store.get(k) for k in keys]
+
+
+@main.command()
+@pair_options
+@store_option
+@click.option("--problems", "problems_path", type=click.Path(exists=True, dir_okay=False),
+              help="JSONL/CSV problem set (default: the demo test set); each problem's trace is generated (or "
+                   "read back from the store) with --policy.")
+@click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
+@click.option("--key", "keys", multiple=True, help="Measure this stored trace instead (repeatable).")
+@click.option("--positions", default="spikes", show_default=True,
+              help="'spikes' (each trace's top tokens by --score) or comma-separated token positions.")
+@click.option("--samples", default=8, show_default=True, type=click.IntRange(1),
+              help="Continuations per arm (reasoner / base writes the token) and position.")
+@click.option("--sample-temperature", type=click.FloatRange(0), default=None,
+              help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
+@click.option("--out", default="effects.csv", show_default=True, type=click.Path(dir_okay=False), help="CSV to write.")
+@click.option("--overwrite", is_flag=True, help="Replace --out (stored continuations are reused, not decoded again).")
+@policy_options
+@settings_options("ratio", "calibration_problems", "max_new_tokens", "temperature", "batch_size")
+@_fail_cleanly
+def effects(store_path: str | None, problems_path: str | None, limit: int | None, keys: tuple[str, ...], positions: str,
+            samples: int, sample_temperature: float | None, out: str, overwrite: bool, policy_name: str, ratio: float,
+            calibration_problems: int, max_new_tokens: int, temperature: float, seed: int, batch_size: int,
+            **opts: Any) -> None:
+    """Causal effect of each takeover: accuracy with the reasoner vs the base writing a token, Wilson /
+    Newcombe 95% intervals, one CSV row per (trace, position); continuations go to the store.
+
+    Resumable (a re-run with --overwrite reads every stored continuation back) and cancellable (Ctrl-C
+    writes the rows measured so far)."""
+    import pandas as pd
+
+    from core.decoding import generate_many
+    from core.decoding.calibration import build_policy
+    from core.evaluation.grading import grade_trace
+    from core.evaluation.harness import require_gold
+    from core.instruments.effects import (
+        effect_correlation,
+        effect_positions,
+        takeover_effects,
+    )
+    from core.io.csvsafe import write_csv
+
+    where = _positions(positions)
+    path = _free(out, overwrite)
+    pair, store = _pair(opts), _store(store_path)
+    score = opts.get("score") or DEFAULT_SCORE
+    if keys:
+        traces = _stored(store, keys)
+    else:
+        problems = _problems(problems_path, limit)
+        require_gold(problems)
+        sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
+        policy = build_policy(pair, policy_name, policy_kwargs(policy_name, {**opts, "seed": seed}),
+                              calibrate_on=problems[:calibration_problems], ratio=ratio, store=store, **sampling)
+        bar = _Bar(f"generate {policy.name}")
+        traces = generate_many(pair, problems, policy, store=store, on_trace=grade_trace, progress=bar, **sampling)
+        bar.close()
+    todo = [effect_positions(t, where, score) for t in traces]
+    total, done, frames = sum(map(len, todo)), 0, []
+    bar = _Bar("effects", unit="pos")
+    try:
+        for trace, these in zip(traces, todo):
+            frames.append(takeover_effects(pair, trace, these, samples, temperature=sample_temperature, seed=seed,
+                                           score=score, store=store, max_new_tokens=max_new_tokens,
+                                           progress=lambda d, _t, _done=done: bar(_done + d, total)))
+            done += len(these)
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped after {done} of {total} positions; the rows so far are in {path}, and a re-run "
+                   "with --overwrite reuses every stored continuation", err=True)
+        raise SystemExit(130) from None
+    finally:
+        bar.close()
+        if frames:
+            write_csv(pd.concat(frames, ignore_index=True), path, what="effects table")
+    if not frames or not total:
+        click.echo(f"no positions to measure in {len(traces)} trace(s)")
+        return
+    table = pd.concat(frames, ignore_index=True)
+    cols = ["pos", "token", "base_token", "reason_token", "score", "acc_with", "acc_without", "effect", "ci_low", "ci_high"]
+    click.echo(table.sort_values("effect", ascending=False, kind="stable")[cols].head(SHOW_ROWS)
+               .to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    click.echo(f"{len(table)} positions of {len(traces)} traces -> {path} (Spearman ρ of effect and score: "
+               f"{effect_correlation(table):.3f}; intervals: Wilson / Newcombe 95%)")
+
+
+@main.command()
+@pair_options
+@store_option
+@click.argument("key")
+@click.option("--pos", required=True, type=click.IntRange(0), help="Response token position.")
+@click.option("--window", default=0, show_default=True, type=click.IntRange(0), help="Also the tokens pos ± window.")
+@click.option("--k", "k", default=3, show_default=True, type=click.IntRange(1), help="Top tokens per layer.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the full table as CSV.")
+@_fail_cleanly
+def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv: bool, **opts: Any) -> None:
+    """The logit lens of a stored trace at token POS: each layer of each model read through its final norm and head."""
+    from core.instruments.lens import lens as run_lens
+
+    store = _store(store_path)
+    trace = _stored(store, (key,))[0]
+    frame = run_lens(_pair(opts), trace, pos, window=window, k=k)
+    if as_csv:
+        click.echo(frame.to_csv(index=False))
+        return
+    frame = frame.assign(top=[" | ".join(f"{t!r} {p:.2f}" for t, p in zip(ts, ps))
+                              for ts, ps in zip(frame["top_tokens"], frame["top_probs"])])
+    cols = ["side", "pos", "layer", "p_emitted", "rank_emitted", "p_other", "rank_other", "kl_to_final", "top"]
+    click.echo(f"token {trace.tokens[pos]!r} at {pos}; other = the other model's top choice")
+    click.echo(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+
+
+@main.command()
+@store_option
+@click.option("--by", type=click.Choice(["token", "tag"]), default="token", show_default=True,
+              help="Group by token string or by planning category.")
+@click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True)
+@click.option("--sort", "sort_by", type=click.Choice(["count", "mean_score", "max_score", "spike_rate", "takeover_rate",
+                                                       "mean_effect"]), default="count", show_default=True)
+@click.option("--top", default=SHOW_ROWS, show_default=True, type=click.IntRange(1), help="Rows to print.")
+@click.option("--effects", "effects_path", type=click.Path(exists=True, dir_okay=False),
+              help="A `forkpoint effects` CSV: adds the mean measured effect per row.")
+@click.option("--with-branches", is_flag=True, help="Count branches and effect continuations too.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the whole table as CSV.")
+@click.option("--overwrite", is_flag=True, help="Replace --out.")
+@_fail_cleanly
+def tokens(store_path: str | None, by: str, score_name: str, sort_by: str, top: int, effects_path: str | None,
+           with_branches: bool, out: str | None, overwrite: bool) -> None:
+    """Dataset token statistics over the store: count, scores, spike and takeover rates, measured effects."""
+    import pandas as pd
+
+    from core.cli.store import _existing_store, warn_unreadable
+    from core.instruments.token_stats import token_stats
+    from core.io.csvsafe import write_csv
+
+    path = _free(out, overwrite) if out else None
+    store = _existing_store(store_path)
+    traces, bad = store.load_all()
+    warn_unreadable(bad)
+    if not with_branches:
+        traces = [t for t in traces if t.meta.get("kind") != "branch"]
+    effects = pd.read_csv(effects_path) if effects_path else None
+    table = token_stats(traces, score=score_name, by=by, effects=effects)
+    table = table.sort_values(sort_by, ascending=False, kind="stable", na_position="last")
+    if path is not None:
+        write_csv(table, path, what="token table")
+    click.echo(table.head(top).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    click.echo(f"{len(table)} {by}s over {len(traces)} traces" + (f" -> {path}" if path else ""))

@@ -1,0 +1,237 @@
+"""Does a takeover matter here? The causal effect of who writes one token, and the success curve along a trace.
+
+`takeover_effects`: at each position, `samples` continuations where the reasoner writes the token and
+`samples` where the base writes it (then the trace's own policy), graded against the gold answer.
+acc_with / acc_without carry 95% Wilson score intervals; effect = acc_with - acc_without carries
+Newcombe's hybrid score interval (his method 10, from the two Wilson intervals). Sample i of both arms
+uses the same seed (common random numbers): the arms then differ only where the switched token sends
+them apart, which narrows the true spread of the difference; the interval, built for independent
+arms, is then conservative.
+
+`success_curve`: P(correct | the trace's first t tokens), estimated from the base's continuations at t,
+evaluated where Pivotal Token Search (Phi-4 report; codelion/pts) would: both ends, then the middle of
+every segment whose ends differ by at least `threshold`, down to single tokens. The tokens across which
+the curve jumps by `threshold` or more are the pivotal tokens. Like PTS, it misses two jumps that cancel
+inside one segment.
+
+Every continuation is a child trace (kept in the store when one is given, so a re-run decodes nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core import settings
+from core.annotate.spikes import spikes_or_top
+from core.errors import InvalidInputError
+from core.evaluation.grading import gold_of, grade_trace
+from core.instruments.continuations import continue_batch
+from core.instruments.intervals import newcombe, spearman, wilson
+from core.pair.loading import ModelPair
+from core.scoring.registry import check_score, score_values
+from core.trace import Trace
+
+EFFECT_COLUMNS = ["trace", "pos", "token", "base_token", "reason_token", "score", "acc_with", "acc_without",
+                  "effect", "ci_low", "ci_high", "n", "with_low", "with_high", "without_low", "without_high",
+                  "interval", "keys_with", "keys_without"]
+CURVE_COLUMNS = ["trace", "pos", "token", "p", "ci_low", "ci_high", "n", "jump", "pivotal", "score", "interval"]
+INTERVAL = "wilson95"  # accuracies: Wilson score; effects: Newcombe hybrid score (method 10), both 95%
+SAMPLED_TEMPERATURE = float(settings.PRESETS["paper"]["temperature"])  # a greedy trace's effects are sampled at this
+PIVOT_THRESHOLD = 0.2  # PTS's default: a segment is split while its ends differ by this much
+
+Progress = Callable[[int, int], None]
+
+
+def _continue(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], sample_seed: Sequence[int], *,
+              then: str = "policy", temperature: float, store: Any = None, max_new_tokens: int | None = None,
+              should_stop: Callable[[], bool] | None = None) -> list[Trace]:
+    """Graded children of `trace`, one per row i: its first `pos` tokens, token `pos` written by `who[i]`
+    ("reason" / "base"), the rest by `then` ("policy": the trace's own; "base"), drawn with `sample_seed[i]`.
+    All rows are one decoding batch. The one seam to `core.takeover` (issue 21): row i is
+    `takeover(pair, trace, {pos: who[i]}, then=then, seed=sample_seed[i], temperature=temperature)`."""
+    return continue_batch(pair, trace, pos, who, sample_seed, then=then, temperature=temperature,
+                          max_new_tokens=max_new_tokens, store=store, should_stop=should_stop)
+
+
+def sample_seeds(seed: int, pos: int, samples: int) -> list[int]:
+    """Position-keyed seeds: sample i at `pos` draws from its own stream, the same in any run or batch."""
+    return [int.from_bytes(hashlib.blake2b(f"{seed}:{pos}:{i}".encode(), digest_size=4).digest(), "little") >> 1
+            for i in range(samples)]
+
+
+def resolve_temperature(trace: Trace, temperature: float | None) -> float:
+    """`temperature`, or the trace's own when it sampled, else SAMPLED_TEMPERATURE (a greedy trace's
+    samples would all be one)."""
+    if temperature is None:
+        own = float((trace.meta.get("sampling") or {}).get("temperature") or 0.0)
+        return own if own > 0 else SAMPLED_TEMPERATURE
+    if not temperature >= 0:
+        raise InvalidInputError(f"temperature must be ≥ 0, got {temperature!r}")
+    return float(temperature)
+
+
+def _check(trace: Trace, samples: int) -> None:
+    if gold_of(trace) is None:
+        raise InvalidInputError(f"Trace {trace.key} has no gold answer: continuations cannot be graded")
+    if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
+        raise InvalidInputError(f"samples must be an integer ≥ 1, got {samples!r}")
+
+
+def effect_positions(trace: Trace, positions: Sequence[int] | str | None, score: str = settings.SCORE) -> list[int]:
+    """The positions to measure: the trace's spikes by `score` (None or "spikes"), or the given ones, sorted."""
+    if positions is None or positions == "spikes":
+        return sorted(int(p) for p in spikes_or_top(trace, score))
+    if isinstance(positions, str):
+        raise InvalidInputError(f"positions must be 'spikes' or a list of token positions, got {positions!r}")
+    out = sorted({int(p) for p in positions})
+    bad = [p for p in out if not 0 <= p < len(trace)]
+    if bad:
+        raise InvalidInputError(f"Position {bad[0]} is outside the trace (0..{len(trace) - 1})")
+    return out
+
+
+def _correct(traces: list[Trace]) -> int:
+    return sum(bool(t.meta.get("correct")) for t in traces)
+
+
+def takeover_effects(pair: ModelPair, trace: Trace, positions: Sequence[int] | str | None = None, samples: int = 8, *,
+                     temperature: float | None = None, seed: int = 0, score: str = settings.SCORE, store: Any = None,
+                     max_new_tokens: int | None = None, progress: Progress | None = None,
+                     should_stop: Callable[[], bool] | None = None) -> pd.DataFrame:
+    """Per position (default: the trace's spikes), the accuracy with the reasoner writing it and with the
+    base writing it (`samples` continuations each, one batch per position), and the effect with its interval.
+
+    Columns: trace, pos, token, base_token, reason_token (each model's top choice there), score,
+    acc_with, acc_without, effect, ci_low, ci_high (Newcombe 95%), n (continuations per arm), the arms'
+    Wilson 95% intervals, interval (the method's name), keys_with / keys_without (space-separated
+    continuation keys). Temperature: see `resolve_temperature`; at 0 each arm is one continuation (n = 1).
+    """
+    _check(trace, samples)
+    check_score(score)
+    temp = resolve_temperature(trace, temperature)
+    n = samples if temp > 0 else 1
+    todo = effect_positions(trace, positions, score)
+    values = np.asarray(score_values(trace.metrics, score), dtype=np.float64)
+    rows = []
+    for done, pos in enumerate(todo):
+        seeds = sample_seeds(seed, pos, n)
+        kids = _continue(pair, trace, pos, ["reason"] * n + ["base"] * n, seeds + seeds, temperature=temp,
+                         store=store, max_new_tokens=max_new_tokens, should_stop=should_stop)
+        top = [pair.token_text(int(trace.topk[side][0][pos, 0])) for side in ("base", "reason")]
+        rows.append(_effect_row(trace, pos, kids[:n], kids[n:], values[pos], *top))
+        if progress is not None:
+            progress(done + 1, len(todo))
+    return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
+
+
+def _effect_row(trace: Trace, pos: int, with_: list[Trace], without: list[Trace], score: float, base_token: str,
+                reason_token: str) -> dict[str, Any]:
+    """One row of the effects table from the graded continuations of both arms."""
+    n = len(with_)
+    s1, s2 = _correct(with_), _correct(without)
+    low, high = newcombe(s1, n, s2, len(without))
+    return {
+        "trace": trace.key, "pos": pos, "token": trace.tokens[pos], "base_token": base_token,
+        "reason_token": reason_token, "score": float(score), "acc_with": s1 / n, "acc_without": s2 / len(without),
+        "effect": s1 / n - s2 / len(without), "ci_low": low, "ci_high": high, "n": n,
+        **dict(zip(("with_low", "with_high"), wilson(s1, n))),
+        **dict(zip(("without_low", "without_high"), wilson(s2, len(without)))),
+        "interval": INTERVAL, "keys_with": " ".join(str(t.key) for t in with_),
+        "keys_without": " ".join(str(t.key) for t in without),
+    }
+
+
+def stored_effects(store: Any, trace: Trace, *, score: str = settings.SCORE) -> pd.DataFrame:
+    """The `takeover_effects` rows that the continuations already in `store` give (no decoding): one per
+    (position, temperature) with both arms measured. base_token / reason_token are then the token each
+    arm wrote most often at pos (no tokenizer is needed)."""
+    check_score(score)
+    arms: dict[tuple[int, float], dict[str, list[Trace]]] = {}
+    for key in store.children(trace.key):
+        kid = store.get(key)
+        switch = kid.meta.get("branch") or {}
+        if switch.get("who") not in ("reason", "base") or kid.meta.get("correct") is None:
+            continue  # a user's branch, or an ungraded one
+        temp = float((kid.meta.get("sampling") or {}).get("temperature") or 0.0)
+        arms.setdefault((int(switch["pos"]), temp), {"reason": [], "base": []})[switch["who"]].append(kid)
+    values = np.asarray(score_values(trace.metrics, score), dtype=np.float64)
+    rows = []
+    for (pos, _temp), both in sorted(arms.items()):
+        if both["reason"] and both["base"] and pos < len(trace):
+            common = [pd.Series([k.tokens[pos] for k in both[w]]).mode().iloc[0] for w in ("base", "reason")]
+            rows.append(_effect_row(trace, pos, both["reason"], both["base"], values[pos], *common))
+    return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
+
+
+def success_curve(pair: ModelPair, trace: Trace, samples: int = 8, *, temperature: float | None = None,
+                  seed: int = 0, threshold: float = PIVOT_THRESHOLD, score: str = settings.SCORE, store: Any = None,
+                  max_new_tokens: int | None = None, progress: Progress | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> pd.DataFrame:
+    """P(correct | the first t tokens) at the t that Pivotal Token Search visits (see the module docstring).
+
+    One row per visited t, in order: token (the token at t, the next one written), p with its Wilson 95%
+    interval from n base continuations at t (t = len(trace): the trace's own grade, n = 0), jump = p(t+1)
+    - p(t) where t + 1 was visited too, pivotal = |jump| ≥ threshold, score (the token's disagreement).
+    """
+    _check(trace, samples)
+    check_score(score)
+    if not 0 < threshold <= 1:
+        raise InvalidInputError(f"threshold must be in (0, 1], got {threshold!r}")
+    temp = resolve_temperature(trace, temperature)
+    n = samples if temp > 0 else 1
+    end = len(trace)
+    found: dict[int, tuple[int, int]] = {}  # t -> (correct, n)
+
+    def p(t: int) -> float:
+        if t not in found:
+            if t == end:
+                found[t] = (int(bool(grade_trace(trace))), 0)
+            else:
+                kids = _continue(pair, trace, t, ["base"] * n, sample_seeds(seed, t, n), then="base", temperature=temp,
+                                 store=store, max_new_tokens=max_new_tokens, should_stop=should_stop)
+                found[t] = (_correct(kids), n)
+            if progress is not None:
+                progress(len(found), len(found) + len(stack))
+        return _prob(*found[t])
+
+    stack = [(0, end)]
+    while stack:
+        a, b = stack.pop()
+        if b - a > 1 and abs(p(b) - p(a)) >= threshold:
+            mid = (a + b) // 2
+            p(mid)  # visited even when both halves are single tokens: their jumps are read off it
+            stack += [(mid, b), (a, mid)]
+    values = np.asarray(score_values(trace.metrics, score), dtype=np.float64)
+    rows = []
+    for t in sorted(found):
+        c, m = found[t]
+        prob = _prob(c, m)
+        low, high = wilson(c, m) if m else (prob, prob)
+        jump = _prob(*found[t + 1]) - prob if t + 1 in found else float("nan")
+        rows.append({"trace": trace.key, "pos": t, "token": trace.tokens[t] if t < end else "",
+                     "p": prob, "ci_low": low, "ci_high": high, "n": m, "jump": jump,
+                     "pivotal": bool(np.isfinite(jump) and abs(jump) >= threshold),
+                     "score": float(values[t]) if t < end else float("nan"), "interval": INTERVAL})
+    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
+
+
+def _prob(correct: int, n: int) -> float:
+    """The estimated P(correct); n = 0 marks a known outcome (the trace's own grade)."""
+    return correct / n if n else float(correct)
+
+
+def effect_correlation(effects: pd.DataFrame) -> float:
+    """Spearman's rank correlation of effect and disagreement score over measured positions (does
+    disagreement predict importance?)."""
+    return spearman(effects["score"], effects["effect"])
+
+
+def pivot_correlation(curve: pd.DataFrame) -> float:
+    """Spearman's rank correlation of pivotal-token size |jump| and the token's disagreement score, over
+    the tokens whose jump was measured."""
+    return spearman(curve["jump"].abs(), curve["score"])

@@ -1,0 +1,107 @@
+"""Which tokens carry disagreement across a dataset: per token string (or planning category) counts,
+scores, spike and takeover rates and measured effects; and the occurrences behind one row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core import settings
+from core.annotate.spikes import spikes_or_top
+from core.errors import InvalidInputError
+from core.scoring.registry import check_score, score_values
+from core.trace import Trace
+
+BY = ("token", "tag")  # group by the token's display string, or by its planning category
+COLUMNS = ["count", "traces", "mean_score", "max_score", "spike_rate", "takeover_rate", "mean_effect", "n_effects"]
+OCCURRENCE_COLUMNS = ["trace", "index", "pos", "token", "tag", "score", "spike", "source", "effect"]
+
+
+def _check_by(by: str) -> str:
+    if by not in BY:
+        raise InvalidInputError(f"Unknown by={by!r}; choose one of: {', '.join(BY)}")
+    return by
+
+
+def _tags(trace: Trace) -> list[str]:
+    """The trace's planning tags: its annotation layer, else the tagger's (spaCy loads on first use)."""
+    if "tags" in trace.annotations:
+        return [str(t) for t in trace.annotations["tags"]]
+    from core.annotate.planning import (
+        tag_planning,  # spaCy: heavy, loaded only when grouping by tag
+    )
+
+    return [str(t) for t in tag_planning(trace)]
+
+
+def occurrence_frame(traces: Sequence[Trace], *, score: str | None = None, by: str = "token",
+                     effects: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per token of every trace: trace (key), index (in `traces`), pos, token, tag (when by='tag'),
+    score, spike (the trace's spikes, or its top 1% above the floor), source, effect (where measured)."""
+    score = check_score(score or settings.SCORE)
+    _check_by(by)
+    measured = _effects(effects)
+    parts = []
+    for i, trace in enumerate(traces):
+        n = len(trace)
+        spike = np.zeros(n, dtype=bool)
+        spike[spikes_or_top(trace, score)] = True
+        effect = np.full(n, np.nan)
+        for pos, value in measured.get(str(trace.key), {}).items():
+            if 0 <= pos < n:
+                effect[pos] = value
+        parts.append(pd.DataFrame({
+            "trace": [trace.key] * n, "index": i, "pos": np.arange(n), "token": list(trace.tokens),
+            "tag": _tags(trace) if by == "tag" else [""] * n,
+            "score": np.asarray(score_values(trace.metrics, score), dtype=np.float64), "spike": spike,
+            "source": [str(s) for s in trace.source], "effect": effect,
+        }))
+    if not parts:
+        return pd.DataFrame({c: [] for c in OCCURRENCE_COLUMNS})
+    return pd.concat(parts, ignore_index=True)[OCCURRENCE_COLUMNS]
+
+
+def _effects(effects: pd.DataFrame | None) -> dict[str, dict[int, float]]:
+    """trace key -> {pos: mean effect} from `takeover_effects` rows (several runs of a position average)."""
+    if effects is None or effects.empty:
+        return {}
+    missing = {"trace", "pos", "effect"} - set(effects.columns)
+    if missing:
+        raise InvalidInputError(f"effects needs the columns trace, pos and effect (from takeover_effects); "
+                                f"missing: {', '.join(sorted(missing))}")
+    out: dict[str, dict[int, float]] = {}
+    for (key, pos), value in effects.groupby(["trace", "pos"])["effect"].mean().items():
+        out.setdefault(str(key), {})[int(pos)] = float(value)
+    return out
+
+
+def token_stats(traces: Sequence[Trace], *, score: str | None = None, by: str = "token",
+                effects: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per token string (by='token') or planning category (by='tag'), most frequent first: count,
+    traces (how many it occurs in), mean_score, max_score, spike_rate, takeover_rate (share not written
+    by the base), mean_effect and n_effects (over occurrences whose effect was measured, from
+    `takeover_effects` frames)."""
+    occ = occurrence_frame(traces, score=score, by=by, effects=effects)
+    if occ.empty:
+        return pd.DataFrame(columns=[by, *COLUMNS])
+    occ = occ.assign(takeover=occ["source"] != "base")
+    grouped = occ.groupby(by, sort=False)
+    out = pd.DataFrame({
+        "count": grouped.size(), "traces": grouped["index"].nunique(),
+        "mean_score": grouped["score"].mean(), "max_score": grouped["score"].max(),
+        "spike_rate": grouped["spike"].mean(), "takeover_rate": grouped["takeover"].mean(),
+        "mean_effect": grouped["effect"].mean(), "n_effects": grouped["effect"].count(),
+    })
+    out = out.rename_axis(by).reset_index()
+    return out.sort_values(["count", "mean_score"], ascending=[False, False], kind="stable").reset_index(drop=True)
+
+
+def occurrences(traces: Sequence[Trace], value: Any, *, by: str = "token", score: str | None = None,
+                effects: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The occurrences behind one `token_stats` row: every (trace, pos) whose token (or tag) is `value`."""
+    occ = occurrence_frame(traces, score=score, by=by, effects=effects)
+    return occ[occ[_check_by(by)] == value].reset_index(drop=True)
