@@ -74,8 +74,11 @@ def test_report_html_offline_and_escaped(tmp_path):
     assert doc.count("plotly.js v") == 1  # the library is embedded once
     assert "<script>alert(1)" not in doc
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in doc
-    for heading in ("Sparsity", "Position", "Uncertainty", "Planning tokens", "Failure prediction", "decision pairs"):
-        assert f"<h2>{heading}</h2>" in doc
+    from core.analysis.registry import list_analyses
+
+    for heading in [s.label for s in list_analyses() if s.figure and not s.options and s.name != "recovery"] + [
+            "Reasoner rank (all)", "Reasoner rank (spikes)", "decision pairs"]:
+        assert f"<h2>{heading}</h2>" in doc, heading
     with pytest.raises(ForkpointError, match="exists"):
         R.report_html(_traces(), path)
     R.report_html(_traces(1), path, overwrite=True, segment="think")

@@ -170,7 +170,7 @@ def test_padded_embedding_logits_are_truncated(llama_pair) -> None:
     for side in ("base", "reason"):
         assert (trace.topk[side][0] < pair.vocab_size).all()
         np.testing.assert_allclose(trace.topk[side][1].sum(-1), clean.topk[side][1].sum(-1), atol=1e-6)
-    for name in core.scoring.metrics.METRICS:
+    for name in core.scoring.registry.METRICS:
         np.testing.assert_array_equal(trace.metrics[name], clean.metrics[name])
     hidden = torch.randn(3, pair.base.config.hidden_size)
     assert head(pair.base, hidden, pair.vocab_size).shape == (3, pair.vocab_size)

@@ -48,12 +48,12 @@ def test_import_core_does_not_load_the_widget_stack():
 
 
 def test_the_esm_is_the_apps_token_view_plus_the_controls():
-    view_js = (ROOT / "app" / "components" / "token_view.js").read_text(encoding="utf-8")
+    view_js = (ROOT / "core" / "views" / "token_view.js").read_text(encoding="utf-8")
     esm = notebook.esm()
     body = re.sub(r"^export\s+default\s+function\s*\w*\s*\(", "function fpTokenView(", view_js, count=1, flags=re.MULTILINE)
     assert esm.startswith(body)  # the app's renderer, verbatim but for the renamed default export
     assert esm.count("export default") == 1 and "function fpTokenView(" in esm
-    assert (ROOT / "app" / "components" / "token_view.css").read_text(encoding="utf-8") in notebook.css()
+    assert (ROOT / "core" / "views" / "token_view.css").read_text(encoding="utf-8") in notebook.css()
 
 
 def test_repr_html_is_the_export_page(trace):

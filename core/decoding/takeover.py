@@ -259,7 +259,7 @@ def branch(pair: ModelPair, trace: Trace, pos: int, token: int | None = None, po
            temperature: float | None = None, seed: int | None = None) -> Trace:
     """The one-switch `takeover`: keep `trace`'s first `pos` tokens, emit at `pos` the reasoner's choice (or
     `token`), continue with `policy` (BaseOnly by default) under the parent's sampling settings."""
-    if not isinstance(pos, (int, np.integer)) or isinstance(pos, bool):
+    if not isinstance(pos, (int, np.integer)) or isinstance(pos, bool) or not 0 <= pos <= len(trace):
         raise InvalidInputError(f"Branch position {pos!r} is outside the trace (0..{len(trace)})")
     return takeover(pair, trace, {int(pos): REASON if token is None else token}, then=policy or BaseOnly(),
                     max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, store=store,
