@@ -45,7 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "switch_job": None,  # a queued switch ({"pos", "flip"} / {"pos", "at"} / {"wanted"}) the fragment applies
 }
 # URL parameter -> session key, for the view settings (written only when they differ from the default).
-VIEW_PARAMS = {"metric": "score", "scale": "scale", "range": "crange", "prob": "prob_mode"}
+VIEW_PARAMS = {"metric": "score", "scale": "scale", "range": "crange", "prob": "prob_mode", "click": "click_mode"}
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -181,7 +181,7 @@ def _stream(ctx: Context, parent: Trace, wanted: dict, slot) -> Trace:
             start.append(pos)
         new.append(decode(token) if decode else str(token))
         now = time.perf_counter()
-        if now - last[0] > 0.05:
+        if now - last[0] > 0.05:  # the first token shows at once, then ~20 updates a second
             last[0] = now
             show()
 
@@ -250,7 +250,7 @@ def switch_list(trace: Trace) -> None:
     with st.container(border=True):
         st.markdown(f"**Switches** ({len(current)}) · then {THEN_LABELS.get(st.session_state.get('sw_then', 'policy'))}")
         for p, what in sorted(current.items()):
-            label = f"⏻ #{p} → {'reasoner' if what == 'reason' else 'base' if what == 'base' else repr(trace.tokens[p]) if p < len(trace) else what}"
+            label = f"⇄ #{p} → {'reasoner' if what == 'reason' else 'base' if what == 'base' else repr(trace.tokens[p]) if p < len(trace) else what}"
             c1, c2 = st.columns([3, 2], vertical_alignment="center")
             c1.toggle(label, value=True, key=f"sw_{trace.key}_{p}", on_change=_queue_switches,
                       args=({q: w for q, w in current.items() if q != p},))

@@ -92,7 +92,7 @@ def test_select_token_take_over_and_see_the_branch(env):
     assert at.session_state["trace_key"] == job["child"]
     tree = next(r for r in at.radio if r.key and r.key.startswith("tree_"))  # the branch tree lists both
     shown = [re.sub(r"\\(.)", r"\1", o) for o in tree.options]  # labels are Markdown with punctuation escaped
-    assert len(shown) == 2 and "⏻ #2 reasoner '" in shown[1] and "← open" in shown[1]
+    assert len(shown) == 2 and "⇄ #2 reasoner '" in shown[1] and "← open" in shown[1]
 
 
 def test_force_a_token_from_the_top_k(env):

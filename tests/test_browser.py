@@ -61,7 +61,7 @@ def _selected_pos(page) -> int:
 
 def test_hover_click_take_over_and_export(app_url, page):
     url, store_dir = app_url
-    page.goto(url)
+    page.goto(f"{url}?click=select")  # a click selects (the switchboard: tests/test_switchboard.py)
     tokens = page.locator(".fp-scroll [data-pos]")
     tokens.first.wait_for()
     n = tokens.count()
@@ -155,7 +155,7 @@ def test_copied_link_reopens_the_view(app_url, page):
     if not keys:
         pytest.skip("needs the trace made by the first test")
     key = TraceStore(store_dir).summaries().iloc[0]["key"]
-    page.goto(f"{url}trace?trace={key}&pos=1")
+    page.goto(f"{url}trace?trace={key}&pos=1&click=select")
     _wait_selected(page, 1)
     page.locator('.fp-scroll [data-pos="1"].sel').wait_for()  # the component marks the linked token
     assert page.locator(".fp-scroll .tok.sel").count() == 1

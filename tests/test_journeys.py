@@ -168,7 +168,7 @@ def test_take_over_force_and_branch_a_branch_with_one_colour_scale(server, page)
     from core.io.store import TraceStore
 
     url, store_dir, log = server
-    page.goto(url)
+    page.goto(f"{url}?click=select")  # a click selects (the switchboard is tests/test_switchboard.py)
     _wait_trace(page)
     parent = re.search(r"trace=([0-9a-f]+)", page.url).group(1)
     store = TraceStore(store_dir)

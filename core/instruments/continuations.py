@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from core import settings
-from core.decoding.takeover import resume
 from core.decoding.engine import Decoder, Row
 from core.decoding.policies import (
     REASON,
@@ -31,6 +30,7 @@ from core.decoding.policies import (
     row_identity,
 )
 from core.decoding.sampling import Sampling, row_seed
+from core.decoding.takeover import resume
 from core.errors import InvalidInputError, PairMismatchError
 from core.evaluation.grading import grade_trace, graded_put
 from core.pair.loading import SIDES, ModelPair

@@ -150,12 +150,12 @@ def tree_label(depth: int, node: dict[str, Any], what: str = "") -> str:
     """One line of the branch tree: indentation, where it branched and with what token, length, short key."""
     where = "root" if node.get("branch_pos") is None else f"branch @ {node['branch_pos']}"
     if what:
-        where = what if what.startswith("⏻") else f"{where} {what}"
+        where = what if what.startswith("⇄") else f"{where} {what}"
     return f"{'　' * depth}{'└ ' if depth else ''}{where} · {node.get('n_tokens')} tokens · {str(node['key'])[:8]}"
 
 
 def switch_text(trace: Trace, decode: Callable[[int], str] | None = None) -> str:
-    """What a child's switches did, e.g. "⏻ #40 off · ⏻ #12 reasoner ' Wait'" ("" for a root). A typed
+    """What a child's switches did, e.g. "⇄ #40 off · ⇄ #12 reasoner ' Wait'" ("" for a root). A typed
     string shows as one switch with all its tokens."""
     switched = trace.meta.get("switched") or []
     parts: list[str] = []
@@ -169,11 +169,11 @@ def switch_text(trace: Trace, decode: Callable[[int], str] | None = None) -> str
             parts[-1] += _typed_tail(trace, typed, decode)
         typed = [pos] if to == "forced" else []
         if to == "base":
-            parts.append(f"⏻ #{pos} off" if entry.get("from") == "reason" else f"⏻ #{pos} base")
+            parts.append(f"⇄ #{pos} off" if entry.get("from") == "reason" else f"⇄ #{pos} base")
         else:
             tok = int(trace.token_ids[pos]) if pos < len(trace) else None
             text = "" if tok is None else repr(decode(tok) if decode is not None else trace.tokens[pos])
-            parts.append(f"⏻ #{pos} {'forced' if to == 'forced' else 'reasoner'} {text}".rstrip())
+            parts.append(f"⇄ #{pos} {'forced' if to == 'forced' else 'reasoner'} {text}".rstrip())
     if typed:
         parts[-1] += _typed_tail(trace, typed, decode)
     return " · ".join(parts)

@@ -143,7 +143,9 @@ export default function (component) {
     scroller.addEventListener("scroll", () => { s.card.hidden = true; });
     scroller.addEventListener("click", (e) => {
       const target = e.target.closest ? e.target.closest("[data-pos]") : null;
-      if (target) s.select(Number(target.dataset.pos));
+      if (!target) return;
+      s.card.hidden = true; // the response may re-flow under the pointer
+      s.select(Number(target.dataset.pos));
     });
     // several views in one page (a notebook, a branch beside its original): n / p go to the view the
     // user last pointed at or clicked, not to whichever registered first

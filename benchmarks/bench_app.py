@@ -1,0 +1,118 @@
+"""The switchboard's latency in a real browser: a click on a token of the demo pair's first trace until
+(a) the first changed token is visible and (b) the whole re-flowed response and its outcome line are
+drawn, beside the same switches timed through `core` alone (set_switches: what the click runs).
+
+    .venv/bin/python benchmarks/bench_app.py [--clicks 10] [--write]
+
+Drives `streamlit run app/main.py` in Debian's Chromium (Playwright) on a fresh store. Each click flips a
+different base token of the first trace to the reasoner (a new trace each time), then `b` goes back.
+--write replaces the "## Switchboard" section of benchmarks/RESULTS.md. Targets (issue 21, quiet 2-core
+machine): (a) <= 0.3 s, (b) <= 0.6 s median, and (b) <= 2x the core time of the same switch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+from benchmarks.results import write_section  # noqa: E402
+from tests.browser import chromium_page, run_app  # noqa: E402
+
+SECTION = "## Switchboard"
+WATCH = """() => {
+  window.__fpWatch = new Promise((resolve) => {
+    const t0 = performance.now();
+    const done = (what) => { obs.disconnect(); resolve([performance.now() - t0, what]); };
+    const obs = new MutationObserver(() => {
+      const s = document.querySelector(".fp-stream .new");
+      if (s && s.textContent.length) done("stream");
+    });
+    obs.observe(document.body, { childList: true, subtree: true, characterData: true });
+    setTimeout(() => done("timeout"), 30000);
+  });
+}"""
+
+
+def _key(page) -> str:
+    return page.url.split("trace=")[1].split("&")[0]
+
+
+def measure(clicks: int) -> dict:
+    import core
+    from core.decoding.takeover import flipped, set_switches
+    from core.io.store import TraceStore
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_app_"))
+    store_dir = tmp / "store"
+    first, full, alone, positions = [], [], [], []
+    with run_app(["--store", str(store_dir)], tmp / "streamlit.log") as url:
+        with chromium_page(tmp / "profile", viewport={"width": 1440, "height": 1400}) as page:
+            page.goto(url)
+            page.locator(".fp-scroll [data-pos]").first.wait_for()
+            page.wait_for_function("() => window.location.search.includes('trace=')")
+            page.wait_for_timeout(1000)
+            root_key = _key(page)
+            root = TraceStore(store_dir).get(root_key)
+            base = [p for p in range(len(root)) if root.source[p] == "base"]
+            step = max(1, len(base) // clicks)
+            positions = base[::step][:clicks]
+            for pos in positions:
+                page.evaluate(WATCH)
+                t0 = time.perf_counter()
+                page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
+                page.wait_for_function("(k) => !window.location.search.includes('trace=' + k)", arg=root_key)
+                page.get_by_text("takeovers · ρ").first.wait_for()
+                page.locator(".fp-scroll [data-pos]").first.wait_for()
+                full.append(time.perf_counter() - t0)
+                ms, what = page.evaluate("() => window.__fpWatch")
+                first.append(ms / 1000 if what == "stream" else full[-1])  # the watcher started just before the click
+                page.locator("body").press("b")
+                page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=root_key)
+                page.wait_for_timeout(400)
+    pair = core.demo_pair()
+    for pos in positions:  # the same switches, core alone (the parent's caches are not held here: a prefill)
+        t0 = time.perf_counter()
+        set_switches(pair, root, flipped(root, pos))
+        alone.append(time.perf_counter() - t0)
+    return {"positions": positions, "first": first, "full": full, "alone": alone, "n_tokens": len(root)}
+
+
+def report(r: dict) -> str:
+    med = statistics.median
+    lines = [
+        f"{len(r['positions'])} clicks on a {r['n_tokens']}-token demo trace (positions {r['positions']}); "
+        f"{platform.processor() or platform.machine()}, {platform.python_version()}.",
+        "",
+        "| | median | max |",
+        "|---|---|---|",
+        f"| (a) click → first changed token visible | {med(r['first']):.3f} s | {max(r['first']):.3f} s |",
+        f"| (b) click → whole response and outcome line | {med(r['full']):.3f} s | {max(r['full']):.3f} s |",
+        f"| the same switch through `core` alone (set_switches) | {med(r['alone']):.3f} s | {max(r['alone']):.3f} s |",
+        "",
+        f"(b) / core: {med(r['full']) / med(r['alone']):.2f}× (median over median).",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clicks", type=int, default=10)
+    parser.add_argument("--write", action="store_true", help="replace the section in benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    text = report(measure(args.clicks))
+    print(text)
+    if args.write:
+        command = f"    .venv/bin/python benchmarks/bench_app.py --clicks {args.clicks} --write"
+        write_section(SECTION, f"{SECTION}\n\n{command}\n\n{text}")
+
+
+if __name__ == "__main__":
+    main()

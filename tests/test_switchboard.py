@@ -1,0 +1,122 @@
+"""The switchboard in a real browser: a click flips a takeover and the response re-flows in place.
+
+Flip a token to the reasoner and back off (the original text returns), force an alternative from the
+hover card, move back and forward with the keys, and check the mechanism: the new tokens stream into
+the view before the run ends, and the sidebar (outside the Trace page's fragment) never reruns.
+Screenshots go to test-output/switchboard/.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.browser import ROOT, chromium_page, pair_args, require_chromium, run_app
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+OUT = ROOT / "test-output" / "switchboard"
+
+WATCH = """() => {
+  window.__fp = { staleSidebar: 0, streamed: 0 };
+  new MutationObserver((ms) => {
+    for (const m of ms) {
+      if (m.type === "attributes" && m.target.getAttribute("data-stale") === "true"
+          && m.target.closest('[data-testid="stSidebar"]')) window.__fp.staleSidebar += 1;
+      for (const n of m.addedNodes || []) {
+        if (n.nodeType === 1 && (n.matches(".fp-stream") || n.querySelector(".fp-stream"))) window.__fp.streamed += 1;
+      }
+    }
+  }).observe(document.body, { attributes: true, attributeFilter: ["data-stale"], subtree: true, childList: true });
+}"""
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    require_chromium(" (.ci/run installs it)")
+    OUT.mkdir(parents=True, exist_ok=True)
+    store = tmp_path_factory.mktemp("switchboard_store")
+    with run_app(["--store", str(store), *pair_args(tmp_path_factory)], OUT / "streamlit.log") as url:
+        with chromium_page(tmp_path_factory.mktemp("profile"), viewport={"width": 1440, "height": 1400}) as page:
+            yield url, store, page
+
+
+def _open(page, url: str) -> None:
+    page.goto(url)
+    page.locator(".fp-scroll [data-pos]").first.wait_for()
+    page.wait_for_function("() => window.location.search.includes('trace=')")
+
+
+def _key(page) -> str:
+    return re.search(r"trace=([0-9a-f]+)", page.url).group(1)
+
+
+def _text(page) -> str:
+    return "".join(page.locator(".fp-scroll [data-pos]").all_inner_texts())
+
+
+def _click_and_wait(page, locator) -> str:
+    """Click, then wait until the open trace (the URL) changes and its view is drawn; the new key."""
+    before = _key(page)
+    locator.click()
+    page.wait_for_function("(k) => !window.location.search.includes('trace=' + k)", arg=before)
+    page.locator(".fp-scroll [data-pos]").first.wait_for()
+    page.wait_for_timeout(300)
+    return _key(page)
+
+
+def test_flip_a_takeover_on_and_off_again(app):
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+
+    _open(page, url)
+    page.evaluate(WATCH)
+    root = _key(page)
+    trace = TraceStore(store_dir).get(root)
+    original = _text(page)
+    # an early base token whose reasoner favourite differs: the continuation must change
+    pos = next(p for p in range(len(trace)) if trace.source[p] == "base"
+               and int(trace.topk["reason"][0][p][0]) != int(trace.token_ids[p]))
+    child = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{pos}"]'))
+    assert child != root
+    token = page.locator(f'.fp-scroll [data-pos="{pos}"]')
+    assert {"src-reason", "sw"} <= set(token.get_attribute("class").split())
+    assert _text(page) != original
+    assert page.get_by_text(re.compile(rf"#{pos} reasoner")).first.is_visible()  # outcome line and switch list
+    page.screenshot(path=str(OUT / "flipped.png"))
+    stored = TraceStore(store_dir).get(child)
+    assert stored.meta["switches"] == {str(pos): "reason"} and stored.meta["parent"] == root
+    assert page.evaluate("() => window.__fp.streamed") >= 1, "the new tokens never streamed into the view"
+
+    back = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{pos}"]'))  # switched off again
+    assert back == root and _text(page) == original
+    again = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{pos}"]'))
+    assert again == child  # the same switch is the same stored trace
+
+    page.locator("body").press("b")  # back through the history
+    page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=root)
+    page.locator("body").press("f")
+    page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=child)
+    assert page.evaluate("() => window.__fp.staleSidebar") == 0, "a switch reran the whole page"
+
+
+def test_an_alternative_in_the_hover_card_is_forced_there(app):
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+
+    _open(page, url)
+    trace = TraceStore(store_dir).get(_key(page))
+    pos = 3
+    page.locator(f'.fp-scroll [data-pos="{pos}"]').hover()
+    card = page.locator(".fp-card")
+    card.wait_for(state="visible")
+    row = card.locator(".fp-top-base tr.alt").first
+    alt = int(row.get_attribute("data-token"))
+    assert alt != int(trace.token_ids[pos])
+    row.hover()  # the card stays while the pointer moves into it
+    child = _click_and_wait(page, row)
+    forced = TraceStore(store_dir).get(child)
+    assert int(forced.token_ids[pos]) == alt and forced.source[pos] == "forced"
+    assert "src-forced" in page.locator(f'.fp-scroll [data-pos="{pos}"]').get_attribute("class")
+    page.screenshot(path=str(OUT / "forced.png"))
