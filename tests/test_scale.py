@@ -1,7 +1,8 @@
 """core.scale: executors give the traces one process gives, skip what is stored, lose and double nothing.
 
-The in-process tests are fast. The Ray tests start one local Ray (2 CPUs) for the module and 2 CPU
-workers on the demo pair; they compare every result with the in-process run. Ray starts once per module.
+The in-process tests are fast. The Ray tests share the session's one local Ray (2 CPUs, `ray_cluster` in
+conftest.py) and 2 CPU workers on the demo pair; they compare every result with the in-process run, and
+kill workers mid-batch, between stages (through the CLI) and for good.
 """
 
 from __future__ import annotations

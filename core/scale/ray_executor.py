@@ -109,7 +109,7 @@ class RayExecutor(_Executor):
         self._started = False
         self._actors: list[Any] = []
         self._alive: list[int] = []  # indices (into _actors) of the actors still in the pool
-        self._held: dict[str, float] = {}  # resources the actors hold, to see them freed on close
+        self._per: dict[str, float] = {}  # resources one actor holds, to see them freed on close
         self._spec: Any = None
         self._pids: list[int] = []
         self.stats: list[WorkerStats] = []
@@ -157,10 +157,11 @@ class RayExecutor(_Executor):
         cls = ray.remote(Worker).options(num_cpus=cpus, num_gpus=gpus, max_restarts=self.max_restarts,
                                          max_task_retries=-1)
         self._actors = [cls.remote(spec, device, threads, device_map=spread) for _ in range(n)]
-        self._alive, self._spec, self._held = list(range(n)), spec, {"CPU": n * cpus, "GPU": n * gpus}
+        self._alive, self._spec, self._per = list(range(n)), spec, {"CPU": cpus, "GPU": gpus}
         refs = [a.where.remote() for a in self._actors]
         ready, waiting = ray.wait(refs, num_returns=n, timeout=self.start_timeout)
         if waiting:
+            self._alive = [i for i, ref in enumerate(refs) if ref in ready]  # only these hold resources
             self.close_actors()
             why = short or "the others were still loading the pair"
             raise ExecutorError(f"Only {len(ready)} of {n} Ray workers started within {self.start_timeout:g} s: "
@@ -199,17 +200,16 @@ class RayExecutor(_Executor):
             return
         ray = import_ray()
         before = ray.available_resources()
+        held = {unit: per * len(self._alive) for unit, per in self._per.items() if per}  # the dead hold nothing
         for actor in self._actors:
             ray.kill(actor)
         self._actors, self._alive = [], []
         deadline = time.monotonic() + RELEASE_WAIT_S
         while time.monotonic() < deadline:
             free = ray.available_resources()
-            if all(float(free.get(u, 0)) + 1e-9 >= float(before.get(u, 0)) + held for u, held in self._held.items()
-                   if held):
+            if all(float(free.get(u, 0)) + 1e-9 >= float(before.get(u, 0)) + h for u, h in held.items()):
                 break
             time.sleep(0.05)
-        self._held = {}
 
     def close(self) -> None:
         """Stop the actors, and Ray itself when this executor started it."""
