@@ -10,7 +10,7 @@ import copy
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -212,3 +212,26 @@ class Trace:
 def _jsonable(value: Any) -> Any:
     """Normalise nested containers (tuples, numpy scalars) so that JSON round trips compare equal."""
     return json.loads(json.dumps(value, sort_keys=True, default=_json_default))
+
+
+class RowSummary(NamedTuple):
+    """What a driver keeps of one generated row (never its token arrays): a few dozen bytes."""
+
+    key: str
+    problem: Any  # the problem's id
+    policy: str | None
+    correct: bool | None
+    takeovers: int
+    length: int  # response tokens
+
+    @classmethod
+    def of_trace(cls, trace: Any) -> RowSummary:
+        meta = trace.meta
+        return cls(trace.key, (meta.get("problem") or {}).get("id"), (meta.get("policy") or {}).get("name"),
+                   meta.get("correct"), int(trace.n_takeovers), len(trace))
+
+    @classmethod
+    def of_index(cls, row: dict[str, Any]) -> RowSummary:
+        """From a store summary row (`TraceStore.summary`, the index): no trace file is read."""
+        return cls(row["key"], row.get("problem"), row.get("policy"), row.get("correct"), int(row.get("n_takeovers") or 0),
+                   int(row.get("n_tokens") or 0))

@@ -77,3 +77,15 @@ def float64_models():
         return cache[id(model)][1]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """ONE local Ray (2 CPUs) for the whole test session: tests that need Ray share it (starting Ray costs
+    seconds); each test starts and stops only its own workers on it."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -105,9 +105,23 @@ def test_gate_positions_nan_blocks_window():
 def test_calibrate_gate_hand_values():
     a, b = np.arange(1.0, 6.0), np.arange(6.0, 11.0)  # pooled 1..10
     g = calibrate_gate([a, b], ratio=0.2, window=8)
-    assert g.tau == pytest.approx(8.2)  # linear quantile at 0.8: 1 + 0.8 * 9
-    assert g.lam == pytest.approx(9.5 / 5.5)  # mean of {9, 10} over mean of 1..10
+    assert g.tau == 8.2  # linear quantile at 0.8: 1 + 0.8 * 9
+    assert g.lam == 1.72727  # mean of {9, 10} over mean of 1..10 (9.5 / 5.5), to GATE_DIGITS = 6 digits
     assert g.window == 8
+
+
+def test_fitted_gate_is_rounded_so_keys_agree():
+    """tau and lam go into the policy record (the key): fits from scores that differ in float rounding, as
+    two drivers' do, give the same numbers once rounded to GATE_DIGITS significant digits."""
+    from core.annotate.spikes import GATE_DIGITS, gate_value
+
+    assert GATE_DIGITS == 6 and gate_value(0.023175123613) == gate_value(0.023175123334) == 0.0231751
+    assert gate_value(19.832482165094692) == 19.8325 and gate_value(1234567.0) == 1234570.0
+    rng = np.random.default_rng(0)
+    scores = [rng.gamma(0.5, 2.0, size=400) for _ in range(3)]
+    noisy = [s * (1 + 1e-12 * rng.standard_normal(s.size)) for s in scores]
+    g, h = calibrate_gate(scores, 0.05, 16), calibrate_gate(noisy, 0.05, 16)
+    assert (g.tau, g.lam) == (h.tau, h.lam) and g.tau == gate_value(g.tau)
 
 
 def test_calibrate_gate_against_numpy():
@@ -118,8 +132,8 @@ def test_calibrate_gate_against_numpy():
     pooled = pooled[~np.isnan(pooled)]
     g = calibrate_gate(parts, ratio=0.05, window=4)
     tau = np.quantile(pooled, 0.95)
-    assert g.tau == pytest.approx(tau)
-    assert g.lam == pytest.approx(pooled[pooled > tau].mean() / pooled.mean())
+    assert g.tau == pytest.approx(tau, rel=5e-6)  # rounded to 6 significant digits
+    assert g.lam == pytest.approx(pooled[pooled > tau].mean() / pooled.mean(), rel=5e-6)
     # about r of the calibration tokens pass the absolute threshold
     assert np.mean(pooled > g.tau) == pytest.approx(0.05, abs=1.5 / pooled.size)
 

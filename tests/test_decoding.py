@@ -477,8 +477,8 @@ def test_calibrate_fits_the_gate_on_base_rollouts(pair) -> None:
     pooled = np.concatenate([t.metrics["cross_entropy"].astype(np.float64) for t in rollouts])
     tau = np.quantile(pooled, 0.9)
     assert gate.window == 5
-    assert math.isclose(gate.tau, tau, rel_tol=1e-6)
-    assert math.isclose(gate.lam, pooled[pooled > tau].mean() / pooled.mean(), rel_tol=1e-6)
+    assert math.isclose(gate.tau, tau, rel_tol=5e-6)  # fitted values are rounded to 6 significant digits
+    assert math.isclose(gate.lam, pooled[pooled > tau].mean() / pooled.mean(), rel_tol=5e-6)
     with pytest.raises(core.InvalidInputError):
         core.calibrate(pair, [], ratio=0.1)
     with pytest.raises(core.InvalidInputError, match="score"):
@@ -536,7 +536,7 @@ def test_calibrate_from_the_store_uses_only_this_pairs_rollouts(pair, llama_pair
     assert math.isclose(from_store.lam, made.lam, rel_tol=1e-9)
     theirs = core.calibrate(llama_pair, ratio=0.1, window=5, store=store)
     pooled = np.concatenate([t.metrics["cross_entropy"].astype(np.float64) for t in base_rollouts(llama_pair, store)])
-    assert len(base_rollouts(llama_pair, store)) == 3 and math.isclose(theirs.tau, np.quantile(pooled, 0.9), rel_tol=1e-6)
+    assert len(base_rollouts(llama_pair, store)) == 3 and math.isclose(theirs.tau, np.quantile(pooled, 0.9), rel_tol=5e-6)
     assert theirs != made
 
 

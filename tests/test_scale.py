@@ -1,7 +1,8 @@
 """core.scale: executors give the traces one process gives, skip what is stored, lose and double nothing.
 
-The in-process tests are fast. The Ray tests start one local Ray (2 CPUs) for the module and 2 CPU
-workers on the demo pair; they compare every result with the in-process run. Ray starts once per module.
+The in-process tests are fast. The Ray tests share the session's one local Ray (2 CPUs, `ray_cluster` in
+conftest.py) and 2 CPU workers on the demo pair; they compare every result with the in-process run, and
+kill workers mid-batch, between stages (through the CLI) and for good.
 """
 
 from __future__ import annotations
@@ -119,6 +120,48 @@ def test_drive_sends_only_missing_rows_and_stops_between_batches(demo, problems,
     assert sorted(store2.keys()) == sorted(t.key for t in traces[0] + traces[1])
 
 
+class _ReadCountingStore(core.TraceStore):
+    """A TraceStore that counts the trace files read in full (get)."""
+
+    reads = 0
+
+    def get(self, key):
+        self.reads += 1
+        return super().get(key)
+
+
+def test_drive_keeps_summaries_and_resumes_from_the_index(demo, problems, tmp_path):
+    """keep="summaries": one small record per row, no traces; a resume reads the store's index, not the
+    trace files, except rows `recheck` names (stored ungraded: read, graded, rewritten)."""
+    from core.evaluation.grading import grade_trace
+    from core.trace import RowSummary
+
+    ex = InProcessExecutor()
+    store = _ReadCountingStore(tmp_path / "s")
+    opts = {"batch_size": 2, "max_new_tokens": 6, "samples": 2}
+    made = ex.generate_many(demo, problems[:4], core.BaseOnly(), store=store, keep="summaries", **opts)
+    assert all(isinstance(r, RowSummary) for r in made) and len(made) == 8
+    traces = {k: store.get(k) for k in store.keys()}
+    assert [r.key for r in made] == [t.key for t in ex.generate_many(demo, problems[:4], core.BaseOnly(), **opts)]
+    for r in made:
+        t = traces[r.key]
+        assert (r.length, r.takeovers, r.problem, r.policy, r.correct) == (len(t), t.n_takeovers,
+                                                                           t.meta["problem"]["id"], "base_only", None)
+    fresh = _ReadCountingStore(tmp_path / "s")  # a new driver: nothing held in memory
+    again = ex.generate_many(demo, problems[:4], core.BaseOnly(), store=fresh, keep="summaries", **opts)
+    assert again == made and fresh.reads == 0 and ex.summary()["units"].sum() == 0
+    graded = ex.generate_many(demo, problems[:4], core.BaseOnly(), store=fresh, keep="summaries",
+                              on_trace=grade_trace, recheck=lambda row: row["correct"] is None, **opts)
+    assert fresh.reads == 8 and all(r.correct is not None for r in graded)
+    assert all(fresh.get(r.key).meta["correct"] == r.correct for r in graded)
+    fresh.reads = 0
+    ex.generate_many(demo, problems[:4], core.BaseOnly(), store=fresh, keep="summaries", on_trace=grade_trace,
+                     recheck=lambda row: row["correct"] is None, **opts)
+    assert fresh.reads == 0  # graded rows are now summarised from the index alone
+    with pytest.raises(InvalidInputError, match="keep"):
+        ex.generate_many(demo, problems[:1], keep="everything")
+
+
 def test_pair_spec_round_trip(demo):
     spec = PairSpec.from_pair(demo)
     assert spec == PairSpec.demo()
@@ -141,97 +184,85 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
         ray_executor.RayExecutor(workers=0)
 
 
-class _ScriptedRay:
-    """Just enough of `ray` for RayExecutor.run: each actor answers from a script of outcomes
-    ("ok", "unavailable": restarting, "died": restarts used up), one per call, then "ok" forever."""
-
-    def __init__(self, scripts):
-        import ray.exceptions
-
-        self.exceptions = ray.exceptions
-        self.scripts = [list(s) for s in scripts]
-        self.calls: list[tuple[int, str]] = []
-        self.refs: list[tuple] = []
-
-    def actor(self, a):
-        ray = self
-
-        class _Method:
-            def __init__(self, name):
-                self.name = name
-
-            def remote(self, *args, **kwargs):
-                ray.calls.append((a, self.name))
-                outcome = ray.scripts[a].pop(0) if ray.scripts[a] else "ok"
-                ray.refs.append((a, self.name, args, outcome))
-                return len(ray.refs) - 1
-
-        return type("Actor", (), {"run": _Method("run"), "where": _Method("where")})()
-
-    def wait(self, refs, num_returns=1, timeout=None):
-        return refs[:1], refs[1:]
-
-    def get(self, ref):
-        a, name, args, outcome = self.refs[ref]
-        if outcome == "unavailable":
-            raise self.exceptions.ActorUnavailableError("The actor is restarting.", None)
-        if outcome == "died":
-            raise self.exceptions.ActorDiedError()
-        if name == "where":
-            return {"pid": 1000 + a}
-        return [f"trace of {args[0].units}"], {"units": args[0].units, "tokens": 1, "seconds": 0.0}
-
-
-def _scripted_run(monkeypatch, scripts, batches=3):
-    from types import SimpleNamespace
-
-    from core.scale import ray_executor
-    from core.scale.jobs import WorkerStats
-
-    fake = _ScriptedRay(scripts)
-    monkeypatch.setattr(ray_executor, "import_ray", lambda: fake)
-    monkeypatch.setattr(ray_executor, "PROBE_S", 0.0)
-    ex = ray_executor.RayExecutor(workers=len(scripts), progress_bar=False)
-    ex._actors = [fake.actor(a) for a in range(len(scripts))]
-    ex._pids = [0] * len(scripts)
-    ex.stats = [WorkerStats(f"w{a}") for a in range(len(scripts))]
-    jobs = [(SimpleNamespace(units=i + 1), []) for i in range(batches)]
-    return ex, fake, list(ex.run(jobs, list(range(batches))))
-
-
-def test_ray_batch_of_a_restarting_worker_waits_for_it(monkeypatch):
-    """The CI failure: w0 dies mid-batch and answers "restarting" twice while w1 is busy; the batch must not
-    be re-sent into the restart (three failed sends used to fail the run): probes wait until w0 is back."""
-    ex, fake, out = _scripted_run(monkeypatch, [["unavailable", "unavailable", "unavailable"], []], batches=8)
-    assert sorted(i for i, _, _ in out) == list(range(8))
-    assert [s.retried for s in ex.stats] == [1, 0]
-    on_w0 = [name for a, name in fake.calls if a == 0]
-    assert on_w0[:4] == ["run", "where", "where", "where"]  # after the death: probes until it is back
-    assert "run" in on_w0[4:] and ex.pids()[0] == 1000  # then work again, on the restarted process
-
-
-def test_ray_worker_that_cannot_restart_leaves_the_pool(monkeypatch):
-    """A probe Ray answers "died" (restarts used up): that actor gets no more work; the others finish the
-    run; with no actor left, a clear error."""
-    ex, fake, out = _scripted_run(monkeypatch, [["died", "died"], []], batches=4)
-    assert sorted(i for i, _, _ in out) == [0, 1, 2, 3]
-    assert [name for a, name in fake.calls if a == 0] == ["run", "where"]
-    with pytest.raises(ExecutorError, match="Every Ray worker died"):
-        _scripted_run(monkeypatch, [["died", "died"]], batches=2)
-
-
 def test_ray_worker_count_and_devices(monkeypatch):
-    """One worker per GPU (or per gpus_per_worker GPUs) on a GPU cluster, else one per CPU; `workers` wins."""
+    """Workers from the *free* resources: one per GPU (or per gpus_per_worker GPUs) on a GPU cluster, else
+    one per CPU; `workers` wins; what does not fit is named ("3 workers of 1 GPU asked, 2 GPUs free")."""
     ray = pytest.importorskip("ray")
     from core.scale import RayExecutor
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 64.0, "GPU": 8.0})
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 64.0, "GPU": 8.0})
     assert RayExecutor()._resources() == (8, 1, 1, "cuda")
     assert RayExecutor(gpus_per_worker=2)._resources() == (4, 2, 1, "cuda")
     assert RayExecutor(workers=3, gpus_per_worker=0.5)._resources() == (3, 0.5, 1, "cuda")
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 60.0, "GPU": 2.0})  # 6 GPUs busy
+    assert RayExecutor()._resources() == (2, 1, 1, "cuda")
+    assert RayExecutor(workers=3)._shortfall(3, 1, 1) == "3 workers of 1 GPU asked, 2 GPUs free"
+    assert RayExecutor()._shortfall(2, 1, 1) is None
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 1.0, "GPU": 2.0})
+    assert RayExecutor()._shortfall(2, 1, 1) == "2 workers of 1 CPU asked, 1 CPU free"
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 6.0})
-    assert RayExecutor()._resources() == (6, 0.0, 1, "cpu")
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 5.0})
+    assert RayExecutor()._resources() == (5, 0.0, 1, "cpu")
     assert RayExecutor(cpus_per_worker=4)._resources() == (1, 0.0, 4, "cpu")
+    with pytest.raises(InvalidInputError, match="whole number of GPUs"):
+        RayExecutor(gpus_per_worker=1.5)
+
+
+def test_auth_error_names_the_token(monkeypatch):
+    """Joining a token-authenticated cluster without the token says so (not "start a cluster")."""
+    ray = pytest.importorskip("ray")
+    from core.scale import ray_executor
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("Failed to connect to GCS: UNAUTHENTICATED: Invalid or missing auth token")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(ExecutorError, match="token authentication") as err:
+        ray_executor.connect("ray://head:10001")
+    assert "RAY_AUTH_TOKEN" in str(err.value) and "start a cluster" not in str(err.value).lower()
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Could not find any running Ray instance")
+
+    monkeypatch.setattr(ray, "init", unreachable)
+    with pytest.raises(ExecutorError, match="ray start --head"):
+        ray_executor.connect("auto")
+
+
+def test_cli_ray_sizing_flags_need_ray():
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    result = CliRunner().invoke(main, ["generate", "--workers", "2", "--limit", "1"])
+    assert result.exit_code != 0 and "need --ray" in result.output
+
+
+def test_spread_plan_places_every_parameter(tmp_path):
+    """A pair larger than one GPU: each model's decoder layers in equal contiguous shares over the GPUs,
+    embeddings on GPU 0, norm and (untied) head on the last; checked on an empty meta-device model."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+
+    from core.demo.pair import DEMO_DIR
+    from core.pair.loading import spread_plan
+
+    config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=12,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    plan = spread_plan(config, 4, torch.bfloat16)
+    assert [plan[f"model.layers.{i}"] for i in range(12)] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert plan["model.embed_tokens"] == 0 and plan["model.norm"] == 3 and plan["lm_head"] == 3
+    model = AutoModelForCausalLM.from_config(config)
+    for name, _ in model.named_parameters():  # every weight is placed, exactly once
+        assert sum(name == k or name.startswith(k + ".") for k in plan) == 1, name
+    # the demo reasoner (tied head: it stays with the embeddings), over 2 GPUs and over 1
+    demo = AutoConfig.from_pretrained(DEMO_DIR / "reason")
+    two = spread_plan(demo, 2, torch.float32)
+    layers = [two[f"model.layers.{i}"] for i in range(demo.num_hidden_layers)]
+    assert layers == sorted(layers) and set(layers) == {0, 1} and two["lm_head"] == two["model.embed_tokens"] == 0
+    assert set(spread_plan(demo, 1, torch.float32).values()) == {0}
 
 
 def test_import_reader_streams_blocks(tmp_path):
@@ -308,17 +339,24 @@ class SleepOnce(core.BaseOnly):
 
 
 @pytest.fixture(scope="module")
-def ray_executor():
-    ray = pytest.importorskip("ray")
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need SleepOnce's code
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ex = core.scale.RayExecutor(workers=2, progress_bar=False)
+def ray_executor(ray_cluster):
+    """2 CPU workers on the session's Ray (max_restarts=1: a second kill of one worker is for good)."""
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need SleepOnce's code
+    ex = core.scale.RayExecutor(workers=2, progress_bar=False, max_restarts=1)
     yield ex
     ex.close()
-    ray.shutdown()
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a worker process and wait until it is gone."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
 
 
 class _CountingStore(core.TraceStore):
@@ -472,3 +510,92 @@ def test_cli_generate_and_import_with_ray(ray_executor, problems, tmp_path):
     assert all(r.exit_code == 0 for r in imported), imported[1].output
     assert sorted(core.TraceStore(tmp_path / "c").keys()) == sorted(core.TraceStore(tmp_path / "d").keys())
     assert len(core.TraceStore(tmp_path / "d").keys()) == 2
+
+
+def test_more_workers_than_exist_is_a_message_within_the_timeout(ray_executor, demo):
+    """Workers that cannot get resources: a message naming what is missing once start_timeout passes."""
+    ray_executor.start(demo)  # the 2 workers hold both CPUs
+    greedy = core.scale.RayExecutor(workers=3, progress_bar=False, start_timeout=3)
+    t0 = time.monotonic()
+    with pytest.raises(ExecutorError, match=r"0 of 3 Ray workers started within 3 s: 3 workers of 1 CPU asked, "
+                                            r"0 CPUs free"):
+        greedy.start(demo)
+    assert time.monotonic() - t0 < 3 + 60  # the timeout, plus slack for a loaded machine
+    assert greedy._actors == [] and len(ray_executor.pids()) == 2  # nothing left behind; the others unharmed
+
+
+@pytest.mark.slow
+def test_worker_killed_between_stages_through_the_cli(ray_executor, tmp_path, monkeypatch):
+    """`forkpoint eval --ray` on the demo pair, a worker SIGKILLed after the first stage and before the
+    next asks for keys (the reported crash): Ray restarts it, the run finishes with the in-process table."""
+    from click.testing import CliRunner
+
+    from core.cli import main
+    from core.scale.ray_executor import RayExecutor
+
+    ray_executor.close_actors()  # the command starts its own workers on this Ray
+    calib = tmp_path / "calib.jsonl"
+    calib.write_text("".join(json.dumps({"id": p.id, "prompt": p.prompt, "answer": p.gold}) + "\n"
+                             for p in core.demo_problems("calib", limit=2)))
+    args = ["eval", "--limit", "2", "--samples", "1", "--max-new-tokens", "8", "--ratios", "0.1",
+            "--calibration", str(calib)]
+    runner = CliRunner()
+    local = runner.invoke(main, [*args, "--store", str(tmp_path / "a"), "--out", str(tmp_path / "a.csv")])
+    assert local.exit_code == 0, local.output
+    stages, killed = [0], []
+    original = RayExecutor.run_jobs
+
+    def kill_before_second_stage(self, *a, **kw):
+        stages[0] += 1
+        if stages[0] == 2:
+            killed.append(self.pids()[0])
+            _kill(killed[0])
+        return original(self, *a, **kw)
+
+    monkeypatch.setattr(RayExecutor, "run_jobs", kill_before_second_stage)
+    remote = runner.invoke(main, [*args, "--store", str(tmp_path / "b"), "--out", str(tmp_path / "b.csv"), "--ray",
+                                  "--workers", "2"])
+    assert remote.exit_code == 0, remote.output
+    assert killed and stages[0] > 2
+    assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
+    assert sorted(core.TraceStore(tmp_path / "a").keys()) == sorted(core.TraceStore(tmp_path / "b").keys())
+
+
+@pytest.mark.slow
+def test_worker_killed_twice_leaves_the_pool(ray_executor, demo, problems, tmp_path, caplog):
+    """max_restarts=1: the first kill is restarted (pids() follows it), the second is for good; the worker
+    leaves the pool with a warning and the other one makes every row."""
+    ray_executor.start(demo)
+    first = ray_executor.pids()[0]
+    _kill(first)
+    deadline = time.time() + 120
+    while ray_executor.pids()[0] == first:  # Ray restarts it; pids() asks the new process
+        assert time.time() < deadline
+    second = ray_executor.pids()[0]
+    assert second != first and second in ray_executor.pids()
+    _kill(second)
+    store = core.TraceStore(tmp_path / "s")
+    with caplog.at_level("WARNING", logger="core.scale.ray_executor"):
+        out = ray_executor.generate_many(demo, problems, core.BaseOnly(), batch_size=2, store=store,
+                                         max_new_tokens=6)
+    ref = reference(demo, problems, core.BaseOnly(), 2, max_new_tokens=6)
+    assert all(same(a, b) for a, b in zip(out, ref)) and sorted(store.keys()) == sorted(t.key for t in ref)
+    assert "leaves the pool, 1 worker(s) left" in caplog.text
+    summary = ray_executor.summary()
+    assert list(summary["alive"]) == [False, True] and len(ray_executor.pids()) == 1
+    ray_executor.close_actors()  # later tests start a full pool again
+
+
+@pytest.mark.slow
+def test_driver_memory_grows_by_summaries_not_traces():
+    """The 100k-problem simulation's slope, small: synthetic rows of 3,000 tokens through run_records and the
+    real drive loop; peak driver RSS grows by a few hundred bytes per row (a driver holding the traces:
+    ~370 B per token, 1.1 MB per row)."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_driver_memory import TRACE_BYTES_PER_TOKEN, measure, slope
+
+    points = [measure(n, 3000) for n in (250, 2500)]
+    assert [p["rows"] for p in points] == [250 * 32, 2500 * 32] and all(p["policies"] == 4 for p in points)
+    per_row = slope(points)
+    assert per_row < 2000, f"{per_row:.0f} B of driver memory per row"
+    assert per_row < 3000 * TRACE_BYTES_PER_TOKEN / 500

@@ -97,8 +97,19 @@ def gate_positions(scores: np.ndarray, gate: Gate) -> np.ndarray:
     return np.flatnonzero(fires).astype(np.int64)
 
 
+GATE_DIGITS = 6  # significant digits of a fitted tau and lam (see gate_value)
+
+
+def gate_value(x: float) -> float:
+    """`x` rounded to GATE_DIGITS significant digits. A fitted tau/lam goes into the policy record, hence
+    into every trace's key; scores are float32, so two drivers (or a Ray worker and this process) fit
+    numbers that differ past the 8th digit (0.023175123613 vs 0.023175123334): rounded, they agree."""
+    return float(f"{x:.{GATE_DIGITS}g}")
+
+
 def calibrate_gate(scores_list: list[np.ndarray], ratio: float, window: int) -> Gate:
-    """Fit the gate on calibration scores (e.g. base rollouts): tau = (1 - r) quantile, lam = E[s|s>tau]/E[s].
+    """Fit the gate on calibration scores (e.g. base rollouts): tau = (1 - r) quantile, lam = E[s|s>tau]/E[s],
+    each rounded to GATE_DIGITS significant digits (`gate_value`) so the same request gives the same key.
 
     Scores from all responses are pooled; NaNs are dropped; the quantile is numpy's default (linear).
     """
@@ -119,7 +130,7 @@ def calibrate_gate(scores_list: list[np.ndarray], ratio: float, window: int) -> 
         )
     if not mean > 0:
         raise InvalidInputError(f"mean calibration score is {mean:.4g}; lam = E[s|s>tau]/E[s] needs a positive mean")
-    lam = float(above.mean() / mean)
+    tau, lam = gate_value(tau), gate_value(float(above.mean() / mean))
     log.info("calibrated gate on %d scores: ratio=%g window=%d -> tau=%.4g lam=%.4g", pooled.size, ratio, window, tau, lam)
     return Gate(tau=tau, lam=lam, window=window)
 

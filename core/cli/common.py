@@ -83,19 +83,30 @@ def _pair(opts: dict[str, Any]):
 
 
 def ray_option(fn):
-    """--ray [ADDRESS]: run on Ray workers (docs/SCALE.md)."""
+    """--ray [ADDRESS], --workers N, --gpus-per-worker G: run on Ray workers (docs/SCALE.md)."""
+    fn = click.option("--gpus-per-worker", type=click.FloatRange(min=0), default=None, metavar="G",
+                      help="With --ray: GPUs per worker (default 1; above 1, whole GPUs, and each worker spreads "
+                           "the pair over its GPUs: a pair larger than one GPU).")(fn)
+    fn = click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+                      help="With --ray: how many workers (default: as many as the free GPUs, else CPUs, hold).")(fn)
     return click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
                         help="Run on Ray workers: alone for a local Ray, or auto / ray://host:port to join a "
                              "cluster (needs the ray extra; see docs/SCALE.md).")(fn)
 
 
-def _executor(ray_address: str | None):
-    """A RayExecutor for --ray (progress shows in the command's own bar), or None: in-process."""
+def _executor(ray_address: str | None, opts: dict[str, Any] | None = None):
+    """A RayExecutor for --ray (progress shows in the command's own bar), or None: in-process. Takes
+    --workers and --gpus-per-worker out of `opts`."""
+    opts = {} if opts is None else opts
+    workers, gpus = opts.pop("workers", None), opts.pop("gpus_per_worker", None)
     if ray_address is None:
+        if workers is not None or gpus is not None:
+            raise click.UsageError("--workers and --gpus-per-worker need --ray (they size the Ray workers).")
         return None
     from core.scale import RayExecutor
 
-    return RayExecutor(address=None if ray_address == "local" else ray_address, progress_bar=False)
+    return RayExecutor(address=None if ray_address == "local" else ray_address, progress_bar=False, workers=workers,
+                       gpus_per_worker=1 if gpus is None else gpus)
 
 
 def _pair_or_spec(opts: dict[str, Any], executor: Any):

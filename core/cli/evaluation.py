@@ -110,7 +110,7 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     from core.evaluation.harness import shard_of, to_markdown
     from core.evaluation.sweep import budget_sweep
 
-    executor = _executor(ray_address)
+    executor = _executor(ray_address, opts)
     pair = _pair_or_spec(opts, executor)
     problems = _source(problems_path, limit)
     if calibration_path:
@@ -240,7 +240,7 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
 
     base = opts.get("base") or _pair(opts)  # neither --base nor --reason: the demo pair
     bars = _StageBars()
-    executor = _executor(ray_address)
+    executor = _executor(ray_address, opts)
     try:
         result = run(base, opts.get("reason"), list(problems), out, thinking=thinking, preset=preset,
                      store=_store(store_path) if store_path else None, ratios=_floats(ratios, "--ratios"),

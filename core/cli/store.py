@@ -135,7 +135,7 @@ def import_(path: str, store_path: str | None, fmt: str | None, report_path: str
     if report_path is None:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         report_path = str(store.path / "imports" / f"{Path(path).name}.{stamp}.jsonl")
-    executor = _executor(ray_address)
+    executor = _executor(ray_address, opts)
     pair = _pair_or_spec(opts, executor)
     bar = _Bar("import", unit="record")
     try:

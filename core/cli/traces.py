@@ -80,7 +80,7 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     params = policy_kwargs(policy_name, {**opts, "seed": seed})
     if "lam" in params and "tau" not in params:
         raise click.UsageError("--lam needs --tau (give both, or neither to calibrate the gate on the problems)")
-    executor = _executor(ray_address)
+    executor = _executor(ray_address, opts)
     pair = _pair_or_spec(opts, executor)
     store = _store(store_path)
     problems = [prompt] if prompt else _problems(problems_path, limit)
@@ -120,7 +120,7 @@ def calibrate(store_path: str | None, problems_path: str | None, limit: int, rat
     """Fit the Guided gate (tau, lam) on base rollouts; prints it as JSON."""
     from core.decoding import calibrate as run_calibrate
 
-    executor = _executor(ray_address)
+    executor = _executor(ray_address, opts)
     pair = _pair_or_spec(opts, executor)
     problems = _problems(problems_path, limit)
     bar = _Bar("calibrate")

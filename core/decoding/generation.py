@@ -17,7 +17,7 @@ from core.decoding.sampling import Sampling, row_seed
 from core.errors import InvalidInputError
 from core.pair.loading import ModelPair
 from core.scoring.teacher_forced import assemble, make_meta, problem_record
-from core.trace import Trace
+from core.trace import RowSummary, Trace
 
 Progress = Callable[[int, int], None]
 
@@ -110,24 +110,29 @@ def generate_many(pair: ModelPair, problems: Sequence[Any], policy: Policy | Non
                   top_p: float = settings.TOP_P, seed: int = settings.SEED, stop: Sequence[str] = (),
                   k: int = settings.K, lookahead: int | None = None, store: Any = None,
                   on_trace: Callable[[Trace], Any] | None = None, progress: Progress | None = None,
-                  should_stop: Callable[[], bool] | None = None, executor: Any = None) -> list[Trace]:
+                  should_stop: Callable[[], bool] | None = None, executor: Any = None, keep: str = "traces",
+                  recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[Any]:
     """Run `policy` on `problems` x `samples` in batches of `batch_size` problems; problem-major traces.
 
     `on_trace(trace)` runs on every trace (fresh or from the store) before it is written (e.g. grading);
     a stored trace whose meta it changed is re-written. `progress(rows done, rows total)` is called
     during each batch too. Without a store nothing is written. `executor` (e.g. `core.RayExecutor()`)
     runs the same batches elsewhere, with the same results (docs/SCALE.md); None: in this process.
+    keep="summaries": a `RowSummary` per row instead of the trace (memory bounded by one batch; with an
+    executor, stored rows come from the store's index, and are re-read only where `recheck(row)` says).
     """
+    if keep not in ("traces", "summaries"):
+        raise InvalidInputError(f"keep must be 'traces' or 'summaries', got {keep!r}")
     if executor is not None:
         return executor.generate_many(pair, problems, policy, samples=samples, batch_size=batch_size,
                                       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                       stop=stop, k=k, lookahead=lookahead, store=store, on_trace=on_trace,
-                                      progress=progress, should_stop=should_stop)
+                                      progress=progress, should_stop=should_stop, keep=keep, recheck=recheck)
     problems = list(problems)
     if batch_size < 1:
         raise InvalidInputError(f"batch_size must be ≥ 1, got {batch_size}")
     total = len(problems) * samples
-    out: list[Trace] = []
+    out: list[Any] = []
     for start in range(0, len(problems), batch_size):
         chunk = problems[start:start + batch_size]
         before, rows = len(out), len(chunk) * samples
@@ -139,7 +144,8 @@ def generate_many(pair: ModelPair, problems: Sequence[Any], policy: Policy | Non
         traces = generate(pair, chunk, policy, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           seed=seed, stop=stop, samples=samples, k=k, lookahead=lookahead, store=store,
                           progress=step, should_stop=should_stop, on_trace=on_trace)
-        out += [traces] if isinstance(traces, Trace) else traces
+        traces = [traces] if isinstance(traces, Trace) else traces
+        out += traces if keep == "traces" else [RowSummary.of_trace(t) for t in traces]
         if progress is not None:
             progress(len(out), total)
     return out

@@ -26,7 +26,9 @@ from core.errors import ForkpointError, InvalidInputError
 from core.evaluation.grading import gold_text, grade_trace
 from core.evaluation.problems import ANSWER_FIELDS
 from core.evaluation.thinking import Solo
+from core.io.store import StoredTraces
 from core.scoring.teacher_forced import problem_record
+from core.trace import RowSummary
 
 log = logging.getLogger(__name__)
 
@@ -97,16 +99,38 @@ def benchmarks_of(problems: Any) -> dict[str, list[Any]]:
     return {"problems": list(problems)}
 
 
+def _ungraded(row: dict[str, Any]) -> bool:
+    """A stored row the driver must read again: it was stored before it was graded."""
+    return row.get("correct") is None
+
+
+def keeps_in_store(store: Any) -> bool:
+    """Whether traces kept for later (`keep=`) can live in `store` as keys (a real TraceStore) rather than
+    in memory."""
+    return hasattr(store, "summary") and hasattr(store, "get")
+
+
+def keep_traces(keep: dict[str, Any], label: str, traces: Any, store: Any = None) -> None:
+    """Add `traces` (a list, or a `StoredTraces`) to keep[label]: as keys when they are in a TraceStore."""
+
+    if label not in keep:
+        keep[label] = StoredTraces(store) if keeps_in_store(store) else []
+    keep[label].extend(traces)
+
+
 def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Iterable[Policy], *,
                 samples: int = settings.SAMPLES, store: Any = None, temperature: float = settings.TEMPERATURE,
                 top_p: float = settings.TOP_P, seed: int = settings.SEED,
                 max_new_tokens: int = settings.MAX_NEW_TOKENS, shard: tuple[int, int] | None = None,
                 batch_size: int = settings.BATCH_SIZE, progress: Callable[[int, int], None] | None = None,
-                keep: dict[str, list[Any]] | None = None, executor: Any = None) -> pd.DataFrame:
+                keep: dict[str, Any] | None = None, executor: Any = None) -> pd.DataFrame:
     """One row per generated trace (RECORD_COLUMNS): benchmark, policy, problem, index, sample, correct,
     tokens, taken, key. `problems` is a list (one benchmark) or {benchmark: list}. Rows come from the
-    store when present. With `keep` (a dict), traces are also collected, keep[policy label] -> [Trace].
-    `executor` (e.g. `core.RayExecutor()`) makes the traces elsewhere; grading and the table stay here."""
+    store when present. With `keep` (a dict), traces are also collected, keep[policy label] -> traces
+    (with a TraceStore: a `StoredTraces`, keys read back one trace at a time; without: a list).
+    `executor` (e.g. `core.RayExecutor()`) makes the traces elsewhere; grading and the table stay here.
+    Only summaries (`RowSummary`) of the traces are held here, never their token arrays (with a store,
+    or without `keep`), and a resume reads stored rows from the store's index."""
 
     if samples < 1:
         raise InvalidInputError(f"samples must be ≥ 1, got {samples}")
@@ -116,27 +140,62 @@ def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Itera
     # (global index in its benchmark, problem): indices stay unique when shards are concatenated
     benches = {name: shard_of(list(enumerate(ps)), shard) for name, ps in benchmarks_of(problems).items()}
     total = sum(len(ps) for ps in benches.values()) * len(named)
-    done, rows = 0, []
+    mode = "summaries" if keep is None or keeps_in_store(store) else "traces"
+    cols = _Columns()
+    done = 0
     for bench, ps in benches.items():
         for label, policy in named.items():
             def step(rows_done: int, _rows: int, _done: int = done) -> None:
                 if progress is not None:
                     progress(_done + rows_done // samples, total)
 
-            traces = generate_many(pair, [p for _, p in ps], policy, samples=samples, batch_size=batch_size,
-                                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                   store=store, on_trace=grade_trace, progress=step, executor=executor)
+            made = generate_many(pair, [p for _, p in ps], policy, samples=samples, batch_size=batch_size,
+                                 max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                 store=store, on_trace=grade_trace, progress=step, executor=executor, keep=mode,
+                                 recheck=_ungraded)
             if keep is not None:
-                keep.setdefault(label, []).extend(traces)
-            for j, trace in enumerate(traces):
-                rows.append({
-                    "benchmark": bench, "policy": label, "problem": trace.meta["problem"].get("id"),
-                    "index": ps[j // samples][0], "sample": j % samples,
-                    "correct": bool(trace.meta.get("correct")), "tokens": len(trace), "taken": int(trace.n_takeovers),
-                    "key": trace.key,
-                })
+                keep_traces(keep, label, [r.key for r in made] if mode == "summaries" else made, store)
+            if mode == "traces":
+                made = [RowSummary.of_trace(t) for t in made]
+            cols.add(bench, label, ps, samples, made)
             done += len(ps)
-    return pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
+    return cols.frame()
+
+
+class _Columns:
+    """RECORD_COLUMNS grown column by column (ints in arrays, repeated strings shared): the per-row cost of
+    a run's records is a few dozen bytes plus the key."""
+
+    def __init__(self) -> None:
+        from array import array
+
+        self.text: dict[str, list[Any]] = {"benchmark": [], "policy": [], "problem": [], "key": []}
+        self.ints = {"index": array("q"), "sample": array("q"), "tokens": array("q"), "taken": array("q")}
+        self.correct = array("b")
+
+    def add(self, bench: str, label: str, ps: Sequence[tuple[int, Any]], samples: int,
+            rows: Sequence[RowSummary]) -> None:
+        import sys
+
+        for j, row in enumerate(rows):
+            problem = sys.intern(row.problem) if isinstance(row.problem, str) else row.problem
+            self.text["benchmark"].append(bench)
+            self.text["policy"].append(label)
+            self.text["problem"].append(problem)
+            self.text["key"].append(row.key)
+            self.ints["index"].append(ps[j // samples][0])
+            self.ints["sample"].append(j % samples)
+            self.ints["tokens"].append(row.length)
+            self.ints["taken"].append(row.takeovers)
+            self.correct.append(bool(row.correct))
+
+    def frame(self) -> pd.DataFrame:
+        data: dict[str, Any] = {name: np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
+                                for name, a in self.ints.items()}
+        data["correct"] = np.frombuffer(self.correct, dtype=np.int8).astype(bool) if len(self.correct) else \
+            np.zeros(0, bool)
+        data.update(self.text)
+        return pd.DataFrame({name: data[name] for name in RECORD_COLUMNS}, columns=list(RECORD_COLUMNS))
 
 
 def require_gold(problems: Any) -> None:

@@ -28,7 +28,7 @@ from core.evaluation.sweep import DEFAULT_RATIOS, budget_sweep
 from core.evaluation.thinking import DEFAULT_THINKING_FORMAT, load_thinking
 from core.io.atomic import write_atomic
 from core.io.csvsafe import write_csv
-from core.io.store import TraceStore
+from core.io.store import StoredTraces, TraceStore
 from core.pair.loading import ModelPair, PromptFormat, format_spec, load_pair
 
 log = logging.getLogger(__name__)
@@ -130,11 +130,11 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
 
     if not isinstance(reference, str):
         sweep.attrs["reference_numbers"] = reference
-    base_traces = list(keep.get("base", []))
+    base_traces = keep.get("base", [])  # a StoredTraces (read from the store as used) when there is a store
     analyses = report_tables(base_traces, str(out / "analysis"), score=score)
-    guided = [t for label, ts in keep.items() if label.startswith("r=") for t in ts]
+    guided = _joined([ts for label, ts in keep.items() if label.startswith("r=")])
     try:
-        analyses["enrichment"] = enrichment(base_traces + guided, score)
+        analyses["enrichment"] = enrichment(_joined([base_traces, guided]), score)
         write_csv(analyses["enrichment"], out / "analysis" / "enrichment.csv")
     except (ImportError, OSError, ValueError) as exc:  # spaCy model missing etc.
         log.warning("enrichment skipped: %s", exc)
@@ -151,6 +151,14 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
     report = Path(reproduce_html(str(out / "report.html"), table, analyses, info))
     log.info("reproduction report: %s", report)
     return Reproduction(out=out, report=report, table=table, sweep=sweep, analyses=analyses, info=info)
+
+
+def _joined(parts: Sequence[Any]) -> Any:
+    """Several kept trace lists as one: a StoredTraces of the same store stays keys; anything else, a list."""
+
+    if parts and all(isinstance(p, StoredTraces) and p.store is parts[0].store for p in parts):
+        return StoredTraces(parts[0].store, [k for p in parts for k in p.keys])
+    return [t for p in parts for t in p]
 
 
 def _as_sources(problems: Any) -> Any:

@@ -32,6 +32,7 @@ from core.evaluation.harness import (
     add_recovery,
     benchmarks_of,
     early_rate_for,
+    keep_traces,
     policy_table,
     require_gold,
     run_records,
@@ -57,20 +58,19 @@ def calibration_gates(pair: Any, calibration: Sequence[Any], ratios: Sequence[fl
     """{ratio: Gate} fitted on base rollouts of `calibration` (one sample each, stored and reused)."""
     if not calibration:
         raise InvalidInputError("the sweep needs calibration problems (held out from the evaluation set)")
-    held: dict[str, list[Any]] = {}
+    held: dict[str, Any] = {}
     run_records(pair, {"calibration": list(calibration)}, {"calibration": BaseOnly()},
                 **{**common, "samples": 1}, keep=held, progress=progress)
     if keep is not None:
-        keep.setdefault("calibration", []).extend(held["calibration"])
-    scores = [np.asarray(score_values(t.metrics, score)) for t in held["calibration"]]
+        keep_traces(keep, "calibration", held["calibration"], common.get("store"))
+    scores = [np.asarray(score_values(t.metrics, score)) for t in held["calibration"]]  # read one at a time
     return {r: calibrate_gate(scores, r, window) for r in ratios}
 
 
-def _realised(traces: list[Any]) -> tuple[float, float]:
-    """(ρ = takeovers / tokens, mean tokens) of a list of traces."""
-    tokens = sum(len(t) for t in traces)
-    taken = sum(t.n_takeovers for t in traces)
-    return taken / max(1, tokens), tokens / max(1, len(traces))
+def _realised(records: pd.DataFrame) -> tuple[float, float]:
+    """(ρ = takeovers / tokens, mean tokens) of a run's records."""
+    tokens = int(records["tokens"].sum())
+    return int(records["taken"].sum()) / max(1, tokens), tokens / max(1, len(records))
 
 
 def budget_sweep(pair: Any, problems: Any, calibration: Sequence[Any], ratios: Sequence[float] = DEFAULT_RATIOS, *,
@@ -103,10 +103,10 @@ def budget_sweep(pair: Any, problems: Any, calibration: Sequence[Any], ratios: S
     records = run_records(pair, problems, {BASE: BaseOnly(), GUIDE: ReasonOnly()}, keep=keep,
                           progress=bar("base and guide"), **common)
     if thinking is not None:
-        held: dict[str, list[Any]] = {}
+        held: dict[str, Any] = {}
         records = pd.concat([records, thinking_records(thinking, problems, keep=held, progress=bar("thinking"),
                                                        **common)], ignore_index=True)
-        keep.setdefault(THINKING, []).extend(held.get(THINKING, []))
+        keep_traces(keep, THINKING, held.get(THINKING, []), store)
     ends = policy_table(records)
     rows = [ends.assign(config=ends["policy"])]
     gates = calibration_gates(pair, calibration, ratios, window=window, score=score, keep=keep,
@@ -127,17 +127,18 @@ def _one_config(pair: Any, problems: Any, gate: Gate, ratio: float, budget: floa
     """Policy-table rows of one Guided configuration and, per benchmark, its ρ-matched baselines."""
     label = config_label(ratio, budget)
     guided = make_policy("guided", gate=gate, budget=budget, score=score)
-    held: dict[str, list[Any]] = {}
+    held: dict[str, Any] = {}
+    store = common.get("store")
     found = []
     for bench, ps in benchmarks_of(problems).items():
-        got: dict[str, list[Any]] = {}
+        got: dict[str, Any] = {}
         rec = run_records(pair, {bench: ps}, {"guided": guided}, keep=got, progress=bar(f"guided {label} ({bench})"),
                           **common)
         extra = {"config": label, "ratio": ratio, "budget": budget, "matched_rho": np.nan, "tau": gate.tau,
                  "lam": gate.lam, "window": gate.window}
         found.append(policy_table(rec).assign(**extra))
-        held.setdefault(label, []).extend(got["guided"])
-        rho, mean_tokens = _realised(got["guided"])
+        keep_traces(held, label, got["guided"], store)
+        rho, mean_tokens = _realised(rec)
         if not baselines or rho <= 0:
             continue
         others = {"random_positions": RandomPositions(rate=min(1.0, rho), seed=common.get("seed", 0)),
@@ -147,7 +148,7 @@ def _one_config(pair: Any, problems: Any, gate: Gate, ratio: float, budget: floa
                           **common)
         found.append(policy_table(rec).assign(**{**extra, "matched_rho": rho}))
         for name, traces in got.items():
-            held.setdefault(f"{name} ({label})", []).extend(traces)
+            keep_traces(held, f"{name} ({label})", traces, store)
     for name, traces in held.items():
-        keep.setdefault(name, []).extend(traces)
+        keep_traces(keep, name, traces, store)
     return found

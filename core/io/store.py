@@ -20,7 +20,7 @@ import datetime as dt
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +240,22 @@ class TraceStore:
             self._held = (key, ident, trace)
         return True
 
+    def summary(self, key: str) -> dict[str, Any] | None:
+        """The summary row (SUMMARY_COLUMNS) of the readable trace under `key`, or None (absent or damaged):
+        `in` without decoding the tokens. The index answers for a file `put` wrote and nothing changed since;
+        any other file is read in full once, as `summaries()` does."""
+        if not (isinstance(key, str) and KEY_RE.match(key)):
+            return None
+        path = self._path(key)
+        try:
+            ident = identity(path.stat())
+            found = self.index.get(key, ident)
+            if found is None:
+                found, _ = self._check_file(key, path, ident)
+        except (FileNotFoundError, *READ_ERRORS):
+            return None
+        return found
+
     def _drop_held(self, key: str) -> None:
         with self._lock:
             if self._held is not None and self._held[0] == key:
@@ -441,3 +457,36 @@ class TraceStore:
 
         return node(root, frozenset())
 
+
+
+class StoredTraces(Sequence[Trace]):
+    """Traces of one store named by key, read one at a time as they are used: a list of keys in memory,
+    never the traces (what the evaluation keeps for analyses over many stored rollouts)."""
+
+    def __init__(self, store: TraceStore, keys: Iterable[str] = ()) -> None:
+        self.store, self.keys = store, list(keys)
+
+    def extend(self, more: Iterable[Any]) -> None:
+        """Add keys (or traces, by their key: they must be stored here)."""
+        self.keys.extend(k if isinstance(k, str) else k.key for k in (more.keys if isinstance(more, StoredTraces)
+                                                                       else more))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return StoredTraces(self.store, self.keys[i])
+        return self.store.get(self.keys[i])
+
+    def __iter__(self) -> Iterator[Trace]:
+        for key in self.keys:
+            yield self.store.get(key)
+
+    def __add__(self, other: Any) -> Any:
+        if isinstance(other, StoredTraces) and other.store is self.store:
+            return StoredTraces(self.store, self.keys + other.keys)
+        return list(self) + list(other)
+
+    def __repr__(self) -> str:
+        return f"StoredTraces({self.store!r}, {len(self.keys)} keys)"

@@ -37,4 +37,6 @@ def head(model: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
     scale = getattr(model, "logit_scale", None)
     if isinstance(scale, (int, float)):  # Cohere-style scaled head
         logits = logits * scale
+    if getattr(model, "hf_device_map", None) and logits.device != model.device:
+        logits = logits.to(model.device)  # a model spread over GPUs: its head may sit on the last one
     return logits

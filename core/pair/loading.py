@@ -188,9 +188,49 @@ def _check_gguf_deps(source: str) -> None:
                              "pip install 'forkpoint[gguf]'")
 
 
+def spread_plan(config: Any, gpus: int, dtype: torch.dtype, trust_remote_code: bool = False) -> dict[str, int]:
+    """A device map putting one model over GPUs 0..gpus-1: its decoder layers in equal, contiguous shares,
+    what runs before them (embeddings) on GPU 0, what runs after (final norm, head) on the last GPU, and a
+    head tied to the embeddings with them. Built on an empty, meta-device copy: no weights are read."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    if gpus < 1:
+        raise InvalidInputError(f"spreading a model needs at least one GPU, got {gpus}")
+    with init_empty_weights():
+        meta = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    lists = [(name, m) for name, m in meta.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        raise ModelLoadError(f"cannot spread {type(meta).__name__} over GPUs: no list of decoder layers found")
+    layers_name, layers = max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+    head = meta.get_output_embeddings()
+    tied = bool(getattr(config, "tie_word_embeddings", False)) and head is not None
+    plan: dict[str, int] = {}
+    seen_layers = False
+
+    def place(prefix: str, module: torch.nn.Module) -> None:
+        nonlocal seen_layers
+        for name, child in module.named_children():
+            full = f"{prefix}{name}"
+            if full == layers_name:
+                for i in range(len(layers)):
+                    plan[f"{full}.{i}"] = i * gpus // len(layers)
+                seen_layers = True
+            elif layers_name.startswith(full + "."):
+                place(full + ".", child)
+            elif child is head and tied:
+                plan[full] = 0  # with the embeddings it shares its weight
+            else:
+                plan[full] = gpus - 1 if seen_layers else 0
+
+    place("", meta)
+    return plan
+
+
 def load_one(source: str, revision: str | None, device: torch.device, dtype: torch.dtype,
-             trust_remote_code: bool = False) -> tuple[Any, Any, ModelSpec]:
-    """(model, tokenizer, spec) of one causal LM from a hub id, local directory or .gguf file."""
+             trust_remote_code: bool = False, spread: int = 0) -> tuple[Any, Any, ModelSpec]:
+    """(model, tokenizer, spec) of one causal LM from a hub id, local directory or .gguf file; with
+    `spread` > 0, its layers spread over that many GPUs (`spread_plan`) instead of all on `device`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     repo, gguf_file = _split_gguf(str(source))
@@ -204,6 +244,11 @@ def load_one(source: str, revision: str | None, device: torch.device, dtype: tor
         kwargs["gguf_file"] = gguf_file
     try:
         tokenizer = AutoTokenizer.from_pretrained(repo, **kwargs)
+        if spread:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(repo, **kwargs)
+            kwargs["device_map"] = spread_plan(config, spread, dtype, trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             repo, dtype=dtype, use_safetensors=None if gguf_file else True, **kwargs
         )
@@ -220,7 +265,9 @@ def load_one(source: str, revision: str | None, device: torch.device, dtype: tor
             first_line += (" — if this model ships its own code and you trust its author, pass --trust-remote-code "
                            "(trust_remote_code=True in Python); it is off by default because it runs that code")
         raise ModelLoadError(f"Could not load {source!r} as a {where}: {first_line}") from err
-    model.to(device).eval().requires_grad_(False)
+    if not spread:
+        model.to(device)
+    model.eval().requires_grad_(False)
     return model, tokenizer, ModelSpec(str(source), revision, gguf_file)
 
 
@@ -278,20 +325,31 @@ def load_pair(
     base_revision: str | None = None,
     reason_revision: str | None = None,
     trust_remote_code: bool = False,
+    device_map: str | None = None,
 ) -> ModelPair:
     """Load a base and a reasoning model (hub ids, local dirs or .gguf files) that share a vocabulary.
 
     Formats default to a plain "Question/Answer" template for the base and the chat template (when the
     tokenizer has one) for the reasoner; named formats (NAMED_FORMATS, e.g. "paper-base") are expanded.
     Special tokens renamed or added on one side are tolerated and listed in `pair.vocab_notes`.
+    `device_map="auto"`: each model spread over every GPU this process sees (a pair larger than one GPU).
     """
+    spread = 0
+    if device_map is not None:
+        if device_map != "auto":
+            raise InvalidInputError(f"device_map must be None or 'auto' (spread over the visible GPUs), got {device_map!r}")
+        spread = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if spread < 1:
+            raise InvalidInputError("device_map='auto' spreads the models over GPUs, but torch sees none")
+        device = "cuda:0"
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    base_model, base_tok, base_spec = load_one(str(base), base_revision, dev, dt, trust_remote_code)
+    base_model, base_tok, base_spec = load_one(str(base), base_revision, dev, dt, trust_remote_code, spread)
     if (str(base), base_revision) == (str(reason), reason_revision):  # a self-pair: one resident copy
         reason_model, reason_tok, reason_spec = base_model, base_tok, base_spec
     else:
-        reason_model, reason_tok, reason_spec = load_one(str(reason), reason_revision, dev, dt, trust_remote_code)
+        reason_model, reason_tok, reason_spec = load_one(str(reason), reason_revision, dev, dt, trust_remote_code,
+                                                         spread)
     notes = check_same_vocabulary(base_tok, reason_tok)
     vocab_size = max(len(base_tok), len(reason_tok))  # an added special token on one side still counts
     for side, model in (("base", base_model), ("reason", reason_model)):

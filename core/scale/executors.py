@@ -18,9 +18,10 @@ from typing import Any
 import pandas as pd
 
 from core import settings
-from core.errors import GenerationCancelled
+from core.errors import GenerationCancelled, InvalidInputError
 from core.scale.jobs import GenerateJob, Worker, WorkerStats, make_jobs
 from core.scale.spec import PairSpec
+from core.trace import RowSummary
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +32,36 @@ def _meta_blob(trace: Any) -> str:
     return json.dumps(trace.meta, sort_keys=True, default=str)
 
 
+KEEP = ("traces", "summaries")  # what a run hands back per row
+
+
 class _Driver:
     """Store lookups, writes, `on_trace` and progress around a back-end that runs jobs."""
 
     def __init__(self, store: Any, on_trace: Callable[[Any], None] | None, progress: Progress | None,
-                 total: int) -> None:
+                 total: int, keep: str, recheck: Callable[[dict[str, Any]], bool] | None) -> None:
         self.store, self.on_trace, self.progress = store, on_trace, progress
         self.total, self.done = total, 0
+        self.keep, self.recheck = keep, recheck
 
-    def finish(self, traces: list[Any], keys: list[str] | None, fresh: list[bool]) -> list[Any]:
-        """Fill rows the worker skipped from the store, run on_trace, write; returns the traces."""
+    def lookup(self, key: str) -> dict[str, Any] | bool | None:
+        """Whether `key` is stored (readable): its index summary row when summaries are kept (the trace file
+        is not read), else True; None when it is not stored."""
+        if self.keep == "summaries" and hasattr(self.store, "summary"):
+            return self.store.summary(key)
+        return True if key in self.store else None
+
+    def finish(self, traces: list[Any], keys: list[str] | None) -> list[Any]:
+        """Fill rows the worker skipped from the store, run on_trace, write; returns the traces (or their
+        summaries)."""
         out = []
-        for j, (trace, new) in enumerate(zip(traces, fresh)):
-            if trace is None:
+        for j, trace in enumerate(traces):
+            new = trace is not None
+            if not new:
+                row = self.lookup(keys[j]) if self.keep == "summaries" else None
+                if isinstance(row, dict) and (self.on_trace is None or self.recheck is None or not self.recheck(row)):
+                    out.append(RowSummary.of_index(row))  # a resume: the index says all we keep
+                    continue
                 trace = self.store.get(keys[j])
             before = None if new else _meta_blob(trace)
             if self.on_trace is not None:
@@ -53,7 +71,7 @@ class _Driver:
                     self.store.put(trace)
                 elif before != _meta_blob(trace):  # a stored trace that on_trace changed (e.g. newly graded)
                     self.store.put(trace, overwrite=True)
-            out.append(trace)
+            out.append(trace if self.keep == "traces" else RowSummary.of_trace(trace))
         self.done += len(out)
         if self.progress is not None:
             self.progress(self.done, self.total)
@@ -62,25 +80,34 @@ class _Driver:
 
 def drive(backend: Any, jobs: Sequence[GenerateJob], store: Any = None,
           on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
-          should_stop: Callable[[], bool] | None = None) -> list[list[Any]]:
+          should_stop: Callable[[], bool] | None = None, *, keep: str = "traces",
+          recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[list[Any]]:
     """Run `jobs` on `backend` (keys(jobs), run(pending) -> iterator of (i, traces, info)); per job, its
-    traces in row order. Rows whose key is in `store` are read from it instead of being made.
-    `should_stop()` is asked between batches; True raises GenerationCancelled (finished batches stay stored)."""
+    traces in row order. Rows whose key is in `store` are read from it instead of being made; each batch
+    is written as it returns. `should_stop()` is asked between batches; True raises GenerationCancelled
+    (finished batches stay stored).
+
+    keep="summaries": per row a `RowSummary` instead of the trace, so the driver holds no token arrays: a
+    new trace is dropped once written, and a stored row is summarised from the store's index without
+    reading its file, unless `recheck(summary row)` is true (then it is read and passed through on_trace,
+    e.g. to grade a row stored ungraded)."""
+    if keep not in KEEP:
+        raise InvalidInputError(f"keep must be one of {', '.join(KEEP)}, got {keep!r}")
     jobs = list(jobs)
-    driver = _Driver(store, on_trace, progress, sum(j.units for j in jobs))
+    driver = _Driver(store, on_trace, progress, sum(j.units for j in jobs), keep, recheck)
     keys = backend.keys(jobs) if store is not None and jobs else [None] * len(jobs)
     results: list[list[Any] | None] = [None] * len(jobs)
     pending: list[tuple[int, list[str]]] = []
     for i, job_keys in enumerate(keys):
-        stored = [k for k in job_keys if k in store] if job_keys is not None else []
+        stored = [k for k in job_keys if driver.lookup(k) is not None] if job_keys is not None else []
         if job_keys is not None and len(stored) == len(job_keys):
-            results[i] = driver.finish([None] * len(job_keys), job_keys, [False] * len(job_keys))
+            results[i] = driver.finish([None] * len(job_keys), job_keys)
         else:
             pending.append((i, stored))
     for i, traces, _info in backend.run([(jobs[i], skip) for i, skip in pending], [i for i, _ in pending]):
-        fresh = [t is not None for t in traces]
-        results[i] = driver.finish(traces, keys[i], fresh)  # a finished batch is stored before any stop
-        log.debug("job %d: %d rows made, %d read from the store", i, sum(fresh), len(fresh) - sum(fresh))
+        results[i] = driver.finish(traces, keys[i])  # a finished batch is stored before any stop
+        made = sum(t is not None for t in traces)
+        log.debug("job %d: %d rows made, %d read from the store", i, made, len(traces) - made)
         if should_stop is not None and should_stop():
             raise GenerationCancelled("generation cancelled; the batches finished so far are stored")
     return results  # type: ignore[return-value]
@@ -92,7 +119,8 @@ class _Executor:
 
     def run_jobs(self, pair: Any, jobs: Sequence[GenerateJob], *, store: Any = None,
                  on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> list[list[Any]]:
+                 should_stop: Callable[[], bool] | None = None, keep: str = "traces",
+                 recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[list[Any]]:
         raise NotImplementedError
 
     def generate_many(self, pair: Any, problems: Sequence[Any], policy: Any = None, *,
@@ -101,11 +129,14 @@ class _Executor:
                       top_p: float = settings.TOP_P, seed: int = settings.SEED, stop: Sequence[str] = (),
                       k: int = settings.K, lookahead: int | None = None, store: Any = None,
                       on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
-                      should_stop: Callable[[], bool] | None = None) -> list[Any]:
-        """Problems x samples under `policy`, in batches of `batch_size` problems; traces problem-major."""
+                      should_stop: Callable[[], bool] | None = None, keep: str = "traces",
+                      recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[Any]:
+        """Problems x samples under `policy`, in batches of `batch_size` problems; traces (or `RowSummary`
+        records, keep="summaries": see `drive`) problem-major."""
         jobs = make_jobs(problems, policy, batch_size=batch_size, samples=samples, max_new_tokens=max_new_tokens,
                          temperature=temperature, top_p=top_p, seed=seed, stop=stop, k=k, lookahead=lookahead)
-        out = self.run_jobs(pair, jobs, store=store, on_trace=on_trace, progress=progress, should_stop=should_stop)
+        out = self.run_jobs(pair, jobs, store=store, on_trace=on_trace, progress=progress, should_stop=should_stop,
+                            keep=keep, recheck=recheck)
         return [t for traces in out for t in traces]
 
 
@@ -142,10 +173,11 @@ class InProcessExecutor(_Executor):
 
     def run_jobs(self, pair: Any, jobs: Sequence[GenerateJob], *, store: Any = None,
                  on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> list[list[Any]]:
-        """Per job, its traces (row order), made in this process."""
+                 should_stop: Callable[[], bool] | None = None, keep: str = "traces",
+                 recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[list[Any]]:
+        """Per job, its traces (row order; summaries with keep="summaries"), made in this process."""
         backend = _LocalBackend(Worker(None, pair=self._pair(pair)))
-        out = drive(backend, jobs, store, on_trace, progress, should_stop)
+        out = drive(backend, jobs, store, on_trace, progress, should_stop, keep=keep, recheck=recheck)
         self.stats = [backend.stats]
         return out
 

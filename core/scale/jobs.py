@@ -100,7 +100,8 @@ class WorkerStats:
     units: int = 0
     tokens: int = 0
     busy_s: float = 0.0
-    retried: int = 0
+    retried: int = 0  # batches Ray ran again on a restarted process (the worker was killed mid-batch)
+    alive: bool = True  # False once Ray used up its restarts and it left the pool
 
     def add(self, info: dict[str, Any]) -> None:
         """Count one finished job from `Worker.run`'s info (units, tokens, seconds)."""
@@ -114,20 +115,29 @@ class WorkerStats:
         return {"worker": self.worker, "device": self.device, "jobs": self.jobs, "units": self.units,
                 "tokens": self.tokens, "busy_s": round(self.busy_s, 3),
                 "units_per_s": round(self.units / busy, 3), "tokens_per_s": round(self.tokens / busy, 1),
-                "retried": self.retried}
+                "retried": self.retried, "alive": self.alive}
 
 
 class Worker:
     """Holds one loaded pair and runs jobs on it. Ray wraps this class as an actor; in-process, it is used
-    as is. `threads` caps torch's intra-op threads (1 for many small CPU workers on one machine)."""
+    as is. `threads` caps torch's intra-op threads (1 for many small CPU workers on one machine);
+    `device_map="auto"` spreads each model of the pair over every GPU this process sees."""
 
-    def __init__(self, spec: Any, device: str = "auto", threads: int | None = None, pair: Any = None) -> None:
+    def __init__(self, spec: Any, device: str = "auto", threads: int | None = None, pair: Any = None,
+                 device_map: str | None = None) -> None:
         import torch
 
         if threads:
             torch.set_num_threads(int(threads))
-        self.pair = pair if pair is not None else spec.load(device)
+        if pair is None:
+            pair = spec.load(device, device_map=device_map) if device_map else spec.load(device)
+        self.pair = pair
         self.name = f"{socket.gethostname()}:{os.getpid()}"
+
+    def serve(self, tag: Any, method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, str, Any]:
+        """(tag, "host:pid", self.<method>(*args, **kwargs)): what a pool of actors answers, so the driver
+        knows which call an answer belongs to and which process (a restarted one?) made it."""
+        return tag, self.name, getattr(self, method)(*args, **kwargs)
 
     def where(self) -> dict[str, Any]:
         """Host, process id and device of this worker (for the throughput summary)."""

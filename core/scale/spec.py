@@ -51,12 +51,14 @@ class PairSpec:
         return cls(base=str(DEMO_DIR / "base"), reason=str(DEMO_DIR / "reason"), dtype="float32",
                    **demo_formats(DEMO_DIR))
 
-    def load(self, device: str = "auto") -> Any:
-        """Load the pair on `device` (auto: CUDA when this process sees a GPU, else CPU)."""
+    def load(self, device: str = "auto", device_map: str | None = None) -> Any:
+        """Load the pair on `device` (auto: CUDA when this process sees a GPU, else CPU); device_map="auto"
+        spreads each model over every GPU this process sees instead."""
 
         return load_pair(self.base, self.reason, device=device, dtype=self.dtype, base_format=self.base_format,
                          reason_format=self.reason_format, base_revision=self.base_revision,
-                         reason_revision=self.reason_revision, trust_remote_code=self.trust_remote_code)
+                         reason_revision=self.reason_revision, trust_remote_code=self.trust_remote_code,
+                         device_map=device_map)
 
 
 def as_spec(pair: Any) -> PairSpec:
