@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import core.io.atomic as atomic
 from core.errors import InvalidInputError, ModelLoadError
-from core.io.foreign import MAX_DEPTH, count_records, json_depth_exceeds
+from core.io.foreign import MAX_DEPTH, MAX_LINE_BYTES, count_records, json_depth_exceeds
 from core.io.imports import (
     ImportResult,
     import_file,
@@ -154,6 +154,91 @@ def test_fifty_megabyte_line_is_rejected_in_bounded_memory(tmp_path):
         tracemalloc.stop()
     assert peak < 32 * 2**20, f"peak {peak / 2**20:.0f} MiB"  # the 8 MiB limit plus one read, never 50 MB
     assert [r.id for r in records] == ["y"] and errors[0][0] == 1 and "longer than" in errors[0][1]
+
+
+def test_a_csv_cell_over_the_limit_skips_its_row_and_the_rest_is_read(tmp_path):
+    """Issue 24.3: a 9 MiB cell skips its row (named by line), in bounded memory; the rows after it are read."""
+    path = tmp_path / "big.csv"
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        fh.write("id,prompt,response\r\na,p,r\r\n")
+        fh.write('b,p,"' + ("x" * 1023 + "\n") * 9 * 1024 + '"\r\n')  # 9 MiB over 9217 lines, quoted
+        fh.write("c,p,r\r\nd,\"q\"\"uote\",s\r\n")
+    tracemalloc.start()
+    try:
+        records, errors = read_foreign_jsonl(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    last = 3 + 9 * 1024
+    assert [(r.line, r.id) for r in records] == [(2, "a"), (last + 1, "c"), (last + 2, "d")]
+    assert records[2].prompt == 'q"uote'
+    assert errors == [(3, f"row (lines 3-{last}) is longer than {MAX_LINE_BYTES} bytes (the limit); skipped unread")]
+    store = TraceStore(tmp_path / "s")
+    result = import_file("PAIR", path, store, score_fn=fake_score)
+    assert result.stopped is None and [line for line, _ in result.stored] == [2, last + 1, last + 2]
+    assert result.to_dict()["complete"] is True and result.to_dict()["failed"] == 1
+
+
+def test_an_unterminated_quote_names_the_lines_it_swallowed(tmp_path):
+    path = tmp_path / "q.csv"
+    path.write_text('id,prompt,response\na,p,r\nb,"never closed,r\nc,p,r\nd,"q",r\ne,p,r\n')
+    records, errors = read_foreign_jsonl(path)
+    assert [r.id for r in records] == ["a", "e"]
+    assert errors == [(3, "quotes out of step: a quote on line 3 closes on line 5 before more text, so lines 3-5 "
+                          "were read as one row and skipped (check the quotes on line 3)")]  # fmt: skip
+    path.write_text('id,prompt,response\na,p,r\nb,"never closed,r\nc,p,r\nd,"",r\ne,p,r\n')
+    assert read_foreign_jsonl(path)[1] == [(3, "a quote opened on line 3 is never closed: lines 3-6 were read as "
+                                                "one row and skipped (close the quote)")]  # fmt: skip
+    path.write_text('id,prompt,response\na,p,r\nb,"never closed,r\nc,p,r\n')
+    records, errors = read_foreign_jsonl(path)
+    assert [r.id for r in records] == ["a"]
+    assert errors == [(3, "a quote opened on line 3 is never closed: lines 3-4 were read as one row and skipped "
+                          "(close the quote)")]  # fmt: skip
+
+
+_CSV_TEXT = st.lists(st.sampled_from(["a", "b", ",", '"', "\n", "\r", "\r\n", " ", "é"]), max_size=40).map("".join)
+
+
+@given(_CSV_TEXT, st.integers(1, 40))
+@settings(max_examples=400, deadline=None)
+def test_csv_records_split_as_the_csv_module_reads_them(text, chunk):
+    """The bounded-memory record splitter agrees with csv.reader on rows and first lines, at any read size."""
+    import csv
+    import io
+
+    import core.io.foreign as foreign
+
+    reader, ref, prev = csv.reader(io.StringIO(text, newline="")), [], 0
+    for row in reader:
+        ref.append((prev + 1, row))
+        prev = reader.line_num
+    old, foreign._CHUNK = foreign._CHUNK, chunk
+    try:
+        got = [(r.first, foreign._csv_cells(r.text)) for r in foreign._csv_texts(io.StringIO(text, newline=""), 1 << 20)]
+    finally:
+        foreign._CHUNK = old
+    assert got == ref
+
+
+def test_a_damaged_parquet_row_group_is_reported_and_the_others_stored(tmp_path):
+    """Issue 24.1: one damaged page loses its row group only (each row reported with the group's range)."""
+    rows = [{"id": str(i), "prompt": f"p{i}", "response": f"r{i}"} for i in range(1, 101)]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=20)
+    column = pq.read_metadata(path).row_group(2).column(1)
+    at = column.dictionary_page_offset or column.data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[at : at + 12] = bytes(b ^ 0xFF for b in raw[at : at + 12])  # the page header of group 3
+    path.write_bytes(bytes(raw))
+    store = TraceStore(tmp_path / "s")
+    result = import_file("PAIR", path, store, score_fn=fake_score, report_path=tmp_path / "r.jsonl")
+    assert [line for line, _ in result.stored] == [*range(1, 41), *range(61, 101)]
+    assert [line for line, _ in result.errors] == list(range(41, 61))
+    assert all(why.startswith("row group 3 of 5 (rows 41-60) cannot be read: ") for _, why in result.errors)
+    assert len(store.keys()) == 80 and record_lines(store) == dict(result.stored)
+    end = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[-1])
+    assert end["failed"] == 20 and end["stored"] == 80
 
 
 # -- importing -----------------------------------------------------------------------------------------
