@@ -393,6 +393,57 @@ def test_disk_full_stops_with_a_report_naming_what_was_stored(tmp_path, monkeypa
     assert not [p for p in store.traces_dir.iterdir() if p.name.startswith(".")]  # no temp file left
 
 
+class _FillingFile:
+    """A text file whose flush finds the disk full after `room` lines (as a 1 MB tmpfs would)."""
+
+    def __init__(self, fh, room: int) -> None:
+        self.fh, self.room = fh, room
+
+    def write(self, text: str) -> int:
+        self.room -= 1
+        return self.fh.write(text) if self.room >= 0 else len(text)  # past the room nothing lands
+
+    def flush(self) -> None:
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+@pytest.mark.parametrize("room", [0, 3, 6])  # the first line, a middle one, the closing "end" line
+def test_a_full_disk_while_writing_the_report_stops_cleanly(tmp_path, monkeypatch, room):
+    """Issue 24.2: the report writer's full disk stops the import with a message, like the store's."""
+    import builtins
+
+    import core.io.imports as imports
+
+    lines = [json.dumps({"id": str(i), "prompt": "p", "response": f"r{i}"}) for i in range(1, 7)]
+    path = write_foreign(tmp_path / "f.jsonl", lines=lines)
+    monkeypatch.setattr(imports, "open", lambda *a, **k: _FillingFile(builtins.open(*a, **k), room), raising=False)
+    store = TraceStore(tmp_path / "store")
+    result = import_file("PAIR", path, store, score_fn=fake_score, report_path=tmp_path / "r.jsonl")
+    assert "Cannot write the import report" in result.stopped and "the disk is full" in result.stopped
+    assert record_lines(store) == dict(result.stored)  # what the result calls stored is what the store holds
+    assert len(result.stored) == min(room + 1, 6) and result.to_dict()["complete"] is False
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == room
+
+
+def test_cli_report_on_a_full_or_unwritable_path(tmp_path, tiny_dirs):
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    pair = ["--base", str(tiny_dirs["qwen_base"]), "--reason", str(tiny_dirs["qwen_reason"]), "--device", "cpu"]
+    src = write_foreign(tmp_path / "f.jsonl", lines=[json.dumps({"id": "a", "prompt": "What is 2+3?", "response": "5"})])
+    result = CliRunner().invoke(main, ["import", *pair, "--store", str(tmp_path / "s"), str(src), "--report", "/dev/full"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "Import stopped early" in result.stderr and "/dev/full: the disk is full" in result.stderr
+    result = CliRunner().invoke(main, ["import", "--store", str(tmp_path / "s"), str(src), "--report", "/proc/x"])
+    assert result.exit_code == 2 and "--report" in result.output and "Traceback" not in result.output
+
+
 def _kill_target(path: str, store: str, report: str) -> None:
     def slow(pair, problem, response):
         time.sleep(0.01)

@@ -47,6 +47,14 @@ def damage(path, how: str = "truncate") -> None:
         path.write_bytes(data[: len(data) // 2])
     elif how == "zeros":
         path.write_bytes(bytes(len(data)))
+    elif how == "header":  # a page header: thrift's reason spans several lines
+        import pyarrow.parquet as pq
+
+        column = pq.read_metadata(path).row_group(0).column(1)
+        at = column.dictionary_page_offset or column.data_page_offset
+        raw = bytearray(data)
+        raw[at : at + 12] = bytes(b ^ 0xFF for b in raw[at : at + 12])
+        path.write_bytes(bytes(raw))
     else:  # a data page, same size, footer intact: only a full read sees it
         raw = bytearray(data)
         for i in range(200, 260):
@@ -494,3 +502,19 @@ def test_unknown_model_type_mentions_trust_remote_code(tmp_path, tiny_dirs):
     (model / "config.json").write_text(json.dumps({**config, "model_type": "foobarnet"}))
     code, out = cli("score", "--base", str(model), "--reason", str(model), "--prompt", "x", "--response", "y")
     assert code == 1 and "foobarnet" in out and "--trust-remote-code" in out
+
+
+def test_unreadable_reasons_are_one_line_each(tmp_path):
+    """Issue 24.12: `ls --unreadable` prints one line per damaged file (pyarrow's reasons hold newlines)."""
+    store = TraceStore(tmp_path / "s")
+    keys = [store.put(make_trace(20, seed=s)) for s in range(4)]
+    for key, how in zip(keys, ("truncate", "header", "page")):
+        damage(trace_path(store, key), how)
+    raw = [reason for _, reason in TraceStore(store.path).unreadable()]
+    assert any("\n" in r for r in raw)  # the case this test is about
+    code, out = cli("ls", "--store", str(store.path), "--unreadable")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3 and all(line.count("\t") == 1 for line in lines), out
+    assert [line.split("\t")[1] for line in lines] == [" ".join(r.split()) for r in raw]
+    code, out = cli("ls", "--store", str(store.path))
+    assert len([line for line in out.splitlines() if line.startswith("  ") and ".parquet: " in line]) == 3

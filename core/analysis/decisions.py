@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from core import settings
 from core.errors import OutputExistsError
 from core.io.atomic import write_atomic
 from core.metrics import DEFAULT_SCORE, score_values
@@ -42,7 +43,7 @@ def decision_pairs(
     traces: Trace | Sequence[Trace],
     tokenizer_decode: Callable[[list[int]], str] | None = None,
     score: str = DEFAULT_SCORE,
-    top: float = 0.01,
+    top: float = settings.SPIKE_TOP,
     segment: str | None = None,
 ) -> pd.DataFrame:
     """One row per spike (annotated, else top-`top` by `score`): the base's and the reasoner's choice.

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
+from core import settings
 from core import rank_shift
 from core.analysis import tables as A
 from core.metrics import DEFAULT_SCORE
@@ -121,7 +122,7 @@ def report_tables(
     traces: Sequence[Trace],
     outdir: str | None = None,
     score: str = DEFAULT_SCORE,
-    top: float = 0.01,
+    top: float = settings.SPIKE_TOP,
     segment: str | None = None,
     stat: str = "top100_mean",
 ) -> dict[str, pd.DataFrame]:
@@ -166,7 +167,7 @@ def report_html(
     traces: Sequence[Trace],
     path: str,
     score: str = DEFAULT_SCORE,
-    top: float = 0.01,
+    top: float = settings.SPIKE_TOP,
     segment: str | None = None,
     stat: str = "top100_mean",
     overwrite: bool = False,

@@ -8,8 +8,7 @@ from typing import Any
 
 import click
 
-from core import settings
-from core.cli.common import _fail_cleanly, main, pair_options, store_option
+from core.cli.common import _fail_cleanly, main, pair_options, setting_option, store_option
 
 
 @main.group()
@@ -20,7 +19,7 @@ def demo() -> None:
 @demo.command(name="train")
 @click.option("--out", type=click.Path(file_okay=False), help="Output directory (default: assets/demo).")
 @click.option("--size", type=click.Choice(["full", "tiny"]), default="full", show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@setting_option("seed")
 @_fail_cleanly
 def demo_train(out: str | None, size: str, seed: int) -> None:
     """Train the demo base / reasoning pair on the synthetic task (CPU, minutes)."""
@@ -39,8 +38,7 @@ _FORWARDED = ("base", "reason", "base_format", "reason_format", "base_revision",
 @pair_options
 @store_option
 @click.option("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=settings.MAX_NEW_TOKENS, show_default=True,
-              help=settings.SETTINGS["max_new_tokens"].help)
+@setting_option("max_new_tokens")
 @click.option("--port", type=click.IntRange(1, 65535), default=8501, show_default=True, help="TCP port, 1-65535.")
 @click.option("--address", default="127.0.0.1", show_default=True, help="Bind address (localhost by default).")
 def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, **opts: Any) -> None:

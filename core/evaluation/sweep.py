@@ -24,7 +24,7 @@ from core.spike_rules import Gate, calibrate_gate
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RATIOS = (0.01, 0.02, 0.05, 0.1)
+DEFAULT_RATIOS = settings.RATIOS  # the sweep's r values (core/settings.py)
 SWEEP_COLUMNS = ("config", "ratio", "budget", "matched_rho", "tau", "lam", "window")
 Progress = Callable[[str, int, int], None]
 
