@@ -518,3 +518,43 @@ def test_unreadable_reasons_are_one_line_each(tmp_path):
     assert [line.split("\t")[1] for line in lines] == [" ".join(r.split()) for r in raw]
     code, out = cli("ls", "--store", str(store.path))
     assert len([line for line in out.splitlines() if line.startswith("  ") and ".parquet: " in line]) == 3
+
+
+def test_a_killed_exports_temp_file_is_removed_by_the_next_export_and_verify_reports_removals(tmp_path, monkeypatch):
+    """Issue 24.9: kill -9 during an export leaves `.all.parquet.XXXX.tmp`; the next export to that folder
+    removes it (a live writer's is kept, other files are never touched); verify says what opening removed."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".other.parquet.abcdef12.tmp").write_bytes(b"not ours")
+    procs = []
+    for target in ("all.parquet", "all.parquet"):
+        started = FORK.Event()
+        proc = FORK.Process(target=_write_slowly, args=(str(out / target), started))
+        proc.start()
+        assert started.wait(30)
+        procs.append(proc)
+    os.kill(procs[0].pid, signal.SIGKILL)
+    procs[0].join()
+    monkeypatch.setattr(atomic, "STALE_TEMP_SECONDS", 0.0)
+    try:
+        assert len([p for p in out.iterdir() if p.name.startswith(".all.parquet.")]) == 2
+        export([make_trace(10, seed=1)], out / "all.parquet", overwrite=True)
+        left = sorted(p.name for p in out.iterdir())
+        assert len([n for n in left if n.startswith(".all.parquet.")]) == 1  # the live writer's
+        assert "all.parquet" in left and ".other.parquet.abcdef12.tmp" in left
+    finally:
+        os.kill(procs[1].pid, signal.SIGKILL)
+        procs[1].join()
+
+    store = TraceStore(tmp_path / "s")
+    store.put(make_trace(10, seed=2))
+    started = FORK.Event()
+    proc = FORK.Process(target=_write_slowly, args=(str(store.traces_dir / "x.parquet"), started))
+    proc.start()
+    assert started.wait(30)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    code, text = cli("verify", "--store", str(store.path))
+    report = json.loads(text)
+    assert code == 0 and [t["state"] for t in report["temp_files"]] == ["removed: left by a writer that died"]
+    assert not [p for p in store.traces_dir.iterdir() if p.name.startswith(".")]
