@@ -7,6 +7,7 @@ Presets (e.g. the paper's sampling) are named overrides of these rows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ class Setting:
             return value
         kind = type(self.value) if self.value is not None else float
         if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                     or (kind is int and not float(value).is_integer()) or value != value):
+                                     or (kind is int and not float(value).is_integer()) or math.isnan(value)):
             raise InvalidInputError(f"{label} must be a {'whole number' if kind is int else 'number'} "
                                     f"{self.range_text()}; got {value!r}")
         too_low = self.low is not None and (value <= self.low if self.open_low else value < self.low)
@@ -77,7 +78,7 @@ SETTINGS: dict[str, Setting] = {
     for s in [
         Setting("max_new_tokens", 256, "Most response tokens to generate.", 1, None, step=32),
         Setting("temperature", 0.0, "Sampling temperature (0 = greedy).", 0.0, None, step=0.1),
-        Setting("top_p", 1.0, "Nucleus sampling mass (1 = off).", 0.0, 1.0, open_low=True, step=0.05),
+        Setting("top_p", 1.0, "Nucleus sampling mass (1 = off).", 0.0, 1.0, open_low=True, step=0.01),
         Setting("seed", 0, "Seed of the sampling streams (draws keyed by seed, sample and position).", 0, None),
         Setting("samples", 1, "Samples per problem (pass@k uses all of them).", 1, None),
         Setting("batch_size", 8, "Rows decoded or scored together.", 1, None),

@@ -290,3 +290,21 @@ def test_errors_start_on_a_clean_line_and_the_generate_bar_counts_traces(env, mo
     result = CliRunner().invoke(main, ["generate", "--store", env["store"], "--problems", env["problems"]])
     assert result.exit_code == 1 and "trace" in result.stderr and "tok" not in result.stderr
     assert re.search(r"(^|[\r\n])Error: the store went away", result.stderr), repr(result.stderr)
+
+
+def test_ls_counts_the_spikes_the_app_marks(tmp_path):
+    """Issue 22.4: `ls` n_spikes is the app's default spike rule applied to the trace (one computation)."""
+    import io
+
+    from fakes import make_trace
+
+    from app.view import SpikeRule, annotate_view
+
+    store = TraceStore(tmp_path / "s")
+    traces = [make_trace(n, seed=s) for s, n in enumerate((40, 150, 333))]
+    for t in traces:
+        store.put(t)
+    table = pd.read_csv(io.StringIO(run("ls", "--store", str(tmp_path / "s"), "--csv"))).set_index("key")
+    shown = {t.key: len(annotate_view(t, rule=SpikeRule()).annotations["spikes"]["positions"]) for t in traces}
+    assert {k: int(table.loc[k, "n_spikes"]) for k in shown} == shown and all(v > 0 for v in shown.values())
+    assert SpikeRule().top == __import__("core").settings.SPIKE_TOP

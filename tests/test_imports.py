@@ -271,6 +271,26 @@ def test_import_with_fake_scorer(tmp_path):
     assert (report["stored"], report["skipped"], report["failed"], report["complete"]) == (3, 0, 7, True)
 
 
+def test_records_with_an_answer_are_graded_on_import(tmp_path):
+    """Issue 22.2: an imported record with an answer is graded like a generated trace, so `ls` and the
+    app's Correct filter see it; one without stays ungraded."""
+    lines = [json.dumps({"id": "a", "prompt": "1+2?", "response": "so \\boxed{3}", "answer": "3"}),
+             json.dumps({"id": "b", "prompt": "1+2?", "response": "so \\boxed{4}", "answer": 3}),
+             json.dumps({"id": "c", "prompt": "1+2?", "response": "so \\boxed{3}"})]  # fmt: skip
+    def ungraded_score(pair, problem, response):  # as core.scoring.score: no answer, no grade
+        trace = fake_score(pair, problem, response)
+        del trace.meta["answer"], trace.meta["correct"]
+        return trace
+
+    store = TraceStore(tmp_path / "s")
+    result = import_file("PAIR", write_foreign(tmp_path / "f.jsonl", lines=lines), store, score_fn=ungraded_score)
+    graded = {store.get(k).meta["import"]["id"]: (store.get(k).meta.get("answer"), store.get(k).meta.get("correct"))
+              for k in result.keys}  # fmt: skip
+    assert graded == {"a": ("3", True), "b": ("4", False), "c": (None, None)}, graded
+    table = store.summaries().set_index("key")
+    assert [table.loc[k, "correct"] for k in result.keys] == [True, False, None]
+
+
 def test_records_differing_in_id_or_answer_are_distinct_and_true_duplicates_are_reported(tmp_path):
     lines = [
         '{"id": "1", "prompt": "What is 2+2?", "response": "4", "answer": "4"}',

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import WriteError
+from core.errors import GradingError, WriteError
 from core.io.foreign import (  # noqa: F401  (re-exported)
     IMPORT_FORMATS,
     MAX_DEPTH,
@@ -157,6 +157,8 @@ class _Run:
             trace = trace.annotate()  # a copy: the scorer's trace is left alone
             trace.meta.update(kind="import", key=key)
             trace.meta["import"] = {"file": self.source, "line": rec.line, "id": rec.id, "extra": rec.extra}
+            if rec.answer is not None:
+                self.grade(trace, rec.line)
             self.store.put(trace)
         except WriteError:
             raise
@@ -165,6 +167,16 @@ class _Run:
                 log.warning("line %d: %s", rec.line, exc, exc_info=True)
             return self.outcome("failed", rec.line, why=f"{type(exc).__name__}: {exc}")
         self.outcome("stored", rec.line, key)
+
+    def grade(self, trace: Trace, line: int) -> None:
+        """Grade against the record's answer (as generated traces are); a grader that cannot run leaves
+        the trace ungraded with a note, never unstored."""
+        from core.evaluation.grading import grade_trace
+
+        try:
+            grade_trace(trace)
+        except GradingError as exc:
+            self.result.notes.append((line, f"not graded: {exc}"))
 
     @contextlib.contextmanager
     def settling(self) -> Iterator[ImportResult]:
@@ -212,7 +224,8 @@ def import_file(
     should_stop: Callable[[], bool] | None = None,
 ) -> ImportResult:
     """Score each record with `score_fn(pair, {"id", "prompt", "gold"}, response)` (default
-    `core.scoring.score`), mark it kind="import" and put it in `store`, one record at a time.
+    `core.scoring.score`), mark it kind="import", grade it when the record gives an answer (`grade_trace`,
+    as generated traces are) and put it in `store`, one record at a time.
 
     Never raises for a bad record, a failed scoring, Ctrl-C or a full disk: the result says what
     happened. `progress(lines done, lines total)`; `should_stop()` is asked before each record.

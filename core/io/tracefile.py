@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from core.errors import InvalidInputError, StoreError
 from core.metrics import DEFAULT_SCORE, SCORES, score_values
+from core.spike_rules import spike_positions
 from core.trace import SCHEMA_VERSION, SIDES, Trace, _json_default, request_key
 
 STORE_FORMAT = 2  # 2: footer checksum. Bump on incompatible changes.
@@ -78,7 +79,6 @@ def summarise(trace: Trace, key: str | None = None) -> dict[str, Any]:
         prompt = prompt[: _PROMPT_CHARS - 1] + "…"
     n = len(trace)
     n_takeovers = trace.n_takeovers
-    spikes = trace.annotations.get("spikes")
     row: dict[str, Any] = {
         "key": key or trace.key,
         "problem": problem.get("id"),
@@ -86,7 +86,7 @@ def summarise(trace: Trace, key: str | None = None) -> dict[str, Any]:
         "pair": f"{_short_model(pair.get('base'))}|{_short_model(pair.get('reason'))}",
         "policy": (meta.get("policy") or {}).get("name"),
         "n_tokens": n,
-        "n_spikes": len(spikes.get("positions", ())) if isinstance(spikes, dict) else 0,
+        "n_spikes": len(spike_positions(trace)),  # the rule the app and exports apply (one computation)
         "n_takeovers": n_takeovers,
         "rho": n_takeovers / n if n else 0.0,
         "correct": meta.get("correct"),
