@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,11 +54,14 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
         if opts.get(name):
             app_args += ["--" + name.removesuffix("_path").replace("_", "-"), str(opts[name])]
     app_args += ["--max-new-tokens", str(max_new_tokens)] + (["--trust-remote-code"] if trust_remote_code else [])
-    main_py = Path(__file__).resolve().parents[2] / "app" / "main.py"
-    cmd = [sys.executable, "-m", "streamlit", "run", str(main_py), "--server.address", address,
+    root = Path(__file__).resolve().parents[2]
+    main_py = root / "app" / "main.py"
+    # app.serve is `streamlit` plus a Host check on plain HTTP (Streamlit checks the WebSocket only)
+    cmd = [sys.executable, "-m", "app.serve", "run", str(main_py), "--server.address", address,
            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
            "--server.enableXsrfProtection", "true", *_allowed_hosts(address), "--", *app_args]
-    child = subprocess.Popen(cmd)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    child = subprocess.Popen(cmd, env=env)
 
     def stop(signum: int, _frame: object) -> None:  # SIGTERM/SIGINT to us stops Streamlit too
         child.send_signal(signal.SIGTERM)
@@ -75,9 +79,10 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
 
 
 def _allowed_hosts(address: str) -> list[str]:
-    """`--server.allowedHosts` flags: the WebSocket refuses any Host header but the bound address (and the
-    loopback names when bound to loopback), which stops DNS rebinding (a page at attacker.example whose
-    name re-resolves to 127.0.0.1). Binding 0.0.0.0 / :: accepts any Host: then the network must protect."""
+    """`--server.allowedHosts` flags: the WebSocket (Streamlit) and every plain HTTP request (app.serve's
+    HostGuard) refuse any Host header but the bound address (and the loopback names when bound to
+    loopback), which stops DNS rebinding (a page at attacker.example whose name re-resolves to 127.0.0.1).
+    Binding 0.0.0.0 / :: accepts any Host: then the network must protect."""
     if address in ("0.0.0.0", "::", ""):
         return []
     hosts = [address]
