@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import core.io.atomic as atomic
 from core.errors import InvalidInputError, ModelLoadError
-from core.io.foreign import MAX_DEPTH, MAX_LINE_BYTES, count_records, json_depth_exceeds
+from core.io.foreign import MAX_DEPTH, MAX_LINE_BYTES, ForeignRecord, count_records, iter_foreign, json_depth_exceeds
 from core.io.imports import (
     ImportResult,
     import_file,
@@ -219,6 +219,21 @@ def test_csv_records_split_as_the_csv_module_reads_them(text, chunk):
     finally:
         foreign._CHUNK = old
     assert got == ref
+
+
+@given(st.lists(_CSV_TEXT, max_size=8), st.sampled_from(["\n", "\r\n"]))
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_fuzz_csv_import_never_raises_and_accounts_for_every_row(tmp_path, rows, sep):
+    path = tmp_path / "fuzz.csv"
+    path.write_text(sep.join(["id,prompt,response", *rows]) + sep, encoding="utf-8", newline="")
+    store = TraceStore(tmp_path / f"store-{time.perf_counter_ns()}")
+    result = import_file("PAIR", path, store, score_fn=fake_score)
+    assert result.stopped is None
+    seen = [line for line, _ in result.stored] + [line for line, _, _ in result.skipped] + \
+        [line for line, _ in result.errors]
+    assert len(seen) == len(set(seen))
+    read = {item.line if isinstance(item, ForeignRecord) else item[0] for item in iter_foreign(path)}
+    assert set(seen) == read and record_lines(store) == dict(result.stored)
 
 
 def test_a_damaged_parquet_row_group_is_reported_and_the_others_stored(tmp_path):
