@@ -279,7 +279,7 @@ def test_temp_files_of_killed_writers_are_removed_on_open_live_ones_kept(tmp_pat
         fresh = TraceStore(tmp_path)
         assert [p.name.split(".")[1] for p in fresh.removed_temp_files] == ["dead"]
         assert [p.name.split(".")[1] for p in fresh.live_temp_files] == ["live"]
-        assert [state for _, state in fresh.verify().temp_files] == ["in use"]
+        assert [state for _, state in fresh.verify().temp_files] == ["removed: left by a writer that died", "in use"]
     finally:
         os.kill(procs[1].pid, signal.SIGKILL)
         procs[1].join()

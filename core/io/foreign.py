@@ -205,10 +205,12 @@ def _csv_texts(fh: io.TextIOBase, max_bytes: int) -> Iterator[_CsvText]:
     state, buf, size, too_long, stray = "start", [], 0, False, False
     line, first, pending_cr, ended = 0, 1, False, True
     while piece := fh.readline(_CHUNK):  # readline returns at most one line end, at the piece's end
-        if pending_cr and piece[0] == "\n":  # a CRLF that readline's size limit split: one line end
-            piece = piece[1:]
-            if not piece:
-                continue
+        if pending_cr and piece == "\n":  # a CRLF that readline's size limit split: one line end
+            pending_cr = False
+            if state == "quoted" and not too_long:  # inside a quoted cell the \n is text
+                size += 1
+                buf.append(piece)
+            continue  # else it ends the record the \r ended
         pending_cr = piece[-1] == "\r"
         ended = piece[-1] in "\r\n"
         i, n, record_ends = 0, len(piece), False
