@@ -189,6 +189,7 @@ def _bad_inputs(tmp):
         (["eval", "--max-new-tokens", "0"], "--max-new-tokens"), (["eval", "--shard", "4/4"], "--shard"),
         (["eval", "--shard", "x"], "--shard"), (["eval", "--budgets", "2"], "--budgets"),
         (["eval", "--out", "/proc/x/t.csv"], "--out"), (["eval", "--dtype", "int4"], "--dtype"),
+        (["eval", "--out", str(tmp / "missing_dir" / "t.csv")], "--out"),
         ([*rep, "--top-p", "5"], "--top-p"), ([*rep, "--ratios", "1"], "--ratios"), ([*rep, "--limit", "0"], "--limit"),
         ([*rep, "--samples", "0"], "--samples"), ([*rep, "--window", "0"], "--window"),
         (["reproduce", "--problems", str(src), "--out", "/proc/x"], "--out"),

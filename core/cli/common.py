@@ -265,9 +265,11 @@ def float_list(text: str, name: str, flag: str) -> list[float]:
     return out
 
 
-def check_output(path: str | os.PathLike[str], flag: str, *, folder: bool = False, parents: bool = True) -> Path:
+def check_output(path: str | os.PathLike[str], flag: str, *, folder: bool = False, parents: bool = True,
+                 offer_parents: bool = False) -> Path:
     """Check, before any model loads, that `path` (a file, or a folder) can be written; else a usage error
-    naming the flag. Missing folders are refused unless `parents` (they are then made by the writer)."""
+    naming the flag. Missing folders are refused unless `parents` (they are then made by the writer);
+    `offer_parents`: the command has a --parents flag to name in that message."""
     from core.io.atomic import os_error_reason
 
     target = Path(path)
@@ -282,8 +284,8 @@ def check_output(path: str | os.PathLike[str], flag: str, *, folder: bool = Fals
     if not existing.is_dir():
         raise click.BadParameter(f"cannot write {target}: {existing} is not a folder", param_hint=flag)
     if existing != parent and not parents:
-        raise click.BadParameter(f"the folder {parent} does not exist; create it first or pass --parents",
-                                 param_hint=flag)
+        raise click.BadParameter(f"the folder {parent} does not exist; create it first"
+                                 + (" or pass --parents" if offer_parents else ""), param_hint=flag)
     try:  # a real probe: permissions alone do not tell (root, read-only mounts, /proc)
         fd, probe = tempfile.mkstemp(prefix=".forkpoint-probe.", dir=existing)
         os.close(fd)

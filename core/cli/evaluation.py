@@ -123,7 +123,7 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
 
     ratio_list, budget_list, shard_at = float_list(ratios, "ratio", "--ratios"), _budgets(budgets), _shard(shard)
     if out:
-        check_output(out, "--out")
+        check_output(out, "--out", parents=False)  # found missing only after hours of work would lose the table
     check_output(_store(store_path).path, "--store", folder=True)
     problems = _source(problems_path, limit)
     if calibration_path:

@@ -95,7 +95,7 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
     """Export traces (all readable ones, or the given keys) as JSONL, CSV, Parquet or self-contained HTML."""
     from core.io.exports import export as run_export
 
-    check_output(out, "--out", parents=parents)
+    check_output(out, "--out", parents=parents, offer_parents=True)
     store = _existing_store(store_path)
     if keys:  # keys the user named must all be there: no silent drop
         traces = [store.get(k) for k in open_bar(iterable=keys, desc="read", unit="trace")]
