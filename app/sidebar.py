@@ -18,10 +18,11 @@ from app.view import PROB_MODES, RANGE_LABELS, RANGES, SpikeRule, md_escape
 from core.annotate.spikes import Gate
 from core.errors import ForkpointError
 from core.scoring.registry import METRICS, SCORES
+from core.settings import SETTINGS
 from core.views.heatmap import SCALES
 
 DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = SETTINGS["dtype"].choices
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,14 @@ def _rule(store_path: str, score: str, pair: core.ModelPair | None) -> SpikeRule
     st.radio("Spikes", ("top", "gate"), key="spike_kind", horizontal=True,
              format_func=lambda k: {"top": "top p% per trace", "gate": "calibrated gate"}[k])
     if ss["spike_kind"] == "top":
-        st.slider("p (% of tokens)", 0.1, 20.0, key="spike_top_pct", step=0.1)
+        low, high = SETTINGS["spike_top"].widget_bounds()  # the table's range, in percent
+        st.slider("p (% of tokens)", 100 * low, 100 * high, key="spike_top_pct", step=100 * SETTINGS["spike_top"].step)
         return SpikeRule(top=float(ss["spike_top_pct"]) / 100.0)
     c1, c2 = st.columns(2)
-    c1.number_input("r (takeover ratio)", 0.001, 0.5, key="gate_ratio", step=0.01, format="%.3f")
-    c2.number_input("W (window)", 1, 512, key="gate_window", step=1)
+    c1.number_input("r (takeover ratio)", *SETTINGS["ratio"].widget_bounds(), key="gate_ratio",
+                    step=SETTINGS["ratio"].step, format="%.3f", help=SETTINGS["ratio"].help)
+    c2.number_input("W (window)", *SETTINGS["window"].widget_bounds(), key="gate_window", step=1,
+                    help=SETTINGS["window"].help)
     fallback = SpikeRule(top=float(ss["spike_top_pct"]) / 100.0)
     if pair is None:
         st.warning("The calibrated gate needs a loaded model pair. Showing top p% spikes instead.")

@@ -16,7 +16,7 @@ from typing import Any
 import streamlit as st
 
 from app.config import AppConfig, PairSpec, parse_args
-from app.view import DEFAULT_TOP, PROB_MODES, RANGES
+from app.view import PROB_MODES, RANGES
 from core import settings
 from core.errors import ForkpointError
 from core.scoring.registry import DEFAULT_SCORE, SCORES
@@ -28,7 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "crange": "trace",  # colour range: "trace" (each trace's own min..max) or "pair" (fixed over the pair's traces)
     "prob_mode": "prob",  # how probabilities are shown: "prob" or "logprob"
     "spike_kind": "top",  # "top" (top-p% per trace) or "gate" (calibrated on base rollouts)
-    "spike_top_pct": 100 * DEFAULT_TOP,  # p, in percent
+    "spike_top_pct": 100 * settings.SPIKE_TOP,  # p, in percent
     "gate_ratio": settings.RATIO,  # r: share of tokens the gate should fire on
     "gate_window": settings.WINDOW,  # W: running-mean window
     "trace_key": None,  # the open trace

@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from core import settings
 from core.annotate.spikes import Gate, top_count
 from core.errors import InvalidInputError
 from core.evaluation.problems import Problem
@@ -21,7 +22,6 @@ from core.scoring.registry import DEFAULT_SCORE, SCORES
 from core.trace import Trace
 from core.views.exports import annotated
 
-DEFAULT_TOP = 0.05  # spikes: top 5% of a trace's tokens (demo traces are short; settings.SPIKE_TOP's 1% gives ~1)
 PROB_MODES = ("prob", "logprob")  # how probabilities are shown
 RANGES = ("trace", "pair")  # colour range: each trace's own min..max, or one range over the pair's stored traces
 RANGE_LABELS = {"trace": "per trace (own min..max)", "pair": "fixed across this pair's traces"}
@@ -53,7 +53,7 @@ def md_code(value: object, limit: int = 80) -> str:
 class SpikeRule:
     """How spikes are chosen: the top fraction `top` of a trace's scores, or a calibrated `gate`."""
 
-    top: float | None = DEFAULT_TOP
+    top: float | None = settings.SPIKE_TOP
     gate: Gate | None = None
 
     def key(self) -> str:
@@ -71,14 +71,14 @@ def annotate_view(trace: Trace, score: str = DEFAULT_SCORE, rule: SpikeRule | No
     """The trace with the layers the Trace page shows: spikes under `rule`, planning tags, segments (the
     annotations every export carries, `core.views.exports.annotated`, under the sidebar's rule)."""
     rule = rule or SpikeRule()
-    return annotated(trace, score, top=None if rule.gate else (rule.top or DEFAULT_TOP), gate=rule.gate)
+    return annotated(trace, score, top=None if rule.gate else (rule.top or settings.SPIKE_TOP), gate=rule.gate)
 
 
 def spike_count(n_tokens: int, rule: SpikeRule) -> int | None:
     """Spikes a trace of `n_tokens` gets under a top-p rule (None for a gate: it depends on the scores)."""
     if rule.gate is not None:
         return None
-    return top_count(rule.top or DEFAULT_TOP, int(n_tokens))
+    return top_count(rule.top or settings.SPIKE_TOP, int(n_tokens))
 
 
 

@@ -7,6 +7,7 @@ Presets (e.g. the paper's sampling) are named overrides of these rows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,41 +16,93 @@ from core.errors import InvalidInputError
 
 @dataclass(frozen=True)
 class Setting:
-    """One user-facing setting: its default, a one-line help, and the valid range where there is one."""
+    """One user-facing setting: its default, a one-line help, and the valid range (or choices) where there is one.
+
+    `open_low` / `open_high` exclude the bound itself (top_p is in (0, 1]); `step` is the widget step."""
 
     name: str
     value: Any
     help: str
     low: float | None = None
     high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+    choices: tuple[str, ...] = ()
+    step: float | None = None
 
     @property
     def flag(self) -> str:
         """The CLI spelling, e.g. --max-new-tokens."""
         return "--" + self.name.replace("_", "-")
 
+    def range_text(self) -> str:
+        """The valid values in words: "in (0, 1]", "≥ 1", "one of: a, b", or "" when anything goes."""
+        if self.choices:
+            return "one of: " + ", ".join(self.choices)
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.open_low else '≥'} {self.low:g}"
+        return f"{'<' if self.open_high else '≤'} {self.high:g}" if self.high is not None else ""
+
+    def check(self, value: Any, label: str | None = None) -> Any:
+        """`value` if it is valid for this setting, else InvalidInputError naming `label` (default: the flag)."""
+        label = label or self.flag
+        if self.choices:
+            if value not in self.choices:
+                raise InvalidInputError(f"{label} must be {self.range_text()}; got {value!r}")
+            return value
+        kind = type(self.value) if self.value is not None else float
+        if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                     or (kind is int and not float(value).is_integer()) or math.isnan(value)):
+            raise InvalidInputError(f"{label} must be a {'whole number' if kind is int else 'number'} "
+                                    f"{self.range_text()}; got {value!r}")
+        too_low = self.low is not None and (value <= self.low if self.open_low else value < self.low)
+        too_high = self.high is not None and (value >= self.high if self.open_high else value > self.high)
+        if too_low or too_high:
+            raise InvalidInputError(f"{label} must be {self.range_text()}; got {value!r}")
+        return value
+
+    def widget_bounds(self) -> tuple[Any, Any]:
+        """(min, max) for a closed-range widget: an open bound moves one `step` inside."""
+        step = self.step or (1 if isinstance(self.value, int) else 0.01)
+        low = None if self.low is None else self.low + (step if self.open_low else 0)
+        high = None if self.high is None else self.high - (step if self.open_high else 0)
+        if isinstance(self.value, int) and not isinstance(self.value, bool):
+            return (None if low is None else int(low)), (None if high is None else int(high))
+        return (None if low is None else float(low)), (None if high is None else float(high))
+
 
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in [
-        Setting("max_new_tokens", 256, "Most response tokens to generate.", 1, None),
-        Setting("temperature", 0.0, "Sampling temperature (0 = greedy).", 0.0, None),
-        Setting("top_p", 1.0, "Nucleus sampling mass (1 = off).", 0.0, 1.0),
+        Setting("max_new_tokens", 256, "Most response tokens to generate.", 1, None, step=32),
+        Setting("temperature", 0.0, "Sampling temperature (0 = greedy).", 0.0, None, step=0.1),
+        Setting("top_p", 1.0, "Nucleus sampling mass (1 = off).", 0.0, 1.0, open_low=True, step=0.01),
         Setting("seed", 0, "Seed of the sampling streams (draws keyed by seed, sample and position).", 0, None),
         Setting("samples", 1, "Samples per problem (pass@k uses all of them).", 1, None),
         Setting("batch_size", 8, "Rows decoded or scored together.", 1, None),
         Setting("k", 10, "Top-k ids and probabilities kept per token and model.", 1, None),
         Setting("window", 16, "Gate window W: the previous W scores whose mean the current one must exceed λ times.", 1, None),
-        Setting("ratio", 0.05, "Calibration ratio r: the gate's tau is the (1 - r) quantile of base-rollout scores.", 0.0, 1.0),
+        Setting("ratio", 0.05, "Calibration ratio r: the gate's tau is the (1 - r) quantile of base-rollout scores.",
+                0.0, 1.0, open_low=True, open_high=True, step=0.001),
         Setting("calibration_problems", 32, "Problems whose base rollouts calibrate the gate.", 1, None),
         Setting("score", "cross_entropy", "Disagreement score for spikes, gates and colour scales.", None, None),
-        Setting("spike_top", 0.01, "Spikes: the top fraction of tokens by score (per trace or dataset).", 0.0, 1.0),
+        Setting("spike_top", 0.01, "Spikes: the top fraction of tokens by score (per trace or dataset).", 0.0, 1.0,
+                open_low=True, step=0.001),
         Setting("held_cache_gib", None, "GiB of recent traces' KV caches held so that a branch needs no re-prefill "
                 "(None: 1 GiB on a CPU, a tenth of the GPU's memory on CUDA).", 0.0, None),
         Setting("spike_floor", 0.01, "Spikes: a top-p% spike needs a score above this (nats), so ~0 scores never count.", 0.0, None),
+        Setting("dtype", "auto", "Weights' dtype: auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16 or float16.",
+                choices=("auto", "float32", "bfloat16", "float16")),
+        Setting("device", "auto", "auto, cpu, cuda or cuda:N."),
+        Setting("ratios", (0.01, 0.02, 0.05, 0.1), "Calibration ratios r of a sweep (each in (0, 1)), e.g. 0.01,0.02,0.05,0.1."),
+        Setting("effect_samples", 8, "Continuations per arm (the reasoner / the base writes the token) and position "
+                "in takeover effects and the success curve.", 1, None),
+        Setting("demo_measure_problems", 500, "Test problems the demo card is measured on.", 1, None),
+        Setting("demo_measure_samples", 8, "Samples per problem for the demo card's pass@k.", 1, None),
     ]
 }
-
 # Typed names for signatures: `def generate(..., max_new_tokens: int = settings.MAX_NEW_TOKENS)`.
 MAX_NEW_TOKENS: int = SETTINGS["max_new_tokens"].value
 TEMPERATURE: float = SETTINGS["temperature"].value
@@ -65,6 +118,10 @@ SCORE: str = SETTINGS["score"].value
 SPIKE_TOP: float = SETTINGS["spike_top"].value
 SPIKE_FLOOR: float = SETTINGS["spike_floor"].value
 HELD_CACHE_GIB: float | None = SETTINGS["held_cache_gib"].value
+DTYPE: str = SETTINGS["dtype"].value
+DEVICE: str = SETTINGS["device"].value
+RATIOS: tuple[float, ...] = SETTINGS["ratios"].value
+EFFECT_SAMPLES: int = SETTINGS["effect_samples"].value
 
 # The seed paper's settings (docs/REPRODUCE.md): 8 samples at T 0.6, top-p 0.95, long chains of thought.
 PRESETS: dict[str, dict[str, Any]] = {

@@ -330,6 +330,27 @@ def test_problems_page_lists_unreadable_traces(env):
     assert str(bad) in set(table["file"])
 
 
+def test_damaged_traces_are_counted_apart_and_a_damaged_link_says_what_to_do(env):
+    """Issue 24.8: a trace whose footer reads but whose pages do not is not counted as readable, and its
+    link says "damaged: run forkpoint verify / repair" rather than "not in the store"."""
+    at = env.start().run()
+    store = TraceStore(env.store)
+    key = at.session_state["trace_key"]
+    path = store.traces_dir / f"{key}.parquet"
+    raw = bytearray(path.read_bytes())
+    raw[200:260] = bytes(b ^ 0xFF for b in raw[200:260])  # a data page; the footer (summary) still reads
+    path.write_bytes(bytes(raw))
+    n = len(store.keys())
+    at.switch_page("screens/problems.py").run()
+    assert not at.exception
+    captions = " ".join(_texts(at.caption))
+    assert f"of {n - 1} readable traces (+1 damaged, listed below)" in captions, captions
+    table = next(d for d in at.dataframe if "key" in d.value.columns).value
+    assert key not in set(table["key"])
+    shown = " ".join(_texts(_opened(env, trace=key).error))
+    assert "is damaged" in shown and "forkpoint verify" in shown and "forkpoint repair" in shown
+
+
 def test_gate_without_rollouts_of_this_pair_says_so_and_makes_them(env):
     at = _opened(env, trace="0" * 32)  # no first view: the store stays empty
     at.radio(key="spike_kind").set_value("gate").run()
@@ -381,6 +402,9 @@ def test_forkpoint_app_takes_base_reason_and_sigterm_stops_streamlit(tiny_dirs, 
         # DNS rebinding: a WebSocket whose Host (and Origin) is another name is refused; the bound one is accepted
         assert _ws_status(port, "attacker.example") != 101
         assert _ws_status(port, f"127.0.0.1:{port}") == 101
+        for path in ("/", "/_stcore/health", "/_stcore/metrics"):  # plain HTTP too (app/serve.py's HostGuard)
+            assert _http_status(port, path, "attacker.example") == 403, path
+            assert _http_status(port, path, f"localhost:{port}") == 200, path
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         time.sleep(1)
@@ -389,6 +413,58 @@ def test_forkpoint_app_takes_base_reason_and_sigterm_stops_streamlit(tiny_dirs, 
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _http_status(port: int, path: str, host: str) -> int:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"Host": host})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_host_guard_refuses_plain_http_with_a_foreign_host(monkeypatch):
+    """Issue 24.10: HTTP requests whose Host is not in server.allowedHosts get 403 before Streamlit sees them."""
+    import asyncio
+
+    from streamlit import config
+
+    from app.serve import HostGuard, install
+
+    reached = []
+
+    async def inner(scope, receive, send):
+        reached.append(scope["path"])
+
+    def status(host_headers: list[bytes], kind: str = "http") -> int | None:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": kind, "path": "/x", "headers": [(b"host", h) for h in host_headers]}
+        asyncio.run(HostGuard(inner)(scope, None, send))
+        return sent[0]["status"] if sent else None
+
+    monkeypatch.setattr(config, "get_option", lambda name: ["127.0.0.1", "localhost"] if name == "server.allowedHosts"
+                        else None)  # fmt: skip
+    assert status([b"attacker.example"]) == 403 and status([b"127.0.0.1.attacker.example:80"]) == 403
+    assert status([]) == 403 and status([b"localhost:8501", b"attacker.example"]) == 403
+    assert status([b"user@localhost"]) == 403
+    assert status([b"localhost:8501"]) is None and status([b"127.0.0.1"]) is None and reached == ["/x", "/x"]
+    assert status([b"attacker.example"], kind="websocket") is None  # Streamlit's own check handles those
+    monkeypatch.setattr(config, "get_option", lambda name: [])  # bound to 0.0.0.0: every Host
+    assert status([b"attacker.example"]) is None
+
+    from streamlit.web.server.starlette import starlette_app
+
+    install()
+    install()  # once only
+    stack = starlette_app.create_streamlit_middleware()
+    assert stack[0].cls is HostGuard and sum(m.cls is HostGuard for m in stack) == 1
 
 
 def _ws_status(port: int, host: str) -> int:

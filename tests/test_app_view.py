@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -386,8 +388,8 @@ def test_forkpoint_app_forwards_every_pair_flag_to_the_app(monkeypatch):
     seen = {}
 
     class FakeChild:
-        def __init__(self, cmd):
-            seen["cmd"] = cmd
+        def __init__(self, cmd, env=None):
+            seen["cmd"], seen["env"] = cmd, env
 
         def wait(self):
             return 0
@@ -400,6 +402,8 @@ def test_forkpoint_app_forwards_every_pair_flag_to_the_app(monkeypatch):
             "--trust-remote-code", "--store", "st", "--base-format", "Q: {problem}\nA:", "--port", "8600"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
+    assert seen["cmd"][1:3] == ["-m", "app.serve"]  # Streamlit with the plain-HTTP Host check (app/serve.py)
+    assert str(Path(__file__).resolve().parents[1]) in seen["env"]["PYTHONPATH"].split(os.pathsep)
     forwarded = seen["cmd"][seen["cmd"].index("--") + 1:]
     config = parse_args(forwarded)
     assert (config.pair.base, config.pair.reason, config.pair.base_revision, config.pair.reason_revision) == (

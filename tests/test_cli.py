@@ -147,3 +147,166 @@ def test_score_ranks_delta_logp_by_its_sign(env):
     assert lines[0].split()[2] == "delta_logp"
     values = [float(line.split()[-4]) for line in lines[1:5]]  # columns from the right: tokens may hold spaces
     assert len(values) == 4 and values == sorted(values)  # ascending raw value = descending score
+
+
+# -- every option checked before any model loads (issue 24.4-7, 24.12; issue 20) ------------------------
+
+
+@pytest.fixture()
+def no_models(monkeypatch):
+    """Fail loudly if a command loads a model pair (the checks must come first)."""
+    import core.cli.common as common
+    import core.cli.evaluation as evaluation
+    import core.cli.store as store_cli
+    import core.cli.traces as traces
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model pair was loaded before the options were checked")
+
+    for mod in (common, traces, store_cli, evaluation):
+        for name in ("_pair", "_pair_or_spec"):
+            if hasattr(mod, name):
+                monkeypatch.setattr(mod, name, loaded)
+
+
+def _bad_inputs(tmp):
+    src = tmp / "f.jsonl"
+    src.write_text('{"id": "a", "prompt": "p", "response": "r"}\n')
+    rep = ["reproduce", "--problems", str(src), "--out", str(tmp / "rep")]
+    return [
+        (["generate", "--prompt", ""], "--prompt"), (["generate", "--prompt", "  \n"], "--prompt"),
+        (["generate", "--limit", "-3"], "--limit"), (["generate", "--top-p", "0"], "--top-p"),
+        (["generate", "--top-p", "5"], "--top-p"), (["generate", "--dtype", "float8"], "--dtype"),
+        (["generate", "--store", "/proc/x"], "--store"), (["generate", "--ratio", "1"], "--ratio"),
+        (["score", "--prompt", "x", "--response", ""], "--response"),
+        (["score", "--prompt", "x", "--response", "y", "--dtype", "float8"], "--dtype"),
+        (["calibrate", "--ratio", "0"], "--ratio"), (["calibrate", "--window", "0"], "--window"),
+        (["eval", "--limit", "-3"], "--limit"), (["eval", "--limit", "0"], "--limit"),
+        (["eval", "--ratios="], "--ratios"), (["eval", "--ratios", "5"], "--ratios"),
+        (["eval", "--ratios", "0.1,x"], "--ratios"), (["eval", "--ratios", "1"], "--ratios"),
+        (["eval", "--window", "0"], "--window"), (["eval", "--samples", "0"], "--samples"),
+        (["eval", "--temperature", "-1"], "--temperature"), (["eval", "--top-p", "1.5"], "--top-p"),
+        (["eval", "--max-new-tokens", "0"], "--max-new-tokens"), (["eval", "--shard", "4/4"], "--shard"),
+        (["eval", "--shard", "x"], "--shard"), (["eval", "--budgets", "2"], "--budgets"),
+        (["eval", "--out", "/proc/x/t.csv"], "--out"), (["eval", "--dtype", "int4"], "--dtype"),
+        (["eval", "--out", str(tmp / "missing_dir" / "t.csv")], "--out"),
+        ([*rep, "--top-p", "5"], "--top-p"), ([*rep, "--ratios", "1"], "--ratios"), ([*rep, "--limit", "0"], "--limit"),
+        ([*rep, "--samples", "0"], "--samples"), ([*rep, "--window", "0"], "--window"),
+        (["reproduce", "--problems", str(src), "--out", "/proc/x"], "--out"),
+        (["analyze", "--out", "/proc/x"], "--out"),
+        (["export", "--out", str(tmp / "missing_dir" / "x.jsonl")], "--out"),
+        (["export", "--out", "/proc/x.jsonl"], "--out"),
+        (["import", str(src), "--report", "/proc/x"], "--report"),
+        (["import", str(src), "--store", "/proc/x"], "--store"),
+        (["demo", "measure", "--n", "0"], "--n"), (["app", "--max-new-tokens", "0"], "--max-new-tokens"),
+    ]  # fmt: skip
+
+
+def test_bad_options_are_refused_before_any_model_loads_naming_the_flag(tmp_path, no_models):
+    store = tmp_path / "store"
+    store.mkdir()
+    cases = _bad_inputs(tmp_path)
+    for args, flag in cases:
+        if args[0] not in ("demo", "app", "reproduce") and "--store" not in args:
+            args = [*args, "--store", str(store)]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output, result.exception)
+        assert flag in result.output and "Traceback" not in result.output, (args, result.output)
+    assert list(store.iterdir()) == [] and not (tmp_path / "missing_dir").exists()
+    assert len(cases) >= 40
+
+
+def test_every_command_takes_its_defaults_and_ranges_from_the_settings_table():
+    """Issue 20: an option named like a setting has the setting's default (or None, for preset-filled
+    options) and exactly its range, in every command."""
+    import click
+
+    from core import settings
+
+    def commands(group, prefix=""):
+        for name, cmd in group.commands.items():
+            if isinstance(cmd, click.Group):
+                yield from commands(cmd, prefix + name + " ")
+            else:
+                yield prefix + name, cmd
+
+    checked = set()
+    for name, cmd in commands(main):
+        for opt in cmd.params:
+            row = settings.SETTINGS.get(opt.name or "")
+            if name in ("demo measure", "effects"):  # their --n / --samples are rows of their own
+                own = {"demo measure": "demo_measure_", "effects": "effect_"}[name]
+                row = settings.SETTINGS.get(own + {"n": "problems"}.get(opt.name, opt.name))
+                if row is None:
+                    continue
+            elif row is None or opt.opts != [row.flag] or isinstance(row.value, tuple):
+                continue
+            assert opt.default in (row.value, None), (name, opt.name)
+            if row.choices:
+                assert list(opt.type.choices) == list(row.choices), (name, opt.name)
+            elif row.low is not None and opt.name not in ("seed", "score"):
+                t = opt.type
+                assert (t.min, t.max, t.min_open, t.max_open) == (row.low, row.high, row.open_low, row.open_high), \
+                    (name, opt.name)
+            checked.add((name, opt.name))
+    for must in [("eval", "top_p"), ("eval", "window"), ("reproduce", "top_p"), ("reproduce", "batch_size"),
+                 ("generate", "top_p"), ("app", "max_new_tokens"), ("score", "dtype"), ("demo train", "seed"),
+                 ("demo measure", "n")]:
+        assert must in checked, must
+    ratios = {name: next(o.default for o in cmd.params if o.name == "ratios") for name, cmd in commands(main)
+              if any(o.name == "ratios" for o in cmd.params)}  # fmt: skip
+    assert ratios == {"eval": str(settings.RATIO), "reproduce": ",".join(map(str, settings.RATIOS))}
+    top_p = settings.SETTINGS["top_p"]
+    assert top_p.range_text() == "in (0, 1]" and top_p.check(1.0) == 1.0
+    for bad in (0.0, 1.5, float("nan"), "x", True):
+        with pytest.raises(ValueError, match="--top-p must be"):
+            top_p.check(bad)
+
+
+def test_export_into_a_missing_folder_needs_parents(env, tmp_path):
+    store = TraceStore(env["store"])
+    from fakes import make_trace
+
+    store.put(make_trace(10, seed=1))
+    out = tmp_path / "new" / "deeper" / "x.jsonl"
+    refused = CliRunner().invoke(main, ["export", "--store", env["store"], "--out", str(out)])
+    assert refused.exit_code == 2 and "does not exist" in refused.output and "--parents" in refused.output
+    run("export", "--store", env["store"], "--out", str(out), "--parents")
+    assert len(read_jsonl(out)) == 1
+
+
+def test_errors_start_on_a_clean_line_and_the_generate_bar_counts_traces(env, monkeypatch):
+    import re
+
+    import core.cli.traces as traces
+    import core.decoding
+    from core.errors import StoreError
+
+    monkeypatch.setattr(traces, "_pair_or_spec", lambda opts, executor: "PAIR")
+
+    def fails_midway(pair, problems, policy, progress=None, **kwargs):
+        progress(1, len(problems))
+        raise StoreError("the store went away")
+
+    monkeypatch.setattr(core.decoding, "generate_many", fails_midway)
+    result = CliRunner().invoke(main, ["generate", "--store", env["store"], "--problems", env["problems"]])
+    assert result.exit_code == 1 and "trace" in result.stderr and "tok" not in result.stderr
+    assert re.search(r"(^|[\r\n])Error: the store went away", result.stderr), repr(result.stderr)
+
+
+def test_ls_counts_the_spikes_the_app_marks(tmp_path):
+    """Issue 22.4: `ls` n_spikes is the app's default spike rule applied to the trace (one computation)."""
+    import io
+
+    from fakes import make_trace
+
+    from app.view import SpikeRule, annotate_view
+
+    store = TraceStore(tmp_path / "s")
+    traces = [make_trace(n, seed=s) for s, n in enumerate((40, 150, 333))]
+    for t in traces:
+        store.put(t)
+    table = pd.read_csv(io.StringIO(run("ls", "--store", str(tmp_path / "s"), "--csv"))).set_index("key")
+    shown = {t.key: len(annotate_view(t, rule=SpikeRule()).annotations["spikes"]["positions"]) for t in traces}
+    assert {k: int(table.loc[k, "n_spikes"]) for k in shown} == shown and all(v > 0 for v in shown.values())
+    assert SpikeRule().top == __import__("core").settings.SPIKE_TOP

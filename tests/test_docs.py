@@ -56,3 +56,12 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     test_commands = [c for c in commands if "pytest" in c]
     assert len(test_commands) == 1, "the README has exactly one test command"
     assert test_commands[0].strip() in ci, ".ci/run must run the README's test command word for word"
+
+
+def test_reliability_names_only_tests_that_exist() -> None:
+    """docs/RELIABILITY.md says how each promise is tested: every test it names must exist."""
+    text = (ROOT / "docs" / "RELIABILITY.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`(test_\w+)`", text))
+    defined = {m for p in (ROOT / "tests").glob("test_*.py") for m in re.findall(r"^def (test_\w+)", p.read_text(
+        encoding="utf-8"), re.M)}  # fmt: skip
+    assert len(named) >= 40 and not named - defined, sorted(named - defined)

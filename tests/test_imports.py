@@ -25,7 +25,14 @@ from hypothesis import strategies as st
 
 import core.io.atomic as atomic
 from core.errors import InvalidInputError, ModelLoadError
-from core.io.foreign import MAX_DEPTH, count_records, json_depth_exceeds
+from core.io.foreign import (
+    MAX_DEPTH,
+    MAX_LINE_BYTES,
+    ForeignRecord,
+    count_records,
+    iter_foreign,
+    json_depth_exceeds,
+)
 from core.io.imports import (
     ImportResult,
     import_file,
@@ -156,6 +163,106 @@ def test_fifty_megabyte_line_is_rejected_in_bounded_memory(tmp_path):
     assert [r.id for r in records] == ["y"] and errors[0][0] == 1 and "longer than" in errors[0][1]
 
 
+def test_a_csv_cell_over_the_limit_skips_its_row_and_the_rest_is_read(tmp_path):
+    """Issue 24.3: a 9 MiB cell skips its row (named by line), in bounded memory; the rows after it are read."""
+    path = tmp_path / "big.csv"
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        fh.write("id,prompt,response\r\na,p,r\r\n")
+        fh.write('b,p,"' + ("x" * 1023 + "\n") * 9 * 1024 + '"\r\n')  # 9 MiB over 9217 lines, quoted
+        fh.write("c,p,r\r\nd,\"q\"\"uote\",s\r\n")
+    tracemalloc.start()
+    try:
+        records, errors = read_foreign_jsonl(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    last = 3 + 9 * 1024
+    assert [(r.line, r.id) for r in records] == [(2, "a"), (last + 1, "c"), (last + 2, "d")]
+    assert records[2].prompt == 'q"uote'
+    assert errors == [(3, f"row (lines 3-{last}) is longer than {MAX_LINE_BYTES} bytes (the limit); skipped unread")]
+    store = TraceStore(tmp_path / "s")
+    result = import_file("PAIR", path, store, score_fn=fake_score)
+    assert result.stopped is None and [line for line, _ in result.stored] == [2, last + 1, last + 2]
+    assert result.to_dict()["complete"] is True and result.to_dict()["failed"] == 1
+
+
+def test_an_unterminated_quote_names_the_lines_it_swallowed(tmp_path):
+    path = tmp_path / "q.csv"
+    path.write_text('id,prompt,response\na,p,r\nb,"never closed,r\nc,p,r\nd,"q",r\ne,p,r\n')
+    records, errors = read_foreign_jsonl(path)
+    assert [r.id for r in records] == ["a", "e"]
+    assert errors == [(3, "quotes out of step: a quote on line 3 closes on line 5 before more text, so lines 3-5 "
+                          "were read as one row and skipped (check the quotes on line 3)")]  # fmt: skip
+    path.write_text('id,prompt,response\na,p,r\nb,"never closed,r\nc,p,r\nd,"",r\ne,p,r\n')
+    assert read_foreign_jsonl(path)[1] == [(3, "a quote opened on line 3 is never closed: lines 3-6 were read as "
+                                                "one row and skipped (close the quote)")]  # fmt: skip
+    path.write_text('id,prompt,response\na,p,r\nb,"never closed,r\nc,p,r\n')
+    records, errors = read_foreign_jsonl(path)
+    assert [r.id for r in records] == ["a"]
+    assert errors == [(3, "a quote opened on line 3 is never closed: lines 3-4 were read as one row and skipped "
+                          "(close the quote)")]  # fmt: skip
+
+
+_CSV_TEXT = st.lists(st.sampled_from(["a", "b", ",", '"', "\n", "\r", "\r\n", " ", "é"]), max_size=40).map("".join)
+
+
+@given(_CSV_TEXT, st.integers(1, 40))
+@settings(max_examples=400, deadline=None)
+def test_csv_records_split_as_the_csv_module_reads_them(text, chunk):
+    """The bounded-memory record splitter agrees with csv.reader on rows and first lines, at any read size."""
+    import csv
+    import io
+
+    import core.io.foreign as foreign
+
+    reader, ref, prev = csv.reader(io.StringIO(text, newline="")), [], 0
+    for row in reader:
+        ref.append((prev + 1, row))
+        prev = reader.line_num
+    old, foreign._CHUNK = foreign._CHUNK, chunk
+    try:
+        got = [(r.first, foreign._csv_cells(r.text)) for r in foreign._csv_texts(io.StringIO(text, newline=""), 1 << 20)]
+    finally:
+        foreign._CHUNK = old
+    assert got == ref
+
+
+@given(st.lists(_CSV_TEXT, max_size=8), st.sampled_from(["\n", "\r\n"]))
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_fuzz_csv_import_never_raises_and_accounts_for_every_row(tmp_path, rows, sep):
+    path = tmp_path / "fuzz.csv"
+    path.write_text(sep.join(["id,prompt,response", *rows]) + sep, encoding="utf-8", newline="")
+    store = TraceStore(tmp_path / f"store-{time.perf_counter_ns()}")
+    result = import_file("PAIR", path, store, score_fn=fake_score)
+    assert result.stopped is None
+    seen = [line for line, _ in result.stored] + [line for line, _, _ in result.skipped] + \
+        [line for line, _ in result.errors]
+    assert len(seen) == len(set(seen))
+    read = {item.line if isinstance(item, ForeignRecord) else item[0] for item in iter_foreign(path)}
+    assert set(seen) == read and record_lines(store) == dict(result.stored)
+
+
+def test_a_damaged_parquet_row_group_is_reported_and_the_others_stored(tmp_path):
+    """Issue 24.1: one damaged page loses its row group only (each row reported with the group's range)."""
+    rows = [{"id": str(i), "prompt": f"p{i}", "response": f"r{i}"} for i in range(1, 101)]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=20)
+    column = pq.read_metadata(path).row_group(2).column(1)
+    at = column.dictionary_page_offset or column.data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[at : at + 12] = bytes(b ^ 0xFF for b in raw[at : at + 12])  # the page header of group 3
+    path.write_bytes(bytes(raw))
+    store = TraceStore(tmp_path / "s")
+    result = import_file("PAIR", path, store, score_fn=fake_score, report_path=tmp_path / "r.jsonl")
+    assert [line for line, _ in result.stored] == [*range(1, 41), *range(61, 101)]
+    assert [line for line, _ in result.errors] == list(range(41, 61))
+    assert all(why.startswith("row group 3 of 5 (rows 41-60) cannot be read: ") for _, why in result.errors)
+    assert len(store.keys()) == 80 and record_lines(store) == dict(result.stored)
+    end = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[-1])
+    assert end["failed"] == 20 and end["stored"] == 80
+
+
 # -- importing -----------------------------------------------------------------------------------------
 
 
@@ -184,6 +291,26 @@ def test_import_with_fake_scorer(tmp_path):
     assert record_lines(store) == dict(result.stored)
     report = result.to_dict()
     assert (report["stored"], report["skipped"], report["failed"], report["complete"]) == (3, 0, 7, True)
+
+
+def test_records_with_an_answer_are_graded_on_import(tmp_path):
+    """Issue 22.2: an imported record with an answer is graded like a generated trace, so `ls` and the
+    app's Correct filter see it; one without stays ungraded."""
+    lines = [json.dumps({"id": "a", "prompt": "1+2?", "response": "so \\boxed{3}", "answer": "3"}),
+             json.dumps({"id": "b", "prompt": "1+2?", "response": "so \\boxed{4}", "answer": 3}),
+             json.dumps({"id": "c", "prompt": "1+2?", "response": "so \\boxed{3}"})]  # fmt: skip
+    def ungraded_score(pair, problem, response):  # as core.scoring.score: no answer, no grade
+        trace = fake_score(pair, problem, response)
+        del trace.meta["answer"], trace.meta["correct"]
+        return trace
+
+    store = TraceStore(tmp_path / "s")
+    result = import_file("PAIR", write_foreign(tmp_path / "f.jsonl", lines=lines), store, score_fn=ungraded_score)
+    graded = {store.get(k).meta["import"]["id"]: (store.get(k).meta.get("answer"), store.get(k).meta.get("correct"))
+              for k in result.keys}  # fmt: skip
+    assert graded == {"a": ("3", True), "b": ("4", False), "c": (None, None)}, graded
+    table = store.summaries().set_index("key")
+    assert [table.loc[k, "correct"] for k in result.keys] == [True, False, None]
 
 
 def test_records_differing_in_id_or_answer_are_distinct_and_true_duplicates_are_reported(tmp_path):
@@ -306,6 +433,57 @@ def test_disk_full_stops_with_a_report_naming_what_was_stored(tmp_path, monkeypa
     assert "the disk is full" in result.stopped and "line 4" in result.stopped
     assert result.errors == [(4, result.stopped)] and result.to_dict()["complete"] is False
     assert not [p for p in store.traces_dir.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+class _FillingFile:
+    """A text file whose flush finds the disk full after `room` lines (as a 1 MB tmpfs would)."""
+
+    def __init__(self, fh, room: int) -> None:
+        self.fh, self.room = fh, room
+
+    def write(self, text: str) -> int:
+        self.room -= 1
+        return self.fh.write(text) if self.room >= 0 else len(text)  # past the room nothing lands
+
+    def flush(self) -> None:
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+@pytest.mark.parametrize("room", [0, 3, 6])  # the first line, a middle one, the closing "end" line
+def test_a_full_disk_while_writing_the_report_stops_cleanly(tmp_path, monkeypatch, room):
+    """Issue 24.2: the report writer's full disk stops the import with a message, like the store's."""
+    import builtins
+
+    import core.io.imports as imports
+
+    lines = [json.dumps({"id": str(i), "prompt": "p", "response": f"r{i}"}) for i in range(1, 7)]
+    path = write_foreign(tmp_path / "f.jsonl", lines=lines)
+    monkeypatch.setattr(imports, "open", lambda *a, **k: _FillingFile(builtins.open(*a, **k), room), raising=False)
+    store = TraceStore(tmp_path / "store")
+    result = import_file("PAIR", path, store, score_fn=fake_score, report_path=tmp_path / "r.jsonl")
+    assert "Cannot write the import report" in result.stopped and "the disk is full" in result.stopped
+    assert record_lines(store) == dict(result.stored)  # what the result calls stored is what the store holds
+    assert len(result.stored) == min(room + 1, 6) and result.to_dict()["complete"] is False
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == room
+
+
+def test_cli_report_on_a_full_or_unwritable_path(tmp_path, tiny_dirs):
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    pair = ["--base", str(tiny_dirs["qwen_base"]), "--reason", str(tiny_dirs["qwen_reason"]), "--device", "cpu"]
+    src = write_foreign(tmp_path / "f.jsonl", lines=[json.dumps({"id": "a", "prompt": "What is 2+3?", "response": "5"})])
+    result = CliRunner().invoke(main, ["import", *pair, "--store", str(tmp_path / "s"), str(src), "--report", "/dev/full"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "Import stopped early" in result.stderr and "/dev/full: the disk is full" in result.stderr
+    result = CliRunner().invoke(main, ["import", "--store", str(tmp_path / "s"), str(src), "--report", "/proc/x"])
+    assert result.exit_code == 2 and "--report" in result.output and "Traceback" not in result.output
 
 
 def _kill_target(path: str, store: str, report: str) -> None:

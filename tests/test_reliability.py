@@ -47,6 +47,14 @@ def damage(path, how: str = "truncate") -> None:
         path.write_bytes(data[: len(data) // 2])
     elif how == "zeros":
         path.write_bytes(bytes(len(data)))
+    elif how == "header":  # a page header: thrift's reason spans several lines
+        import pyarrow.parquet as pq
+
+        column = pq.read_metadata(path).row_group(0).column(1)
+        at = column.dictionary_page_offset or column.data_page_offset
+        raw = bytearray(data)
+        raw[at : at + 12] = bytes(b ^ 0xFF for b in raw[at : at + 12])
+        path.write_bytes(bytes(raw))
     else:  # a data page, same size, footer intact: only a full read sees it
         raw = bytearray(data)
         for i in range(200, 260):
@@ -271,7 +279,7 @@ def test_temp_files_of_killed_writers_are_removed_on_open_live_ones_kept(tmp_pat
         fresh = TraceStore(tmp_path)
         assert [p.name.split(".")[1] for p in fresh.removed_temp_files] == ["dead"]
         assert [p.name.split(".")[1] for p in fresh.live_temp_files] == ["live"]
-        assert [state for _, state in fresh.verify().temp_files] == ["in use"]
+        assert [state for _, state in fresh.verify().temp_files] == ["removed: left by a writer that died", "in use"]
     finally:
         os.kill(procs[1].pid, signal.SIGKILL)
         procs[1].join()
@@ -494,3 +502,59 @@ def test_unknown_model_type_mentions_trust_remote_code(tmp_path, tiny_dirs):
     (model / "config.json").write_text(json.dumps({**config, "model_type": "foobarnet"}))
     code, out = cli("score", "--base", str(model), "--reason", str(model), "--prompt", "x", "--response", "y")
     assert code == 1 and "foobarnet" in out and "--trust-remote-code" in out
+
+
+def test_unreadable_reasons_are_one_line_each(tmp_path):
+    """Issue 24.12: `ls --unreadable` prints one line per damaged file (pyarrow's reasons hold newlines)."""
+    store = TraceStore(tmp_path / "s")
+    keys = [store.put(make_trace(20, seed=s)) for s in range(4)]
+    for key, how in zip(keys, ("truncate", "header", "page")):
+        damage(trace_path(store, key), how)
+    raw = [reason for _, reason in TraceStore(store.path).unreadable()]
+    assert any("\n" in r for r in raw)  # the case this test is about
+    code, out = cli("ls", "--store", str(store.path), "--unreadable")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3 and all(line.count("\t") == 1 for line in lines), out
+    assert [line.split("\t")[1] for line in lines] == [" ".join(r.split()) for r in raw]
+    code, out = cli("ls", "--store", str(store.path))
+    assert len([line for line in out.splitlines() if line.startswith("  ") and ".parquet: " in line]) == 3
+
+
+def test_a_killed_exports_temp_file_is_removed_by_the_next_export_and_verify_reports_removals(tmp_path, monkeypatch):
+    """Issue 24.9: kill -9 during an export leaves `.all.parquet.XXXX.tmp`; the next export to that folder
+    removes it (a live writer's is kept, other files are never touched); verify says what opening removed."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".other.parquet.abcdef12.tmp").write_bytes(b"not ours")
+    procs = []
+    for target in ("all.parquet", "all.parquet"):
+        started = FORK.Event()
+        proc = FORK.Process(target=_write_slowly, args=(str(out / target), started))
+        proc.start()
+        assert started.wait(30)
+        procs.append(proc)
+    os.kill(procs[0].pid, signal.SIGKILL)
+    procs[0].join()
+    monkeypatch.setattr(atomic, "STALE_TEMP_SECONDS", 0.0)
+    try:
+        assert len([p for p in out.iterdir() if p.name.startswith(".all.parquet.")]) == 2
+        export([make_trace(10, seed=1)], out / "all.parquet", overwrite=True)
+        left = sorted(p.name for p in out.iterdir())
+        assert len([n for n in left if n.startswith(".all.parquet.")]) == 1  # the live writer's
+        assert "all.parquet" in left and ".other.parquet.abcdef12.tmp" in left
+    finally:
+        os.kill(procs[1].pid, signal.SIGKILL)
+        procs[1].join()
+
+    store = TraceStore(tmp_path / "s")
+    store.put(make_trace(10, seed=2))
+    started = FORK.Event()
+    proc = FORK.Process(target=_write_slowly, args=(str(store.traces_dir / "x.parquet"), started))
+    proc.start()
+    assert started.wait(30)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    code, text = cli("verify", "--store", str(store.path))
+    report = json.loads(text)
+    assert code == 0 and [t["state"] for t in report["temp_files"]] == ["removed: left by a writer that died"]
+    assert not [p for p in store.traces_dir.iterdir() if p.name.startswith(".")]

@@ -9,7 +9,8 @@ from app import resources, state
 from app.compare_panels import rank_shift_tab, reasoner_tables, reasoners_tab
 from app.context import get_context
 from app.instruments_panels import dataset_instruments
-from app.view import DEFAULT_TOP, select_rows, with_policy_labels
+from app.view import select_rows, with_policy_labels
+from core import settings
 from core.analysis import report as R
 from core.analysis import tables as A
 from core.analysis.registry import (
@@ -108,7 +109,7 @@ def main() -> None:
         st.info("No traces selected (the store may be empty: use Generate).")
         return
     s = ctx.settings
-    top = s.rule.top or DEFAULT_TOP
+    top = s.rule.top or settings.SPIKE_TOP
     c1, c2 = st.columns(2)
     segment = c1.selectbox("Segment", (None, "think", "answer"), key="ds_segment",
                            format_func=lambda x: "whole response" if x is None else x)

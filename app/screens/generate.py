@@ -64,6 +64,14 @@ def _widget(col, spec_name: str, p, key: str):
     return col.number_input(label, lo, hi, p.kind(p.default), step, key=key, help=p.help + p.range_text())
 
 
+def _setting_input(col, name: str, label: str, key: str, value=None):
+    """A number widget for a row of the settings table: its default, range (core.settings) and help."""
+    row = SETTINGS[name]
+    low, high = row.widget_bounds()
+    step = row.step or (1 if isinstance(row.value, int) else 0.01)
+    return col.number_input(label, low, high, row.value if value is None else value, step, key=key, help=row.help)
+
+
 def _policy_form(score: str) -> tuple[str, dict, dict]:
     """(policy name, its parameters, calibration settings) from widgets generated from the registry."""
     specs = {spec.name: spec for spec in list_policies()}
@@ -81,12 +89,8 @@ def _policy_form(score: str) -> tuple[str, dict, dict]:
         params["score"] = score
     calib: dict = {}
     for j, setting in enumerate(spec.calibration):
-        row = SETTINGS[setting]
-        col = cols[(len(widgets) + j) % 3]
-        kind = type(row.value)
-        calib[setting] = col.number_input(f"{setting} (calibration)", kind(row.low) if row.low is not None else None,
-                                          kind(row.high) if row.high is not None else None, row.value,
-                                          1 if kind is int else 0.01, key=f"gen_{name}_calib_{setting}", help=row.help)
+        calib[setting] = _setting_input(cols[(len(widgets) + j) % 3], setting, f"{setting} (calibration)",
+                                        key=f"gen_{name}_calib_{setting}")
     if spec.needs_gate:
         st.caption(f"{spec.label} calibrates its gate (τ, λ) on BaseOnly rollouts of the chosen problems first.")
     return name, params, calib
@@ -125,16 +129,13 @@ def main() -> None:
         st.error(md_escape(err, 400))
         return
     c = st.columns(6)
-    max_new = int(c[0].number_input("max new tokens", 1, 32768, st.session_state["config"].max_new_tokens, 32,
-                                    key="gen_max_new", help=SETTINGS["max_new_tokens"].help))
-    temperature = float(c[1].number_input("temperature", 0.0, 2.0, float(settings.TEMPERATURE), 0.1, key="gen_temp",
-                                          help=SETTINGS["temperature"].help))
-    top_p = float(c[2].number_input("top-p", 0.01, 1.0, float(settings.TOP_P), 0.05, key="gen_top_p",
-                                    help=SETTINGS["top_p"].help))
-    seed = int(c[3].number_input("seed", 0, 2**31 - 1, settings.SEED, key="gen_seed", help=SETTINGS["seed"].help))
-    samples = int(c[4].number_input("samples", 1, 64, settings.SAMPLES, key="gen_samples",
-                                    help=SETTINGS["samples"].help))
-    k = int(c[5].number_input("top-k kept", 1, 100, settings.K, 1, key="gen_k", help=SETTINGS["k"].help))
+    max_new = int(_setting_input(c[0], "max_new_tokens", "max new tokens", "gen_max_new",
+                                 st.session_state["config"].max_new_tokens))
+    temperature = float(_setting_input(c[1], "temperature", "temperature", "gen_temp"))
+    top_p = float(_setting_input(c[2], "top_p", "top-p", "gen_top_p"))
+    seed = int(_setting_input(c[3], "seed", "seed", "gen_seed"))
+    samples = int(_setting_input(c[4], "samples", "samples", "gen_samples"))
+    k = int(_setting_input(c[5], "k", "top-k kept", "gen_k"))
     go = st.button(f"Run on {len(chosen)} problem(s)", type="primary", disabled=not chosen, key="gen_run")
     if not go:
         _show_last()

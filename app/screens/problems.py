@@ -35,14 +35,21 @@ def _open_selected_problem(table: pd.DataFrame) -> None:
         st.session_state["_goto_problem"] = str(table.iloc[rows[0]]["id"])
 
 
-def traces_tab(ctx) -> None:
+def traces_tab(ctx, bad: list) -> None:
+    """The stored traces that read in full (`bad`: the damaged files, left out and counted apart)."""
     s = ctx.settings
     table = trace_table(ctx.store.summaries(), s.score, s.rule)
+    damaged = {p.name.removesuffix(".parquet") for p, _ in bad}
+    table = table[~table["key"].isin(damaged)].reset_index(drop=True)  # a footer can read while a page cannot
     if table.empty:
-        st.info("The store holds no traces yet: open the Trace page (it makes one) or use Generate.")
+        if bad:
+            st.warning(f"No readable traces: all {len(bad)} trace file(s) are damaged (listed below).")
+        else:
+            st.info("The store holds no traces yet: open the Trace page (it makes one) or use Generate.")
         return
     shown = trace_filter(table, "pf")
-    st.caption(f"{len(shown)} of {len(table)} traces · score: {score_label(s.score)} · "
+    more = f" (+{len(bad)} damaged, listed below)" if bad else ""
+    st.caption(f"{len(shown)} of {len(table)} readable traces{more} · score: {score_label(s.score)} · "
                "click a column header to sort; choose a row to open it.")
     st.dataframe(
         shown, key="problems_traces", on_select=lambda: _open_selected_trace(shown), selection_mode="single-row",
@@ -99,27 +106,28 @@ def main() -> None:
             st.switch_page(TRACE_PAGE, query_params=state.trace_link_params())
     state.show_notice()
     st.title("Problems")
+    try:
+        bad = ctx.store.unreadable()
+    except (ForkpointError, OSError) as err:
+        st.warning(f"Could not check the store for damaged traces: {md_escape(err, 400)}")
+        bad = []
     tab1, tab2, tab3 = st.tabs(["Traces", "Problem set", "Notes"])
     with tab1:
-        traces_tab(ctx)
+        traces_tab(ctx, bad)
     with tab2:
         problems_tab(ctx)
     with tab3:
         notes_search_tab(ctx.store, ctx.store.summaries())  # app/notes_panel.py
-    unreadable_panel(ctx)
+    unreadable_panel(bad)
 
 
-def unreadable_panel(ctx) -> None:
-    """Trace files the store cannot read, with the reason (nothing is deleted)."""
-    try:
-        bad = ctx.store.unreadable()
-    except (ForkpointError, OSError) as err:
-        st.warning(f"Could not check the store for damaged traces: {err}")
-        return
+def unreadable_panel(bad: list) -> None:
+    """Trace files the store cannot read, with the reason and what to do (nothing is deleted)."""
     if not bad:
         return
-    st.warning(f"{len(bad)} trace file(s) in the store cannot be read; they are left out of the tables above.")
-    st.dataframe(pd.DataFrame({"file": [str(p) for p, _ in bad], "reason": [str(r) for _, r in bad]}),
+    st.warning(f"{len(bad)} trace file(s) in the store cannot be read; they are left out of the tables above. "
+               "`forkpoint verify` checks every file; `forkpoint repair` sets damaged ones aside (never deletes).")
+    st.dataframe(pd.DataFrame({"file": [str(p) for p, _ in bad], "reason": [" ".join(str(r).split()) for _, r in bad]}),
                  hide_index=True, width="stretch", key="problems_unreadable")
 
 

@@ -27,7 +27,13 @@ def ensure_trace(ctx: Context) -> str | None:
     if key:
         if key in ctx.store:
             return key
-        st.warning(f"Trace {md_escape(key)} is not in the store {md_escape(ctx.settings.store_path)}.")
+        damage = ctx.store.damage_of(key)
+        if damage is not None:
+            st.error(f"Trace {md_escape(key)} is damaged: {md_escape(damage, 300)}. Run `forkpoint verify` to check "
+                     "the store and `forkpoint repair` to set damaged files aside (nothing is deleted); re-running "
+                     "what made it recomputes it.")
+        else:
+            st.warning(f"Trace {md_escape(key)} is not in the store {md_escape(ctx.settings.store_path)}.")
         state.open_trace(None)
         return None
     if ss.get("problem_id"):

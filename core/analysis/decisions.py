@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from core import settings
 from core.analysis.views import ENTROPY, POOLED, SEGMENTS  # noqa: F401
 from core.analysis.views import as_list as _as_list  # noqa: F401
 from core.analysis.views import label as _label
@@ -45,7 +46,7 @@ def decision_pairs(
     traces: Trace | Sequence[Trace],
     tokenizer_decode: Callable[[list[int]], str] | None = None,
     score: str = DEFAULT_SCORE,
-    top: float = 0.01,
+    top: float = settings.SPIKE_TOP,
     segment: str | None = None,
 ) -> pd.DataFrame:
     """One row per spike (annotated, else top-`top` by `score`): the base's and the reasoner's choice.

@@ -171,7 +171,7 @@ def report_html(
     traces: Sequence[Trace],
     path: str,
     score: str = DEFAULT_SCORE,
-    top: float = 0.01,
+    top: float = settings.SPIKE_TOP,
     segment: str | None = None,
     overwrite: bool = False,
     outdir: str | None = None,

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from core import settings
 from core.analysis.decisions import (  # noqa: F401
     DECISION_COLUMNS,
     decision_pairs,
@@ -165,7 +166,7 @@ def mass_fraction(
 def position_density(
     traces: Trace | Sequence[Trace],
     score: str = DEFAULT_SCORE,
-    top: float = 0.01,
+    top: float = settings.SPIKE_TOP,
     bins: int = 20,
     segment: str | None = None,
 ) -> pd.DataFrame:
@@ -248,7 +249,7 @@ PLANNING = "planning"  # pooled pseudo-category in `enrichment`
 
 
 def enrichment(
-    traces: Trace | Sequence[Trace], score: str = DEFAULT_SCORE, top: float = 0.01, segment: str | None = None
+    traces: Trace | Sequence[Trace], score: str = DEFAULT_SCORE, top: float = settings.SPIKE_TOP, segment: str | None = None
 ) -> pd.DataFrame:
     """Share of each tag category among all tokens, top-`top` score tokens, top entropy tokens and
     tokens taken over (source != "base"); enrichment = share / share among all tokens.
@@ -300,7 +301,7 @@ def _rank_values(traces: list[Trace], at: str, score: str, segment: str | None) 
                 pos = np.intersect1d(pos, spikes_or_top(t, score))
             else:
                 _, s = _values(t, score, segment)
-                pos = pos[top_positions(s, 0.01)]
+                pos = pos[top_positions(s, settings.SPIKE_TOP)]
         parts.append(np.asarray(t.metrics["reason_top_rank_in_base"], dtype=np.int64)[pos])
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 

@@ -26,6 +26,7 @@ from spacy.language import Language
 from spacy.matcher import Matcher, PhraseMatcher
 
 from core.errors import InvalidInputError, ModelLoadError
+from core.io.packaged import assets_dir
 from core.trace import Trace
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ CATEGORIES: tuple[str, ...] = ("plan", "reflect", "verify", "conclude", "execute
 DEFAULT = "execute"
 MATCHED = CATEGORIES[:-1]  # categories a lexicon may list; earlier wins a tie between equal spans
 PLANNING_CATEGORIES = MATCHED  # the paper's "planning" side of the planning/execution split
-DEFAULT_LEXICON = Path(__file__).resolve().parents[2] / "assets" / "planning_lexicon.json"
+DEFAULT_LEXICON = assets_dir() / "planning_lexicon.json"  # checkout or wheel (core/io/packaged.py)
 DEFAULT_PIPELINE = "en_core_web_sm"
 SEGMENTS = ("think", "answer")
 

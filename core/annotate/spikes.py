@@ -195,7 +195,7 @@ def spikes(
     per: str = "trace",
     floor: float | None = None,
 ) -> Trace | list[Trace]:
-    """Annotate spikes: top-`top` positions by `score` (default 1%) whose score is above `floor`
+    """Annotate spikes: top-`top` positions by `score` (default settings.SPIKE_TOP) whose score is above `floor`
     (default settings.SPIKE_FLOOR; recorded in the rule), or where `gate` fires.
 
     `per="trace"` ranks within each trace; `per="dataset"` ranks the pooled scores of all the traces
@@ -217,7 +217,7 @@ def spikes(
         rule: dict = {"score": score, "gate": gate.to_dict()}
         positions = [gate_positions(_scores(t, score), gate) for t in items]
     else:
-        top = check_top(0.01 if top is None else top)
+        top = check_top(settings.SPIKE_TOP if top is None else top)
         floor = settings.SPIKE_FLOOR if floor is None else float(floor)
         rule = {"score": score, "top": top, "per": per, "floor": floor}
         if per == "trace":

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from core import settings
-from core.cli.common import _fail_cleanly, main, pair_options, store_option
+from core.cli.common import (
+    _fail_cleanly,
+    main,
+    pair_options,
+    setting_option,
+    store_option,
+)
 
 
 @main.group()
@@ -20,7 +26,7 @@ def demo() -> None:
 @demo.command(name="train")
 @click.option("--out", type=click.Path(file_okay=False), help="Output directory (default: assets/demo).")
 @click.option("--size", type=click.Choice(["full", "tiny"]), default="full", show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@setting_option("seed")
 @_fail_cleanly
 def demo_train(out: str | None, size: str, seed: int) -> None:
     """Train the demo base / reasoning pair on the synthetic task (CPU, minutes)."""
@@ -39,8 +45,7 @@ _FORWARDED = ("base", "reason", "base_format", "reason_format", "base_revision",
 @pair_options
 @store_option
 @click.option("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=settings.MAX_NEW_TOKENS, show_default=True,
-              help=settings.SETTINGS["max_new_tokens"].help)
+@setting_option("max_new_tokens")
 @click.option("--port", type=click.IntRange(1, 65535), default=8501, show_default=True, help="TCP port, 1-65535.")
 @click.option("--address", default="127.0.0.1", show_default=True, help="Bind address (localhost by default).")
 def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, **opts: Any) -> None:
@@ -55,11 +60,14 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
         if opts.get(name):
             app_args += ["--" + name.removesuffix("_path").replace("_", "-"), str(opts[name])]
     app_args += ["--max-new-tokens", str(max_new_tokens)] + (["--trust-remote-code"] if trust_remote_code else [])
-    main_py = Path(__file__).resolve().parents[2] / "app" / "main.py"
-    cmd = [sys.executable, "-m", "streamlit", "run", str(main_py), "--server.address", address,
+    root = Path(__file__).resolve().parents[2]
+    main_py = root / "app" / "main.py"
+    # app.serve is `streamlit` plus a Host check on plain HTTP (Streamlit checks the WebSocket only)
+    cmd = [sys.executable, "-m", "app.serve", "run", str(main_py), "--server.address", address,
            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
            "--server.enableXsrfProtection", "true", *_allowed_hosts(address), "--", *app_args]
-    child = subprocess.Popen(cmd)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    child = subprocess.Popen(cmd, env=env)
 
     def stop(signum: int, _frame: object) -> None:  # SIGTERM/SIGINT to us stops Streamlit too
         child.send_signal(signal.SIGTERM)
@@ -77,9 +85,10 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
 
 
 def _allowed_hosts(address: str) -> list[str]:
-    """`--server.allowedHosts` flags: the WebSocket refuses any Host header but the bound address (and the
-    loopback names when bound to loopback), which stops DNS rebinding (a page at attacker.example whose
-    name re-resolves to 127.0.0.1). Binding 0.0.0.0 / :: accepts any Host: then the network must protect."""
+    """`--server.allowedHosts` flags: the WebSocket (Streamlit) and every plain HTTP request (app.serve's
+    HostGuard) refuse any Host header but the bound address (and the loopback names when bound to
+    loopback), which stops DNS rebinding (a page at attacker.example whose name re-resolves to 127.0.0.1).
+    Binding 0.0.0.0 / :: accepts any Host: then the network must protect."""
     if address in ("0.0.0.0", "::", ""):
         return []
     hosts = [address]

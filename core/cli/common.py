@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import click
@@ -26,7 +29,11 @@ def _fail_cleanly(fn):
         try:
             return fn(*args, **kwargs)
         except ForkpointError as err:
+            close_bars()  # the message starts on a clean line, not on a progress bar's
             raise click.ClickException(cli_words(str(err))) from err
+        except (click.ClickException, KeyboardInterrupt):
+            close_bars()
+            raise
 
     return wrapper
 
@@ -48,8 +55,8 @@ def pair_options(fn):
         click.option("--reason-format", help="Reasoning prompt format (default: chat template if any)."),
         click.option("--base-revision", help="Pin the base model to a hub revision."),
         click.option("--reason-revision", help="Pin the reasoning model to a hub revision."),
-        click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
-        click.option("--dtype", default="auto", show_default=True, help="auto, float32, bfloat16 or float16."),
+        setting_option("device"),
+        setting_option("dtype"),
         click.option("--trust-remote-code", is_flag=True, help="Run model code from the hub (only if you trust it)."),
     ]
     for option in reversed(options):
@@ -71,7 +78,8 @@ def _pair(opts: dict[str, Any]):
         from core.demo.pair import demo_pair
 
         torch.set_num_threads(1)  # the demo models are tiny: more threads only add overhead
-        return demo_pair(device=opts.get("device", "auto"))
+        dtype = opts.get("dtype", settings.DTYPE)
+        return demo_pair(device=opts.get("device", settings.DEVICE), **({} if dtype == "auto" else {"dtype": dtype}))
     if not (opts.get("base") and opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
     return load_pair(
@@ -152,13 +160,29 @@ def _problems(path: str | None, limit: int | None):
     return load_problems(path, limit=limit)
 
 
+_OPEN_BARS: list[Any] = []  # tqdm bars on screen now; closed before an error message is printed
+
+
+def close_bars() -> None:
+    """Clear every progress bar still on screen (leave=False bars erase their line)."""
+    while _OPEN_BARS:
+        _OPEN_BARS.pop().close()
+
+
+def open_bar(**kwargs: Any) -> Any:
+    """A tqdm bar on stderr that `close_bars` clears when the command fails."""
+    from tqdm import tqdm
+
+    bar = tqdm(leave=False, file=sys.stderr, **kwargs)
+    _OPEN_BARS.append(bar)
+    return bar
+
+
 class _Bar:
-    """A tqdm bar driven by core's progress(done, total) callbacks, counting `unit`s (tokens by default)."""
+    """A tqdm bar driven by core's progress(done, total) callbacks, counting `unit`s."""
 
-    def __init__(self, desc: str, unit: str = "tok") -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(desc=desc, unit=unit, leave=False, file=sys.stderr)
+    def __init__(self, desc: str, unit: str) -> None:
+        self.bar = open_bar(desc=desc, unit=unit)
 
     def __call__(self, done: int, total: int) -> None:
         self.bar.total = total
@@ -166,41 +190,121 @@ class _Bar:
         self.bar.refresh()
 
     def close(self) -> None:
+        if self.bar in _OPEN_BARS:
+            _OPEN_BARS.remove(self.bar)
         self.bar.close()
 
 
-def _range_type(kind: type, low: float | None, high: float | None, choices: tuple[str, ...] = ()) -> Any:
+class _TqdmLogHandler(logging.Handler):
+    """Log records printed above the progress bars (tqdm.write), never onto a bar's line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001  logging must never fail the command
+            self.handleError(record)
+
+
+def _range_type(kind: type, low: float | None, high: float | None, choices: tuple[str, ...] = (),
+                open_low: bool = False, open_high: bool = False) -> Any:
     """A click type that checks the range at the edge, so a bad value is reported against its flag."""
     if choices:
         return click.Choice(choices)
     if low is None and high is None:
         return kind
     if kind is int:
-        return click.IntRange(None if low is None else int(low), None if high is None else int(high))
+        return click.IntRange(None if low is None else int(low), None if high is None else int(high),
+                              min_open=open_low, max_open=open_high)
     if kind is float:
-        return click.FloatRange(low, high)
+        return click.FloatRange(low, high, min_open=open_low, max_open=open_high)
     return kind
 
 
-def setting_option(name: str, param: Param | None = None, *, dest: str | None = None, **overrides: Any):
+def setting_option(name: str, param: Param | None = None, *, dest: str | None = None, flag: str | None = None,
+                   **overrides: Any):
     """--name from `core.settings.SETTINGS[name]`: default, help and range from the one table of defaults.
 
     `param` (a policy parameter of the same name) supplies the type and choices when it is stricter.
     """
     row = settings.SETTINGS[name]
-    kind = type(row.value)
-    low, high, choices = row.low, row.high, ()
+    kind = float if row.value is None else type(row.value)
+    low, high, choices = row.low, row.high, row.choices
+    open_low, open_high = row.open_low, row.open_high
     if param is not None:
-        kind, choices = param.kind, param.choices
-        low = param.low if param.low is not None else low
-        high = param.high if param.high is not None else high
+        kind, choices = param.kind, param.choices or choices
+        if param.low is not None:
+            low, open_low = param.low, False
+        if param.high is not None:
+            high, open_high = param.high, False
     if kind is str and not choices and name == "score":
         from core.scoring.registry import SCORES
 
         choices = SCORES
-    kwargs = {"type": _range_type(kind, low, high, choices), "default": row.value, "show_default": True, "help": row.help}
+    kwargs = {"type": _range_type(kind, low, high, choices, open_low, open_high), "default": row.value,
+              "show_default": True, "help": row.help}
     kwargs.update(overrides)
-    return click.option(row.flag, dest or name, **kwargs)
+    return click.option(flag or row.flag, dest or name, **kwargs)
+
+
+def preset_setting_option(name: str, preset: str = "preset"):
+    """--name from SETTINGS with its range, left None so that a named preset (or the setting) fills it."""
+    row = settings.SETTINGS[name]
+    return setting_option(name, default=None, show_default=False, help=f"{row.help} [default: {preset} or {row.value}]")
+
+
+def float_list(text: str, name: str, flag: str) -> list[float]:
+    """Comma-separated numbers, each valid for `SETTINGS[name]`; at least one (an empty list is refused)."""
+    row = settings.SETTINGS[name]
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        raise click.BadParameter(f"give at least one number {row.range_text()}, e.g. {row.value}", param_hint=flag)
+    out = []
+    for x in items:
+        if not x:
+            continue
+        try:
+            value = float(x)
+        except ValueError:
+            raise click.BadParameter(f"takes comma-separated numbers {row.range_text()}, got {x!r}",
+                                     param_hint=flag) from None
+        try:
+            out.append(row.check(value, f"each of {flag}"))
+        except ForkpointError as err:
+            raise click.BadParameter(str(err), param_hint=flag) from None
+    return out
+
+
+def check_output(path: str | os.PathLike[str], flag: str, *, folder: bool = False, parents: bool = True,
+                 offer_parents: bool = False) -> Path:
+    """Check, before any model loads, that `path` (a file, or a folder) can be written; else a usage error
+    naming the flag. Missing folders are refused unless `parents` (they are then made by the writer);
+    `offer_parents`: the command has a --parents flag to name in that message."""
+    from core.io.atomic import os_error_reason
+
+    target = Path(path)
+    if not folder and target.is_dir():
+        raise click.BadParameter(f"{target} is a folder; give a file name", param_hint=flag)
+    if folder and target.exists() and not target.is_dir():
+        raise click.BadParameter(f"{target} is a file, not a folder", param_hint=flag)
+    parent = target if folder else target.parent
+    existing = parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise click.BadParameter(f"cannot write {target}: {existing} is not a folder", param_hint=flag)
+    if existing != parent and not parents:
+        raise click.BadParameter(f"the folder {parent} does not exist; create it first"
+                                 + (" or pass --parents" if offer_parents else ""), param_hint=flag)
+    try:  # a real probe: permissions alone do not tell (root, read-only mounts, /proc)
+        fd, probe = tempfile.mkstemp(prefix=".forkpoint-probe.", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {target}: {os_error_reason(exc)} in {existing}",
+                                 param_hint=flag) from None
+    return target
 
 
 def settings_options(*names: str):
@@ -268,7 +372,9 @@ def policy_kwargs(policy_name: str, values: dict[str, Any]) -> dict[str, Any]:
 @click.option("-v", "--verbose", is_flag=True, help="Log what core does.")
 def main(verbose: bool) -> None:
     """forkpoint: where a base and a reasoning model disagree, token by token."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    handler = _TqdmLogHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
     if not verbose:
         try:
             from transformers.utils import logging as hf_logging

@@ -18,14 +18,19 @@ from core.cli.common import (
     _pair_or_spec,
     _problems,
     _store,
+    check_output,
+    close_bars,
+    float_list,
     main,
+    open_bar,
     pair_options,
+    preset_setting_option,
     ray_option,
+    setting_option,
     store_option,
 )
-from core.scoring.registry import DEFAULT_SCORE, SCORES
 
-RATIOS_HELP = "Comma-separated calibration ratios r (the gate's τ is the 1-r quantile), e.g. 0.01,0.02,0.05,0.1."
+RATIOS_HELP = "Comma-separated calibration ratios r (the gate's τ is the 1-r quantile), each in (0, 1), e.g. 0.01,0.02."
 BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-tokens); 'none' = no cap, the "
                 "paper's gate. E.g. none,0.1.")
 
@@ -33,7 +38,7 @@ BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-toke
 @main.command()
 @store_option
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
-@click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True)
+@setting_option("score", dest="score_name")
 @click.option("--overwrite", is_flag=True, help="Replace an existing report in --out.")
 @click.option("--only", "only", multiple=True, metavar="ANALYSIS",
               help="Run only these analyses (repeatable; names: `core.list_analyses()`, e.g. lorenz, position).")
@@ -45,6 +50,7 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
 
     names = [analysis(name).name for name in only] or None  # an unknown name is a message listing the choices
 
+    check_output(out, "--out", folder=True)
     html = Path(out) / "report.html"
     if html.exists() and not overwrite:
         raise click.ClickException(f"{html} exists; pass --overwrite to replace it (or choose another --out)")
@@ -60,14 +66,8 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
     click.echo(f"report -> {html}")
 
 
-def _floats(text: str, flag: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError as err:
-        raise click.BadParameter(f"{flag} takes comma-separated numbers, got {text!r}") from err
-
-
 def _budgets(text: str) -> list[float | None]:
+    """--budgets: caps in [0, 1] or none/off; at least one."""
     out: list[float | None] = []
     for x in text.split(","):
         x = x.strip().lower()
@@ -77,10 +77,26 @@ def _budgets(text: str) -> list[float | None]:
             out.append(None)
             continue
         try:
-            out.append(float(x))
-        except ValueError as err:
-            raise click.BadParameter(f"--budgets takes numbers in [0, 1] or 'none', got {x!r}") from err
+            value = float(x)
+        except ValueError:
+            value = float("nan")
+        if not 0.0 <= value <= 1.0:
+            raise click.BadParameter(f"takes numbers in [0, 1] or 'none', got {x!r}", param_hint="--budgets")
+        out.append(value)
     return out or [None]
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    """--shard i/n with 0 ≤ i < n."""
+    if text is None:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise click.BadParameter(f"must look like 0/4 (i/n), got {text!r}", param_hint="--shard") from None
+    if not 0 <= i < n:
+        raise click.BadParameter(f"i/n needs 0 ≤ i < n, got {text!r}", param_hint="--shard")
+    return i, n
 
 
 @main.command(name="eval")
@@ -90,14 +106,14 @@ def _budgets(text: str) -> list[float | None]:
               "or gsm8k / math500 / aime24 / aime25 / amc23 (default: the demo test set).")
 @click.option("--calibration", "calibration_path", help="Problems whose base rollouts calibrate the gate (default: "
               "demo calibration set, or the first quarter of --problems).")
-@click.option("--limit", type=int, help="Use the first N problems.")
+@click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
 @click.option("--ratios", default=str(settings.RATIO), show_default=True, help=RATIOS_HELP)
 @click.option("--budgets", default="none", show_default=True, help=BUDGETS_HELP)
-@click.option("--window", default=settings.WINDOW, show_default=True, help=settings.SETTINGS["window"].help)
-@click.option("--samples", default=settings.SAMPLES, show_default=True, help=settings.SETTINGS["samples"].help)
-@click.option("--temperature", default=settings.TEMPERATURE, show_default=True)
-@click.option("--top-p", default=settings.TOP_P, show_default=True)
-@click.option("--max-new-tokens", default=settings.MAX_NEW_TOKENS, show_default=True)
+@setting_option("window")
+@setting_option("samples")
+@setting_option("temperature")
+@setting_option("top_p")
+@setting_option("max_new_tokens")
 @click.option("--shard", help="i/n: run only the i-th of n deterministic shards (rerun without it to summarise).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the table as CSV, plus .md and a recovery plot .html.")
 @ray_option
@@ -110,6 +126,10 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     from core.evaluation.harness import shard_of, to_markdown
     from core.evaluation.sweep import budget_sweep
 
+    ratio_list, budget_list, shard_at = float_list(ratios, "ratio", "--ratios"), _budgets(budgets), _shard(shard)
+    if out:
+        check_output(out, "--out", parents=False)  # found missing only after hours of work would lose the table
+    check_output(_store(store_path).path, "--store", folder=True)
     executor = _executor(ray_address, opts)
     pair = _pair_or_spec(opts, executor)
     problems = _source(problems_path, limit)
@@ -121,15 +141,13 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
         calibration = demo_problems("calib")
     else:
         calibration, problems = problems[: max(1, len(problems) // 4)], problems[max(1, len(problems) // 4):]
-    if shard:
-        try:
-            i, n = (int(x) for x in shard.split("/"))
-        except ValueError as err:
-            raise click.BadParameter(f"--shard must look like 0/4, got {shard!r}") from err
-        problems = shard_of(problems, (i, n))
+    if shard_at:
+        problems = shard_of(problems, shard_at)
+    executor = _executor(ray_address)
+    pair = _pair_or_spec(opts, executor)
     bars = _StageBars()
     try:
-        table = budget_sweep(pair, problems, calibration, _floats(ratios, "--ratios"), budgets=_budgets(budgets),
+        table = budget_sweep(pair, problems, calibration, ratio_list, budgets=budget_list,
                              window=window, samples=samples, store=_store(store_path), temperature=temperature,
                              top_p=top_p, max_new_tokens=max_new_tokens, progress=bars, executor=executor)
     finally:
@@ -178,18 +196,16 @@ class _StageBars:
         self.bar: Any = None
 
     def __call__(self, stage: str, done: int, total: int) -> None:
-        from tqdm import tqdm
-
         if stage != self.stage:
             self.close()
-            self.stage, self.bar = stage, tqdm(desc=stage, total=total, unit="problem", leave=False, file=sys.stderr)
+            self.stage, self.bar = stage, open_bar(desc=stage, total=total, unit="problem")
         self.bar.total = total
         self.bar.n = done
         self.bar.refresh()
 
     def close(self) -> None:
         if self.bar is not None:
-            self.bar.close()
+            close_bars()
             self.bar = None
 
 
@@ -205,27 +221,26 @@ class _StageBars:
                    "math500 / aime24 / aime25 / amc23. Repeat for several benchmarks.")
 @click.option("--calibration", multiple=True, help="Problems for the gate's calibration rollouts (default: held out "
               "from --problems).")
-@click.option("--calibration-problems", default=settings.CALIBRATION_PROBLEMS, show_default=True,
-              help="How many problems to hold out for calibration when --calibration is not given.")
+@setting_option("calibration_problems", help="How many problems to hold out for calibration when --calibration is "
+                "not given.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (report.html, CSVs; "
               "the store defaults to OUT/store).")
 @click.option("--preset", type=click.Choice(list(settings.PRESETS)), help="Named settings, e.g. paper: T 0.6, top-p "
               "0.95, 8 samples, 16384 new tokens, the paper's prompts. Explicit flags override it.")
-@click.option("--ratios", default=",".join(map(str, (0.01, 0.02, 0.05, 0.1))), show_default=True, help=RATIOS_HELP)
+@click.option("--ratios", default=",".join(map(str, settings.RATIOS)), show_default=True, help=RATIOS_HELP)
 @click.option("--budgets", default="none", show_default=True, help=BUDGETS_HELP)
-@click.option("--window", default=settings.WINDOW, show_default=True, help=settings.SETTINGS["window"].help)
-@click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True)
+@setting_option("window")
+@setting_option("score", dest="score_name")
 @click.option("--reference", help="Recovery reference: a policy label (thinking, reason) or Pass@k numbers, "
               "e.g. 0.641 or gsm8k=0.9,math500=0.7 (default: thinking when --thinking is given, else reason).")
 @click.option("--no-baselines", is_flag=True, help="Skip the random / early baselines.")
-@click.option("--limit", type=int, help="Use the first N problems of each benchmark.")
-@click.option("--samples", type=int, help=settings.SETTINGS["samples"].help + " [default: preset or 1]")
-@click.option("--temperature", type=float, help="Sampling temperature [default: preset or 0].")
-@click.option("--top-p", type=float, help="Nucleus mass [default: preset or 1].")
-@click.option("--max-new-tokens", type=int, help="Most response tokens [default: preset or "
-              f"{settings.MAX_NEW_TOKENS}].")
-@click.option("--seed", default=settings.SEED, show_default=True)
-@click.option("--batch-size", default=settings.BATCH_SIZE, show_default=True)
+@click.option("--limit", type=click.IntRange(1), help="Use the first N problems of each benchmark.")
+@preset_setting_option("samples")
+@preset_setting_option("temperature")
+@preset_setting_option("top_p")
+@preset_setting_option("max_new_tokens")
+@setting_option("seed")
+@setting_option("batch_size")
 @ray_option
 @_fail_cleanly
 def reproduce(store_path: str | None, thinking: str | None, thinking_revision: str | None,
@@ -238,15 +253,21 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
     guide and thinking reference, every analysis; one report.html plus CSVs. Rerun to resume."""
     from core.evaluation.reproduce import reproduce as run
 
+    ratio_list, budget_list, ref = float_list(ratios, "ratio", "--ratios"), _budgets(budgets), _reference(reference)
+    check_output(out, "--out", folder=True)
+    if store_path:
+        check_output(store_path, "--store", folder=True)
+    if bool(opts.get("base")) != bool(opts.get("reason")):
+        raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
     base = opts.get("base") or _pair(opts)  # neither --base nor --reason: the demo pair
     bars = _StageBars()
     executor = _executor(ray_address, opts)
     try:
         result = run(base, opts.get("reason"), list(problems), out, thinking=thinking, preset=preset,
-                     store=_store(store_path) if store_path else None, ratios=_floats(ratios, "--ratios"),
-                     budgets=_budgets(budgets), window=window, score=score_name,
+                     store=_store(store_path) if store_path else None, ratios=ratio_list,
+                     budgets=budget_list, window=window, score=score_name,
                      calibration=list(calibration) or None, calibration_problems=calibration_problems,
-                     reference=_reference(reference), baselines=not no_baselines, limit=limit, samples=samples,
+                     reference=ref, baselines=not no_baselines, limit=limit, samples=samples,
                      temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
                      batch_size=batch_size, base_format=opts.get("base_format"),
                      reason_format=opts.get("reason_format"), thinking_format=thinking_format,
@@ -282,14 +303,15 @@ def _reference(text: str | None) -> Any:
 
 @click.command(name="measure")
 @click.option("--demo-dir", type=click.Path(file_okay=False), help="Demo pair directory (default: assets/demo).")
-@click.option("--n", default=500, show_default=True, help="Test problems to measure on.")
-@click.option("--samples", default=8, show_default=True)
+@setting_option("demo_measure_problems", dest="n", flag="--n")
+@setting_option("demo_measure_samples", dest="samples", flag="--samples")
 @_fail_cleanly
 def demo_measure(demo_dir: str | None, n: int, samples: int) -> None:
     """Measure the demo pair's properties and rewrite its CARD.md and measure.json."""
     from core.demo.card import write_card
     from core.demo.pair import DEMO_DIR
 
+    check_output(demo_dir or DEMO_DIR, "--demo-dir", folder=True)
     write_card(demo_dir or DEMO_DIR, n=n, samples=samples)
 
 

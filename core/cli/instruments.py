@@ -17,6 +17,7 @@ from core.cli.common import (
     pair_options,
     policy_kwargs,
     policy_options,
+    setting_option,
     settings_options,
     store_option,
 )
@@ -59,8 +60,7 @@ def _stored(store: Any, keys: tuple[str, ...]) -> list[Any]:
 @click.option("--key", "keys", multiple=True, help="Measure this stored trace instead (repeatable).")
 @click.option("--positions", default="spikes", show_default=True,
               help="'spikes' (each trace's top tokens by --score) or comma-separated token positions.")
-@click.option("--samples", default=8, show_default=True, type=click.IntRange(1),
-              help="Continuations per arm (reasoner / base writes the token) and position.")
+@setting_option("effect_samples", dest="samples", flag="--samples")
 @click.option("--sample-temperature", type=click.FloatRange(0), default=None,
               help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
 @click.option("--out", default="effects.csv", show_default=True, type=click.Path(dir_okay=False), help="CSV to write.")
@@ -102,7 +102,7 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
         sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
         policy = build_policy(pair, policy_name, policy_kwargs(policy_name, {**opts, "seed": seed}),
                               calibrate_on=problems[:calibration_problems], ratio=ratio, store=store, **sampling)
-        bar = _Bar(f"generate {policy.name}")
+        bar = _Bar(f"generate {policy.name}", unit="trace")
         traces = generate_many(pair, problems, policy, store=store, on_trace=grade_trace, progress=bar, **sampling)
         bar.close()
     todo = [effect_positions(t, where, score) for t in traces]
@@ -138,8 +138,9 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
 @store_option
 @click.argument("key")
 @click.option("--pos", required=True, type=click.IntRange(0), help="Response token position.")
-@click.option("--window", default=0, show_default=True, type=click.IntRange(0), help="Also the tokens pos ± window.")
-@click.option("--k", "k", default=3, show_default=True, type=click.IntRange(1), help="Top tokens per layer.")
+@click.option("--around", "window", default=0, show_default=True, type=click.IntRange(0),
+              help="Also the tokens pos ± this many (core.lens's window).")
+@click.option("--top", "k", default=3, show_default=True, type=click.IntRange(1), help="Top tokens per layer.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the full table as CSV.")
 @_fail_cleanly
 def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv: bool, **opts: Any) -> None:

@@ -16,7 +16,9 @@ from core.cli.common import (
     _fail_cleanly,
     _pair_or_spec,
     _store,
+    check_output,
     main,
+    open_bar,
     pair_options,
     ray_option,
     store_option,
@@ -44,7 +46,12 @@ def warn_unreadable(bad: list[tuple[Path, str]]) -> None:
         click.echo(f"{len(bad)} unreadable trace file(s) skipped (`forkpoint verify` checks every file, "
                    "`forkpoint repair` sets damaged ones aside):", err=True)
         for path, reason in bad:
-            click.echo(f"  {path.name}: {reason}", err=True)
+            click.echo(f"  {path.name}: {one_line(reason)}", err=True)
+
+
+def one_line(text: str) -> str:
+    """A reason on one line (pyarrow's messages hold newlines; a listing is one line per file)."""
+    return " ".join(str(text).split())
 
 
 @main.command(name="ls")
@@ -57,7 +64,7 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
     store = _existing_store(store_path)
     if unreadable:  # the deep check: every file read in full
         for path, reason in store.unreadable():
-            click.echo(f"{path}\t{reason}")
+            click.echo(f"{path}\t{one_line(reason)}")
         return
     frame, bad = store.listing()
     frame.insert(1, "status", "ok")
@@ -81,17 +88,18 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
 @click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True,
               help="Score whose top tokens are marked as spikes (every format) and that colours the heatmap (html).")
 @click.option("--overwrite", is_flag=True)
+@click.option("--parents", is_flag=True, help="Create --out's folder when it does not exist.")
 @_fail_cleanly
 def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: str, score_name: str,
-           overwrite: bool) -> None:
+           overwrite: bool, parents: bool) -> None:
     """Export traces (all readable ones, or the given keys) as JSONL, CSV, Parquet or self-contained HTML."""
-    from tqdm import tqdm
 
     from core.views.exports import export as run_export
 
+    check_output(out, "--out", parents=parents, offer_parents=True)
     store = _existing_store(store_path)
     if keys:  # keys the user named must all be there: no silent drop
-        traces = [store.get(k) for k in tqdm(keys, desc="read", unit="trace", file=sys.stderr, leave=False)]
+        traces = [store.get(k) for k in open_bar(iterable=keys, desc="read", unit="trace")]
         bad: list[tuple[Path, str]] = []
     else:
         traces, bad = store.load_all()
@@ -132,13 +140,16 @@ def import_(path: str, store_path: str | None, fmt: str | None, report_path: str
 
     detect_format(path, fmt)  # a bad suffix fails before the models load
     store = _store(store_path)
+    check_output(store.path, "--store", folder=True)
     if report_path is None:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         report_path = str(store.path / "imports" / f"{Path(path).name}.{stamp}.jsonl")
+    else:
+        check_output(report_path, "--report")
     executor = _executor(ray_address, opts)
     pair = _pair_or_spec(opts, executor)
     bar = _Bar("import", unit="record")
-    try:
+    try:  # the bar closes before the summary is printed
         if executor is None:
             result = import_file(pair, path, store, progress=bar, format=fmt, report_path=report_path)
         else:  # a Ray Data pipeline: the same records, outcomes and traces (docs/SCALE.md)

@@ -17,6 +17,7 @@ from core.cli.common import (
     _pair_or_spec,
     _problems,
     _store,
+    check_output,
     main,
     pair_options,
     policy_kwargs,
@@ -49,6 +50,10 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
         except (OSError, UnicodeDecodeError) as err:
             raise click.BadParameter(f"cannot read {response[1:]!r}: {err.strerror if isinstance(err, OSError) else err}",
                                      param_hint="--response") from err
+    if not response:
+        raise click.BadParameter("is empty: give the response text to score (or @file)", param_hint="--response")
+    if store_path:
+        check_output(store_path, "--store", folder=True)
     pair = _pair(opts)
     trace = run_score(pair, prompt, response, store=_store(store_path) if store_path else None)
     frame = trace.frame().assign(_score=score_values(trace.metrics, score_name))  # sign applied (delta_logp)
@@ -80,10 +85,17 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     params = policy_kwargs(policy_name, {**opts, "seed": seed})
     if "lam" in params and "tau" not in params:
         raise click.UsageError("--lam needs --tau (give both, or neither to calibrate the gate on the problems)")
+    if prompt is not None:
+        if not prompt.strip():
+            raise click.BadParameter("is empty: give the problem text (or leave --prompt out to use a problem set)",
+                                     param_hint="--prompt")
+        if problems_path or limit:
+            raise click.UsageError("--prompt is one problem: it does not combine with --problems or --limit")
+    check_output(_store(store_path).path, "--store", folder=True)
+    problems = [prompt] if prompt is not None else _problems(problems_path, limit)
     executor = _executor(ray_address, opts)
     pair = _pair_or_spec(opts, executor)
     store = _store(store_path)
-    problems = [prompt] if prompt else _problems(problems_path, limit)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
     try:
         if policy_spec(policy_name).needs_gate and "tau" not in params:
@@ -91,7 +103,7 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
                        "problems ...", err=True)
         policy = build_policy(pair, policy_name, params, calibrate_on=problems[:calibration_problems], ratio=ratio,
                               store=store, executor=executor, **sampling)
-        bar = _Bar(f"generate {policy.name}")
+        bar = _Bar(f"generate {policy.name}", unit="trace")
         traces = generate_many(pair, problems, policy, samples=samples, top_p=top_p, store=store,
                                on_trace=grade_trace, progress=bar, executor=executor, **sampling)
         bar.close()
@@ -120,10 +132,11 @@ def calibrate(store_path: str | None, problems_path: str | None, limit: int, rat
     """Fit the Guided gate (tau, lam) on base rollouts; prints it as JSON."""
     from core.decoding import calibrate as run_calibrate
 
+    check_output(_store(store_path).path, "--store", folder=True)
+    problems = _problems(problems_path, limit)
     executor = _executor(ray_address, opts)
     pair = _pair_or_spec(opts, executor)
-    problems = _problems(problems_path, limit)
-    bar = _Bar("calibrate")
+    bar = _Bar("calibrate", unit="trace")
     try:
         gate = run_calibrate(pair, problems, ratio=ratio, window=window, score=score_name,
                              max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, batch_size=batch_size,

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from core import settings
 from core.analysis.tables import enrichment, gini, gini_table, position_density
 from core.decoding import calibrate
 from core.decoding.policies import (
@@ -117,7 +118,7 @@ def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
     base_traces, guided_traces = kept["base"], kept["guided"]
     pooled_gini = float(gini_table(base_traces).iloc[-1]["gini"])
     per_trace_gini = float(np.nanmean([gini(t.metrics["cross_entropy"]) for t in base_traces]))
-    density = position_density(base_traces, top=0.01)
+    density = position_density(base_traces, top=settings.SPIKE_TOP)
     ce = np.concatenate([t.metrics["cross_entropy"] for t in base_traces])
     u = np.concatenate([np.arange(len(t)) / len(t) for t in base_traces])
     pooled_top = ce >= np.quantile(ce, 0.99)
@@ -295,7 +296,8 @@ def _pairs(items: list[Any]) -> str:
     return ", ".join(f"{tok!r} {p:.3f}" for tok, p in items)
 
 
-def write_card(demo_dir: Any, n: int = 500, samples: int = 8, command: str = "forkpoint demo measure",
+def write_card(demo_dir: Any, n: int = settings.SETTINGS["demo_measure_problems"].value,
+               samples: int = settings.SETTINGS["demo_measure_samples"].value, command: str = "forkpoint demo measure",
                progress: Callable[[int, int], None] | None = None, **kwargs: Any) -> dict[str, Any]:
     """Load the pair in `demo_dir`, measure it on the first `n` test problems (see `measure_demo`) and
     write demo_dir/CARD.md and demo_dir/measure.json; returns the measurement."""

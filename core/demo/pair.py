@@ -8,11 +8,11 @@ from typing import Any
 
 from core.errors import InvalidInputError, ModelLoadError
 from core.evaluation.problems import load_problems
+from core.io.packaged import assets_dir
 from core.pair.loading import load_pair
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO_DIR = ROOT / "assets" / "demo"
-PROBLEMS_DIR = ROOT / "assets" / "problems"
+DEMO_DIR = assets_dir() / "demo"  # the checkout's assets/, or the wheel's package data (core/io/packaged.py)
+PROBLEMS_DIR = assets_dir() / "problems"
 SPLITS = {"test": "demo_test.jsonl", "calib": "demo_calib.jsonl"}
 
 

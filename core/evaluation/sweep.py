@@ -42,7 +42,7 @@ from core.scoring.registry import score_values
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RATIOS = (0.01, 0.02, 0.05, 0.1)
+DEFAULT_RATIOS = settings.RATIOS  # the sweep's r values (core/settings.py)
 SWEEP_COLUMNS = ("config", "ratio", "budget", "matched_rho", "tau", "lam", "window")
 Progress = Callable[[str, int, int], None]
 

@@ -99,7 +99,7 @@ def _correct(traces: list[Trace]) -> int:
     return sum(bool(t.meta.get("correct")) for t in traces)
 
 
-def takeover_effects(pair: ModelPair, trace: Trace, positions: Sequence[int] | str | None = None, samples: int = 8, *,
+def takeover_effects(pair: ModelPair, trace: Trace, positions: Sequence[int] | str | None = None, samples: int = settings.EFFECT_SAMPLES, *,
                      temperature: float | None = None, seed: int = 0, score: str = settings.SCORE, store: Any = None,
                      max_new_tokens: int | None = None, progress: Progress | None = None,
                      should_stop: Callable[[], bool] | None = None) -> pd.DataFrame:
@@ -168,7 +168,7 @@ def stored_effects(store: Any, trace: Trace, *, score: str = settings.SCORE) -> 
     return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
 
 
-def success_curve(pair: ModelPair, trace: Trace, samples: int = 8, *, temperature: float | None = None,
+def success_curve(pair: ModelPair, trace: Trace, samples: int = settings.EFFECT_SAMPLES, *, temperature: float | None = None,
                   seed: int = 0, threshold: float = PIVOT_THRESHOLD, score: str = settings.SCORE, store: Any = None,
                   max_new_tokens: int | None = None, progress: Progress | None = None,
                   should_stop: Callable[[], bool] | None = None) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -150,15 +150,24 @@ def is_temp_name(name: str) -> bool:
     return bool(_TEMP_RE.match(name))
 
 
-def temp_files(folder: Path) -> Iterator[tuple[Path, bool]]:
-    """(path, stale) for each temp file in `folder`: stale when no live writer holds it."""
+def temp_name_of(target: str) -> re.Pattern[str]:
+    """The names `write_atomic` gives its temp files for a target named `target`."""
+    return re.compile(re.escape(f".{target[:80]}.") + r"[A-Za-z0-9_]{6,}\.tmp")
+
+
+def temp_files(folder: Path, targets: Iterable[str] | None = None) -> Iterator[tuple[Path, bool]]:
+    """(path, stale) for each temp file in `folder` (only those of `targets`' names, when given): stale
+    when no live writer holds it."""
     try:
         entries = list(os.scandir(folder))
     except (FileNotFoundError, NotADirectoryError):
         return
+    patterns = None if targets is None else [temp_name_of(t) for t in targets]
     now = time.time()
     for entry in entries:
         if not is_temp_name(entry.name):
+            continue
+        if patterns is not None and not any(p.fullmatch(entry.name) for p in patterns):
             continue
         try:
             fd = os.open(entry.path, os.O_RDONLY)
@@ -176,11 +185,13 @@ def temp_files(folder: Path) -> Iterator[tuple[Path, bool]]:
         yield Path(entry.path), (not locked_by_other) and old
 
 
-def clean_temp_files(folder: Path) -> tuple[list[Path], list[Path]]:
-    """Delete stale temp files in `folder`; returns (removed, kept: live or not removable)."""
+def clean_temp_files(folder: Path, targets: Iterable[str] | None = None) -> tuple[list[Path], list[Path]]:
+    """Delete stale temp files in `folder` (only those of `targets`' names, when given); returns
+    (removed, kept: live or not removable). An export calls it for its own file names, so a killed
+    export's half-written temp file goes away on the next export to that place."""
     removed: list[Path] = []
     kept: list[Path] = []
-    for path, stale in temp_files(folder):
+    for path, stale in temp_files(folder, targets):
         if stale:
             try:
                 path.unlink()

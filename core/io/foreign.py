@@ -184,45 +184,121 @@ def _jsonl_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tuple
                 yield lineno, str(exc)
 
 
+_CSV_STOP = re.compile(r"[,\r\n]")  # in an unquoted field: a delimiter or a line end
+
+
+@dataclass(frozen=True)
+class _CsvText:
+    """One CSV record's text (None: over the size limit, skipped unread) and the lines it spans."""
+
+    first: int
+    last: int
+    text: str | None
+    open_quote: bool = False  # the file ended inside a quoted field
+    text_after_quote: bool = False  # a closing quote followed by more text (`"a"b`): quotes out of step
+
+
+def _csv_texts(fh: io.TextIOBase, max_bytes: int) -> Iterator[_CsvText]:
+    """Split a CSV text stream into records in bounded memory, as the csv module's default dialect does:
+    a record ends at a line end outside quotes; `""` inside quotes is a quote; a quote inside an
+    unquoted field is a plain character. A record over `max_bytes` streams by without being held."""
+    state, buf, size, too_long, stray = "start", [], 0, False, False
+    line, first, pending_cr, ended = 0, 1, False, True
+    while piece := fh.readline(_CHUNK):  # readline returns at most one line end, at the piece's end
+        if pending_cr and piece == "\n":  # a CRLF that readline's size limit split: one line end
+            pending_cr = False
+            if state == "quoted" and not too_long:  # inside a quoted cell the \n is text
+                size += 1
+                buf.append(piece)
+            continue  # else it ends the record the \r ended
+        pending_cr = piece[-1] == "\r"
+        ended = piece[-1] in "\r\n"
+        i, n, record_ends = 0, len(piece), False
+        while i < n and not record_ends:
+            if state == "start":  # a field begins: a quote here opens a quoted field
+                state, i = ("quoted", i + 1) if piece[i] == '"' else ("field", i)
+            elif state == "field":
+                m = _CSV_STOP.search(piece, i)
+                if m is None:
+                    i = n
+                elif m.group() == ",":
+                    state, i = "start", m.end()
+                else:
+                    record_ends = True
+            elif state == "quoted":
+                j = piece.find('"', i)
+                state, i = ("quoted", n) if j < 0 else ("after_quote", j + 1)
+            else:  # a quote inside a quoted field: "" is a quote, anything else ends the quoting
+                stray = stray or piece[i] not in ",\r\n\""
+                state, i = ("quoted", i + 1) if piece[i] == '"' else ("field", i)
+        line += ended
+        if not too_long:
+            size += len(piece.encode("utf-8", "surrogateescape"))
+            too_long = size > max_bytes
+            if too_long:
+                buf = []
+            else:
+                buf.append(piece)
+        if record_ends:
+            yield _CsvText(first, line, None if too_long else "".join(buf), text_after_quote=stray)
+            state, buf, size, too_long, stray, first = "start", [], 0, False, False, line + 1
+    if buf or too_long:
+        last = line if ended else line + 1
+        yield _CsvText(first, last, None if too_long else "".join(buf), state == "quoted", stray)
+
+
+def _csv_cells(text: str) -> list[str]:
+    return next(csv.reader([text]), [])
+
+
 def _csv_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tuple[int, str]]:
     csv.field_size_limit(max(max_bytes, csv.field_size_limit()))
     # surrogateescape: bytes that are not UTF-8 become lone surrogates, which _parse_foreign reports
     with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
-        reader = csv.reader(fh)
-        try:
-            header = next(reader, None)
-        except csv.Error as exc:
-            raise InvalidInputError(f"{path}: the CSV header row cannot be read: {exc}") from exc
-        if header is None:
+        records = _csv_texts(fh, max_bytes)
+        head = next(records, None)
+        if head is None:
             return
+        if head.text is None or head.open_quote:
+            why = "is longer than the size limit" if head.text is None else "opens a quote that is never closed"
+            raise InvalidInputError(f"{path}: the CSV header row {why}")
+        header = _csv_cells(head.text)
         missing = [name for name in ("id", "prompt", "response") if name not in header]
         if missing:
             raise InvalidInputError(f"{path}: the CSV header lacks {', '.join(missing)} (has: {', '.join(header)})")
-        line = reader.line_num + 1
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as exc:  # a broken quote: the rest of the file cannot be told apart reliably
-                yield line, f"CSV row cannot be read ({exc}); the rest of the file was not read"
-                return
-            start, line = line, reader.line_num + 1
+        for rec in records:
+            span = f"lines {rec.first}-{rec.last}" if rec.last > rec.first else f"line {rec.first}"
+            if rec.text is None:
+                yield rec.first, f"row ({span}) is longer than {max_bytes} bytes (the limit); skipped unread"
+                continue
+            if rec.open_quote:
+                yield rec.first, (f"a quote opened on line {rec.first} is never closed: {span} were read as one "
+                                  "row and skipped (close the quote)")
+                continue
+            if rec.text_after_quote and rec.last > rec.first:  # a quote left open swallowed the lines after it
+                yield rec.first, (f"quotes out of step: a quote on line {rec.first} closes on line {rec.last} "
+                                  f"before more text, so {span} were read as one row and skipped (check the quotes "
+                                  f"on line {rec.first})")
+                continue
+            row = _csv_cells(rec.text)
             if not any(cell.strip() for cell in row):
                 continue
             if len(row) != len(header):
-                yield start, f"row has {len(row)} cells, the header has {len(header)}"
+                hint = f" (the row runs over {span}: is a quote left open on line {rec.first}?)" \
+                    if rec.last > rec.first else ""
+                yield rec.first, f"row has {len(row)} cells, the header has {len(header)}{hint}"
                 continue
             obj: dict[str, Any] = dict(zip(header, row))
             if obj.get("answer") == "":
                 obj["answer"] = None
             try:
-                yield _record(start, obj)
+                yield _record(rec.first, obj)
             except ValueError as exc:
-                yield start, str(exc)
+                yield rec.first, str(exc)
 
 
 def _parquet_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tuple[int, str]]:
+    """Row group by row group: a damaged group is reported row by row (with its row range), the rest read."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -236,17 +312,26 @@ def _parquet_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tup
         if missing:
             raise InvalidInputError(f"{path}: the Parquet file lacks column(s) {', '.join(missing)}")
         row = 0
-        for batch in pf.iter_batches(batch_size=64):
-            for obj in batch.to_pylist():
-                row += 1
-                size = sum(len(v) for v in obj.values() if isinstance(v, (str, list)))
-                if size > max_bytes:
-                    yield row, f"row is larger than {max_bytes} bytes (the limit)"
-                    continue
-                try:
-                    yield _record(row, obj)
-                except ValueError as exc:
-                    yield row, str(exc)
+        for group in range(pf.num_row_groups):
+            first, end = row + 1, row + pf.metadata.row_group(group).num_rows
+            try:
+                for batch in pf.iter_batches(batch_size=64, row_groups=[group]):
+                    for obj in batch.to_pylist():
+                        row += 1
+                        size = sum(len(v) for v in obj.values() if isinstance(v, (str, list)))
+                        if size > max_bytes:
+                            yield row, f"row is larger than {max_bytes} bytes (the limit)"
+                            continue
+                        try:
+                            yield _record(row, obj)
+                        except ValueError as exc:
+                            yield row, str(exc)
+            except (OSError, pa.ArrowException) as exc:
+                why = " ".join(str(exc).split())
+                for lost in range(row + 1, end + 1):
+                    yield lost, (f"row group {group + 1} of {pf.num_row_groups} (rows {first}-{end}) cannot be "
+                                 f"read: {why}; the other row groups were read")
+            row = end
 
 
 def detect_format(path: str | os.PathLike[str], format: str | None = None) -> str:

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import WriteError
+from core.errors import GradingError, WriteError
+from core.evaluation.grading import grade_trace
+from core.io.atomic import os_error_reason
 from core.io.foreign import (  # noqa: F401  (re-exported)
     IMPORT_FORMATS,
     MAX_DEPTH,
@@ -79,22 +81,37 @@ def record_key(rec: ForeignRecord, pair_identity: Any) -> str:
 
 
 class _Log:
-    """Appends one JSON line per outcome to the report file (flushed, so a killed import leaves it)."""
+    """Appends one JSON line per outcome to the report file (flushed, so a killed import leaves it).
+
+    A failed write (full disk, ...) raises WriteError once, naming the report; the log then stays quiet
+    so that settling the import never fails a second time."""
 
     def __init__(self, path: str | os.PathLike[str] | None) -> None:
-        self.fh = None
+        self.fh, self.path, self.failed = None, path, False
         if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.fh = open(path, "a", encoding="utf-8")
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                self.fh = open(path, "a", encoding="utf-8")
+            except OSError as exc:
+                raise WriteError(f"Cannot write the import report {path}: {os_error_reason(exc)}") from exc
 
     def __call__(self, **entry: Any) -> None:
-        if self.fh is not None:
+        if self.fh is None or self.failed:
+            return
+        try:
             self.fh.write(dumps_strict(entry, ensure_ascii=True) + "\n")
             self.fh.flush()
+        except OSError as exc:
+            self.failed = True
+            raise WriteError(f"Cannot write the import report {self.path}: {os_error_reason(exc)}; the store "
+                             "holds every record reported stored before this line") from exc
 
     def close(self) -> None:
         if self.fh is not None:
-            self.fh.close()
+            try:
+                self.fh.close()
+            except OSError:  # the buffered tail could not be written: the report says less, the store is whole
+                self.failed = True
 
 
 class _Run:
@@ -110,6 +127,8 @@ class _Run:
 
     def outcome(self, status: str, line: int, key: str | None = None, why: str | None = None) -> None:
         """Record one line's outcome in the result and the report file."""
+        if self.in_flight is not None and self.in_flight[0] == line:
+            self.in_flight = None  # settled: a failing report write after this must not settle it twice
         if status == "stored":
             self.result.stored.append((line, str(key)))
         elif status == "skipped":
@@ -140,6 +159,8 @@ class _Run:
             trace = trace.annotate()  # a copy: the scorer's trace is left alone
             trace.meta.update(kind="import", key=key)
             trace.meta["import"] = {"file": self.source, "line": rec.line, "id": rec.id, "extra": rec.extra}
+            if rec.answer is not None:
+                self.grade(trace, rec.line)
             self.store.put(trace)
         except WriteError:
             raise
@@ -148,6 +169,15 @@ class _Run:
                 log.warning("line %d: %s", rec.line, exc, exc_info=True)
             return self.outcome("failed", rec.line, why=f"{type(exc).__name__}: {exc}")
         self.outcome("stored", rec.line, key)
+
+    def grade(self, trace: Trace, line: int) -> None:
+        """Grade against the record's answer (as generated traces are); a grader that cannot run leaves
+        the trace ungraded with a note, never unstored."""
+
+        try:
+            grade_trace(trace)
+        except GradingError as exc:
+            self.result.notes.append((line, f"not graded: {exc}"))
 
     @contextlib.contextmanager
     def settling(self) -> Iterator[ImportResult]:
@@ -165,15 +195,20 @@ class _Run:
     def finish(self) -> ImportResult:
         """Settle a record interrupted while storing (the store says whether it got there) and close the log."""
         result = self.result
-        if self.in_flight is not None:
-            line, key = self.in_flight
-            if key in self.store:
-                self.outcome("stored", line, key)
-            else:
-                self.outcome("failed", line, why=result.stopped or "interrupted while storing")
-        self.log(status="end", complete=result.stopped is None, stopped=result.stopped,
-                 stored=len(result.stored), skipped=len(result.skipped), failed=len(result.errors))
+        try:
+            if self.in_flight is not None:
+                line, key = self.in_flight
+                if key in self.store:
+                    self.outcome("stored", line, key)
+                else:
+                    self.outcome("failed", line, why=result.stopped or "interrupted while storing")
+            self.log(status="end", complete=result.stopped is None, stopped=result.stopped,
+                     stored=len(result.stored), skipped=len(result.skipped), failed=len(result.errors))
+        except WriteError as exc:  # the report itself could not be finished (e.g. the disk filled up)
+            result.stopped = result.stopped or f"stopped after line {result.last_line}: {exc}"
         self.log.close()
+        if self.log.failed and result.stopped is None:
+            result.stopped = f"stopped after line {result.last_line}: the import report {self.log.path} is incomplete"
         result.errors.sort()
         return result
 
@@ -190,7 +225,8 @@ def import_file(
     should_stop: Callable[[], bool] | None = None,
 ) -> ImportResult:
     """Score each record with `score_fn(pair, {"id", "prompt", "gold"}, response)` (default
-    `core.scoring.teacher_forced.score`), mark it kind="import" and put it in `store`, one record at a time.
+    `core.scoring.teacher_forced.score`), mark it kind="import", grade it when the record gives an answer (`grade_trace`,
+    as generated traces are) and put it in `store`, one record at a time.
 
     Never raises for a bad record, a failed scoring, Ctrl-C or a full disk: the result says what
     happened. `progress(lines done, lines total)`; `should_stop()` is asked before each record.

@@ -33,7 +33,7 @@ class StoreCheck:
     n_readable: int = 0
     damaged: list[tuple[Path, str]] = field(default_factory=list)
     without_checksum: list[str] = field(default_factory=list)  # readable files from an older forkpoint
-    temp_files: list[tuple[Path, str]] = field(default_factory=list)  # (path, "stale" | "in use")
+    temp_files: list[tuple[Path, str]] = field(default_factory=list)  # (path, "stale" | "in use" | "removed ...")
     index_lines: int = 0
     bad_index_lines: int = 0
     index_error: str | None = None
@@ -98,7 +98,8 @@ def verify(store: TraceStore) -> StoreCheck:
         if not checksum:
             check.without_checksum.append(key)
     check.damaged.sort()
-    check.temp_files = [(p, "stale" if stale else "in use") for p, stale in temp_files(store.traces_dir)]
+    removed = [(p, "removed: left by a writer that died") for p in getattr(store, "removed_temp_files", [])]
+    check.temp_files = removed + [(p, "stale" if stale else "in use") for p, stale in temp_files(store.traces_dir)]
     check.index_lines, check.bad_index_lines, check.index_error = store.index.stats()
     check.set_aside = store.set_aside_files()
     return check

@@ -256,6 +256,19 @@ class TraceStore:
             return None
         return found
 
+    def damage_of(self, key: str) -> str | None:
+        """Why the file stored under `key` cannot be read, or None when it reads or no file is there
+        (so an edge can say "damaged: run forkpoint verify / repair" rather than "not in the store")."""
+        if not (isinstance(key, str) and KEY_RE.match(key)):
+            return None
+        try:
+            read_trace(self._path(key), key)
+        except FileNotFoundError:
+            return None
+        except StoreError as exc:
+            return str(exc)
+        return None
+
     def _drop_held(self, key: str) -> None:
         with self._lock:
             if self._held is not None and self._held[0] == key:

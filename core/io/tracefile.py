@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.annotate.spikes import spikes_or_top
 from core.errors import InvalidInputError, StoreError
 from core.scoring.registry import DEFAULT_SCORE, SCORES, score_values
 from core.trace import SCHEMA_VERSION, SIDES, Trace, _json_default, request_key
@@ -78,7 +79,6 @@ def summarise(trace: Trace, key: str | None = None) -> dict[str, Any]:
         prompt = prompt[: _PROMPT_CHARS - 1] + "…"
     n = len(trace)
     n_takeovers = trace.n_takeovers
-    spikes = trace.annotations.get("spikes")
     row: dict[str, Any] = {
         "key": key or trace.key,
         "problem": problem.get("id"),
@@ -86,7 +86,7 @@ def summarise(trace: Trace, key: str | None = None) -> dict[str, Any]:
         "pair": f"{_short_model(pair.get('base'))}|{_short_model(pair.get('reason'))}",
         "policy": (meta.get("policy") or {}).get("name"),
         "n_tokens": n,
-        "n_spikes": len(spikes.get("positions", ())) if isinstance(spikes, dict) else 0,
+        "n_spikes": len(spikes_or_top(trace)),  # the rule the app and exports apply (one computation)
         "n_takeovers": n_takeovers,
         "rho": n_takeovers / n if n else 0.0,
         "correct": meta.get("correct"),

@@ -23,7 +23,7 @@ from core import settings
 from core.annotate.rank_shift import rank_shift
 from core.annotate.spikes import spikes
 from core.errors import InvalidInputError, OutputExistsError
-from core.io.atomic import write_atomic
+from core.io.atomic import clean_temp_files, write_atomic
 from core.io.csvsafe import write_csv
 from core.io.jsonsafe import dumps_strict, floats_in
 from core.io.provenance import forkpoint_version, utc_now
@@ -296,6 +296,9 @@ def export(
     if existing and not overwrite:
         raise OutputExistsError(f"{', '.join(existing)} already exists; overwrite=True (CLI: --overwrite) replaces it")
     path.parent.mkdir(parents=True, exist_ok=True)
+    removed, _ = clean_temp_files(path.parent, [p.name for p in targets])  # a killed export's leftovers
+    for tmp in removed:
+        log.warning("removed %s, the temp file of an export that was killed", tmp)
     traces = [annotated(t, score, top, gate) for t in traces]
     if decode is None:
         decode = token_decoder(traces)
