@@ -43,7 +43,7 @@ def rank_shift_figure(table: pd.DataFrame) -> go.Figure:
 
 def rank_shift_tab(table: pd.DataFrame, per_trace: pd.DataFrame, score: str, top: float) -> None:
     """The Dataset page's rank-shift tab from `rank_shift.at_positions` (shares at all tokens / spikes /
-    takeovers) and `rank_shift.trace_table` (per-trace ratios)."""
+    takeovers) and `rank_shift.per_trace_table` (per-trace ratios)."""
     ratio = float(table.loc[table["group"] == rs.GROUPS[0], "shifted_share"].iloc[0])  # pooled over all tokens
     st.caption(f"Where the reasoner's top token sits in the base's ranking: unshifted = the base's top, marginal "
                f"= its 2nd–3rd, shifted = lower. Shifted ratio over these traces: **{ratio:.1%}**. Spikes: the top "
@@ -114,7 +114,7 @@ def stacked_rows_html(comp: Comparison, score: str, decode: Callable[[int], str]
     mode "rank_shift" colours by rank-shift category instead."""
     lo, hi = comp.value_range(score)
     parts = [f"<style>{heatmap_css()}{_ROWS_CSS}</style>"]
-    parts.append(rs.legend_html() if mode == rs.NAME else legend_html(score=score, vmin=lo, vmax=hi,
+    parts.append(rs.swatches_html() if mode == rs.NAME else legend_html(score=score, vmin=lo, vmax=hi,
                                                                           range_note="shared by the rows"))
     for name, trace in zip(comp.names, comp.traces):
         body = tokens_html(trace, score=score, spikes=[], selected=selected, decode=decode, vmin=lo, vmax=hi, k=3,

@@ -16,7 +16,7 @@ from core.errors import InvalidInputError
 
 
 @dataclass(frozen=True)
-class PairSpec:
+class PairChoice:
     """Which model pair to load: `demo=True`, or a base and a reasoner (hub id, local dir or .gguf)."""
 
     demo: bool = True
@@ -44,7 +44,7 @@ class PairSpec:
 class AppConfig:
     """Start-up settings: the model pair, the trace store and an optional problem file."""
 
-    pair: PairSpec
+    pair: PairChoice
     store: str | None = None  # None: core.store.default_store_path()
     problems: str | None = None  # None: the demo problems
     max_new_tokens: int = settings.MAX_NEW_TOKENS  # default generation length (first view, Generate page, branches)
@@ -78,7 +78,7 @@ def parse_args(argv: Sequence[str]) -> AppConfig:
         )
     if bool(args.base) != bool(args.reason):
         raise InvalidInputError("Give both --base and --reason (or neither, for the demo pair)")
-    pair = PairSpec(
+    pair = PairChoice(
         demo=not args.base, base=args.base, reason=args.reason, base_format=args.base_format,
         reason_format=args.reason_format, device=args.device, dtype=args.dtype, base_revision=args.base_revision,
         reason_revision=args.reason_revision, trust_remote_code=args.trust_remote_code,

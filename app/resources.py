@@ -13,7 +13,7 @@ from typing import Any
 import streamlit as st
 
 import core
-from app.config import PairSpec
+from app.config import PairChoice
 from app.view import SpikeRule, annotate_view, as_problems
 from core.annotate.spikes import Gate
 from core.evaluation.problems import Problem
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 @st.cache_resource(show_spinner=False, max_entries=2)
-def load_pair(spec: PairSpec) -> core.ModelPair:
+def load_pair(spec: PairChoice) -> core.ModelPair:
     """Load the pair once per process; core's ModelLoadError / VocabularyMismatchError pass through."""
     if spec.demo:
         import torch

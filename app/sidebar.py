@@ -12,7 +12,7 @@ import streamlit as st
 
 import core
 from app import resources
-from app.config import PairSpec
+from app.config import PairChoice
 from app.state import DEFAULTS
 from app.view import PROB_MODES, RANGE_LABELS, RANGES, SpikeRule, md_escape
 from core.annotate.spikes import Gate
@@ -34,14 +34,14 @@ class Settings:
     score: str
     scale: str
     rule: SpikeRule
-    pair_spec: PairSpec
+    pair_spec: PairChoice
     crange: str = "trace"  # colour range: "trace" or "pair" (fixed over the pair's stored traces)
     prob_mode: str = "prob"  # "prob" or "logprob"
 
 
 def _pair_form() -> None:
     ss = st.session_state
-    spec: PairSpec = ss["pair_spec"]
+    spec: PairChoice = ss["pair_spec"]
     ss.setdefault("pair_demo", spec.demo)
     for name in ("base", "reason", "base_format", "reason_format", "device", "dtype"):
         ss.setdefault(f"pair_{name}", getattr(spec, name))
@@ -134,7 +134,7 @@ def sidebar() -> tuple[Settings, core.ModelPair | None]:
                     prob_mode=ss["prob_mode"]), pair
 
 
-def current_pair(spec: PairSpec) -> core.ModelPair | None:
+def current_pair(spec: PairChoice) -> core.ModelPair | None:
     """The loaded pair (once per process), or None with the reason shown as an error message."""
     try:
         with st.spinner(f"Loading the model pair ({spec.label()}) …", show_time=True):

@@ -15,7 +15,7 @@ from typing import Any
 
 import streamlit as st
 
-from app.config import AppConfig, PairSpec, parse_args
+from app.config import AppConfig, PairChoice, parse_args
 from app.view import PROB_MODES, RANGES
 from core import settings
 from core.errors import ForkpointError
@@ -72,7 +72,7 @@ def init_state(argv: list[str] | None = None) -> AppConfig:
             config = parse_args(sys.argv[1:] if argv is None else argv)
         except ForkpointError as err:
             ss["notice"] = ("error", f"{err}. Using the demo pair.")
-            config = AppConfig(pair=PairSpec())
+            config = AppConfig(pair=PairChoice())
         ss["config"] = config
         ss.setdefault("pair_spec", config.pair)
         ss.setdefault("store_path", config.store or "")

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import core
 from core.annotate.spikes import calibrate_gate
 from core.decoding import CACHES
-from core.demo.tiny import CORPUS, build_tiny_model, train_tokenizer
+from core.demo.tiny import CORPUS, build_tiny_model, build_tiny_tokenizer
 from core.pair.forward import backbone, head
 from core.scoring.metrics import chunk_metrics
 
@@ -63,7 +63,7 @@ def build_pair(workdir: Path, vocab: int, hidden: int, layers: int,
     out = workdir / (f"qwen3-v{vocab}-h{hidden}-l{layers}" + (f"-r{rh}x{rl}" if reason_shape else ""))
     if not (out / "reason" / "config.json").exists():
         t0 = time.perf_counter()
-        tokenizer = train_tokenizer(random_words(6000), vocab_size=vocab)
+        tokenizer = build_tiny_tokenizer(random_words(6000), vocab_size=vocab)
         for i, (side, (h, n)) in enumerate((("base", (hidden, layers)), ("reason", (rh, rl)))):
             heads = max(1, h // 64)
             build_tiny_model(out / side, tokenizer, "qwen3", seed=i, hidden=h, layers=n, heads=heads,
@@ -255,7 +255,7 @@ def long_chain(workdir: Path, T: int) -> None:
     """[8] one T-token response from a tiny pair on CPU: time per token early vs late, bytes per token, peak RSS."""
     out = workdir / "tiny-long"
     if not (out / "reason" / "config.json").exists():
-        tokenizer = train_tokenizer()
+        tokenizer = build_tiny_tokenizer()
         for i, side in enumerate(("base", "reason")):
             build_tiny_model(out / side, tokenizer, "qwen3", seed=i, max_positions=T + 512)
     pair = core.load_pair(str(out / "base"), str(out / "reason"), device="cpu", dtype="float32")

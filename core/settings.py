@@ -8,6 +8,7 @@ Presets (e.g. the paper's sampling) are named overrides of these rows.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +123,11 @@ DTYPE: str = SETTINGS["dtype"].value
 DEVICE: str = SETTINGS["device"].value
 RATIOS: tuple[float, ...] = SETTINGS["ratios"].value
 EFFECT_SAMPLES: int = SETTINGS["effect_samples"].value
+
+# How every long-running core call reports progress (the one protocol; bars are drawn only at the edges):
+# progress(done, total), and for calls with several stages progress(stage, done, total).
+Progress = Callable[[int, int], None]
+StageProgress = Callable[[str, int, int], None]
 
 # The seed paper's settings (docs/REPRODUCE.md): 8 samples at T 0.6, top-p 0.95, long chains of thought.
 PRESETS: dict[str, dict[str, Any]] = {

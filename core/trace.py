@@ -66,7 +66,7 @@ class Trace:
     tokens      T display strings; "".join(tokens) == text (a character split across byte-level
                 tokens is shown on the token that completes it).
     prompt_ids  {"base": [...], "reason": [...]}: each model's formatted prompt.
-    metrics     name -> (T,) array, one per entry of `core.scoring.metrics.METRICS`.
+    metrics     name -> (T,) array, one per entry of `core.scoring.registry.METRICS`.
     topk        {"base": (ids (T,k) int64, probs (T,k) float32), "reason": (...)}.
     source      (T,) str: who emitted each token ("base", "reason" or "forced").
     meta        the reproducibility record (request, pair, formats, policy, sampling, ...).

@@ -16,7 +16,7 @@ import core
 
 # Tiny models: one thread is much faster than two (and than two under a busy machine's contention).
 torch.set_num_threads(1)
-from core.demo.tiny import build_tiny_model, train_tokenizer
+from core.demo.tiny import build_tiny_model, build_tiny_tokenizer
 
 # Cheap on purpose: hidden 64, 2 layers; the tokenizer has 400 entries.
 TINY = {"hidden": 64, "layers": 2}
@@ -26,7 +26,7 @@ LLAMA_PAD = 37  # rows of embedding padding past the tokenizer (real checkpoints
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """The byte-level BPE tokenizer (with chat template) every tiny model is saved with."""
-    return train_tokenizer()
+    return build_tiny_tokenizer()
 
 
 @pytest.fixture(scope="session")

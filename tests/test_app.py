@@ -233,9 +233,9 @@ def test_loading_a_bad_pair_from_the_sidebar_is_a_message(env, tmp_path):
 
 
 def test_vocabulary_mismatch_is_a_message(env, tmp_path, tiny_dirs):
-    from core.demo.tiny import build_tiny_model, train_tokenizer
+    from core.demo.tiny import build_tiny_model, build_tiny_tokenizer
 
-    other = build_tiny_model(tmp_path / "other_vocab", train_tokenizer(vocab_size=300), "qwen3", seed=5, hidden=32,
+    other = build_tiny_model(tmp_path / "other_vocab", build_tiny_tokenizer(vocab_size=300), "qwen3", seed=5, hidden=32,
                              layers=1)
     args = ["--base", str(tiny_dirs["qwen_base"]), "--reason", str(other), "--store", str(env.store),
             "--problems", str(env.problems)]

@@ -178,3 +178,37 @@ def test_lazy_imports_only_defer_heavy_optional_dependencies(path):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             lazy |= {n for n in names if n.split(".")[0] == "core"}
     assert lazy <= set(HEAVY), f"function-level core imports in {rel}: {sorted(lazy - set(HEAVY))}"
+
+
+def _resolves(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_core_name_in_a_message_or_docstring_exists():
+    """`core.xxx` written in any string, docstring or comment of core/ names a module or attribute that exists
+    (stale names such as core.annotate.Gate or core.CACHES.max_bytes mislead users)."""
+    import re
+    import warnings
+
+    found: dict[str, str] = {}
+    for path in sorted(CORE.rglob("*.py")):
+        for match in re.finditer(r"(?<![\w./])core\.[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*", path.read_text(encoding="utf-8")):
+            found.setdefault(match.group(0).rstrip("."), str(path.relative_to(ROOT)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        missing = sorted(f"{name} ({where})" for name, where in found.items() if not _resolves(name))
+    assert not missing, f"names that do not exist: {missing}"

@@ -156,7 +156,7 @@ def _take(it, n):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo_tiny")
-    report = demo_train.train_demo_pair(out, size="tiny", progress=False)
+    report = demo_train.train_demo_pair(out, size="tiny")
     return out, report
 
 
@@ -197,7 +197,7 @@ def test_training_is_reproducible(tiny_run, tmp_path):
     from safetensors.torch import load_file
 
     out, _ = tiny_run
-    demo_train.train_demo_pair(tmp_path, size="tiny", progress=False)
+    demo_train.train_demo_pair(tmp_path, size="tiny")
     for side in ("base", "reason"):
         a, b = load_file(out / side / "model.safetensors"), load_file(tmp_path / side / "model.safetensors")
         assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)

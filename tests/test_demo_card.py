@@ -22,7 +22,7 @@ def test_bars_compare_in_the_right_direction():
 @pytest.fixture(scope="module")
 def tiny_demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo_card")
-    demo_train.train_demo_pair(out, size="tiny", progress=False)
+    demo_train.train_demo_pair(out, size="tiny")
     return out
 
 

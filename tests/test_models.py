@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import core
-from core.demo.tiny import build_tiny_model, train_tokenizer
+from core.demo.tiny import build_tiny_model, build_tiny_tokenizer
 from core.pair import loading as load
 from core.pair.forward import head
 from core.pair.loading import (
@@ -109,14 +109,14 @@ def test_trust_remote_code_defaults_to_false(monkeypatch, tiny_dirs) -> None:
 
 
 def test_mismatched_tokenizers_are_rejected(tmp_path, tiny_dirs) -> None:
-    other = train_tokenizer(["Completely different words: zebra quantum xylophone jazz."] * 3, vocab_size=300)
+    other = build_tiny_tokenizer(["Completely different words: zebra quantum xylophone jazz."] * 3, vocab_size=300)
     odd_dir = build_tiny_model(tmp_path / "odd", other, "qwen3", seed=5, **TINY)
     with pytest.raises(core.VocabularyMismatchError) as err:
         core.load_pair(str(tiny_dirs["qwen_base"]), str(odd_dir), device="cpu")
     message = str(err.value)
     assert "base" in message and "reason" in message
     assert "first differences" in message and "id " in message
-    by_id_a = {i: s for s, i in train_tokenizer().get_vocab().items()}
+    by_id_a = {i: s for s, i in build_tiny_tokenizer().get_vocab().items()}
     by_id_b = {i: s for s, i in other.get_vocab().items()}
     first = min(i for i in set(by_id_a) | set(by_id_b) if by_id_a.get(i) != by_id_b.get(i))
     assert f"id {first}: {by_id_a.get(first)!r} vs {by_id_b.get(first)!r}" in message
@@ -411,7 +411,7 @@ def test_thinking_reference_pair(qwen_pair, tiny_dirs, tmp_path) -> None:
     assert thinking.reason is qwen_pair.reason and thinking.specs["base"].id == str(tiny_dirs["llama_base"])
     assert thinking.formats["base"].spec == "chat:think+think"
     assert thinking.fingerprint() != qwen_pair.fingerprint()
-    other = train_tokenizer(["Completely different words: zebra quantum xylophone jazz."] * 3, vocab_size=300)
+    other = build_tiny_tokenizer(["Completely different words: zebra quantum xylophone jazz."] * 3, vocab_size=300)
     odd_dir = build_tiny_model(tmp_path / "odd_thinking", other, "qwen3", seed=7, **TINY)
     with pytest.raises(core.VocabularyMismatchError, match="pair and thinking tokenizers differ"):
         load_thinking(qwen_pair, str(odd_dir))

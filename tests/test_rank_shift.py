@@ -36,7 +36,7 @@ def test_counts_and_ratios_by_hand():
     assert np.isnan(rs.shifted_ratio(trace, positions=[]))
     other = _with_ranks([5, 5], seed=1)
     assert rs.shifted_ratio([trace, other]) == pytest.approx(4 / 10)  # pooled, not a mean of ratios
-    table = rs.trace_table([trace, other])
+    table = rs.per_trace_table([trace, other])
     assert table["shifted"].tolist() == [2, 2]
     assert table["shifted_share"].tolist() == pytest.approx([0.25, 1.0])
     assert table["marginal_share"].tolist() == pytest.approx([0.25, 0.0])
@@ -60,7 +60,7 @@ def test_colours_and_legend_are_categorical():
     trace = _with_ranks([0, 2, 4])
     assert rs.colours(trace) == [rs.COLOURS["unshifted"], rs.COLOURS["marginal"], rs.COLOURS["shifted"]]
     assert len({rs.COLOURS[c] for c in rs.CATEGORIES}) == 3
-    legend = rs.legend_html()
+    legend = rs.swatches_html()
     for c in rs.CATEGORIES:
         assert rs.COLOURS[c] in legend
 

@@ -342,7 +342,7 @@ class SleepOnce(core.BaseOnly):
 def ray_executor(ray_cluster):
     """2 CPU workers on the session's Ray (max_restarts=1: a second kill of one worker is for good)."""
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need SleepOnce's code
-    ex = core.scale.RayExecutor(workers=2, progress_bar=False, max_restarts=1)
+    ex = core.scale.RayExecutor(workers=2, max_restarts=1)
     yield ex
     ex.close()
 
@@ -478,7 +478,7 @@ def test_one_worker_gives_what_two_give(ray_executor, demo, problems):
     policy = core.RandomPositions(rate=0.3, seed=1)
     two = ray_executor.generate_many(demo, problems, policy, batch_size=2, **OPTS)
     ray_executor.close_actors()  # free both CPUs for the one-worker executor
-    one = core.scale.RayExecutor(workers=1, progress_bar=False)
+    one = core.scale.RayExecutor(workers=1)
     try:
         single = one.generate_many(demo, problems, policy, batch_size=2, **OPTS)
         assert len(one.summary()) == 1 and one.summary()["jobs"].sum() == 3
@@ -515,7 +515,7 @@ def test_cli_generate_and_import_with_ray(ray_executor, problems, tmp_path):
 def test_more_workers_than_exist_is_a_message_within_the_timeout(ray_executor, demo):
     """Workers that cannot get resources: a message naming what is missing once start_timeout passes."""
     ray_executor.start(demo)  # the 2 workers hold both CPUs
-    greedy = core.scale.RayExecutor(workers=3, progress_bar=False, start_timeout=3)
+    greedy = core.scale.RayExecutor(workers=3, start_timeout=3)
     t0 = time.monotonic()
     with pytest.raises(ExecutorError, match=r"0 of 3 Ray workers started within 3 s: 3 workers of 1 CPU asked, "
                                             r"0 CPUs free"):

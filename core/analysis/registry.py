@@ -70,7 +70,7 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
              lambda t, s, p, g: {"recovery": stored_policy_table(t)}, "recovery_figure", ("recovery",), "recovery"),
     Analysis("rank_shift", "Rank shift", "Unshifted / marginal / shifted reasoner choices at spikes and takeovers.",
              lambda t, s, p, g: {"rank_shift": rank_shift.at_positions(t, score=s, top=p),
-                                 "rank_shift_per_trace": rank_shift.trace_table(t)}, None, (), "rank_shift"),
+                                 "rank_shift_per_trace": rank_shift.per_trace_table(t)}, None, (), "rank_shift"),
     Analysis("decision_pairs", "Decision pairs", "The base's and the reasoner's choice at the top positions.",
              lambda t, s, p, g: {"decision_pairs": A.decision_pairs(t, score=s, top=p, segment=g)},
              None, (), "decision_pairs"),

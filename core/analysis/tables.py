@@ -1,6 +1,6 @@
 """The seed paper's analyses as pure functions: lists of traces in, tidy DataFrames out.
 
-Every function takes `score=` (a name from `core.scoring.metrics.SCORES`) and `segment=None|"think"|
+Every function takes `score=` (a name from `core.scoring.registry.SCORES`) and `segment=None|"think"|
 "answer"`: with a segment, a trace that carries annotations["segments"] is cut to the positions of
 that segment (and analysed as if that were the whole response); a trace without the layer is kept
 whole. Figures live in `core.analysis.report`; failure prediction in `failure`, decision pairs in

@@ -88,7 +88,7 @@ def _row(cats: np.ndarray) -> dict[str, Any]:
     return row
 
 
-def trace_table(traces: Sequence[Trace]) -> pd.DataFrame:
+def per_trace_table(traces: Sequence[Trace]) -> pd.DataFrame:
     """One row per trace: key, n, counts per category and their shares (shifted_share = the shifted ratio)."""
     rows = [{"key": t.key, **_row(rank_shift(t))} for t in traces]
     return pd.DataFrame(rows, columns=["key", "n", *CATEGORIES, *(f"{c}_share" for c in CATEGORIES)])
@@ -127,6 +127,6 @@ def legend_items() -> str:
     return f"<span>rank shift of the reasoner's top token:</span>{items}"
 
 
-def legend_html() -> str:
+def swatches_html() -> str:
     """A small legend of the three categories."""
     return f'<div class="fp-legend">{legend_items()}</div>'

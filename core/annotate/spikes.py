@@ -211,7 +211,7 @@ def spikes(
         raise InvalidInputError("give exactly one of top= (a fraction) or gate= (a Gate), not both")
     if gate is not None:
         if not isinstance(gate, Gate):
-            raise InvalidInputError(f"gate must be a core.annotate.Gate, got {type(gate).__name__}")
+            raise InvalidInputError(f"gate must be a core.Gate, got {type(gate).__name__}")
         if per != "trace":
             raise InvalidInputError("the gate is a per-trace rule; per='dataset' only applies to top=")
         rule: dict = {"score": score, "gate": gate.to_dict()}

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from core.cli.common import (
+    _Bar,
     _fail_cleanly,
     main,
     pair_options,
@@ -33,7 +34,14 @@ def demo_train(out: str | None, size: str, seed: int) -> None:
     from core.demo.pair import DEMO_DIR
     from core.demo.train import train_demo_pair
 
-    train_demo_pair(out or DEMO_DIR, size=size, seed=seed, progress=True)
+    bars: dict[str, _Bar] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        bars.setdefault(stage, _Bar(f"train {stage}", unit="step"))(done, total)
+
+    train_demo_pair(out or DEMO_DIR, size=size, seed=seed, progress=progress)
+    for bar in bars.values():
+        bar.close()
 
 
 # The pair flags the app forwards to app/main.py (app/config.py parses them on the Streamlit side).

@@ -113,7 +113,7 @@ def _executor(ray_address: str | None, opts: dict[str, Any] | None = None):
         return None
     from core.scale import RayExecutor
 
-    return RayExecutor(address=None if ray_address == "local" else ray_address, progress_bar=False, workers=workers,
+    return RayExecutor(address=None if ray_address == "local" else ray_address, workers=workers,
                        gpus_per_worker=1 if gpus is None else gpus)
 
 

@@ -77,7 +77,7 @@ class CacheLRU:
         limit, size = self.limit(held.device()), held.nbytes()
         if size > limit:
             log.warning("not holding the KV caches of trace %s (%.2f GiB, over the %.2f GiB limit): a branch of it "
-                        "re-reads its prefix; raise settings.HELD_CACHE_GIB or core.CACHES.max_bytes to hold it",
+                        "re-reads its prefix; raise settings.HELD_CACHE_GIB or core.decoding.CACHES.max_bytes to hold it",
                         key, size / (1 << 30), limit / (1 << 30))
             self._items.pop(key, None)
             self._sizes.pop(key, None)

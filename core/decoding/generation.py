@@ -17,9 +17,8 @@ from core.decoding.sampling import Sampling, row_seed
 from core.errors import InvalidInputError
 from core.pair.loading import ModelPair
 from core.scoring.teacher_forced import assemble, make_meta, problem_record
+from core.settings import Progress
 from core.trace import RowSummary, Trace
-
-Progress = Callable[[int, int], None]
 
 
 def make_rows(pair: ModelPair, problems: list[Any], samples: int, policy: Policy, sampling: Sampling, k: int,

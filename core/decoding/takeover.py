@@ -19,7 +19,7 @@ import numpy as np
 from core import settings
 from core.decoding.caches import CACHES, cropped_copy, hold
 from core.decoding.engine import Decoder, Row
-from core.decoding.generation import Progress, make_rows
+from core.decoding.generation import make_rows
 from core.decoding.policies import (
     REASON,
     BaseOnly,
@@ -34,6 +34,7 @@ from core.errors import InvalidInputError, PairMismatchError
 from core.pair.loading import SIDES, ModelPair
 from core.scoring.registry import score_values
 from core.scoring.teacher_forced import assemble
+from core.settings import Progress
 from core.trace import Trace
 
 WHO = ("reason", "base")  # who writes at a switched position (besides a given token id or a typed list of ids)

@@ -234,7 +234,7 @@ A tiny base / reasoning pair trained by forkpoint's own script (`forkpoint demo 
 `core/demo/train.py`) on a synthetic task (`core/demo/task.py`), so that the seed paper's effect can be
 seen in seconds, on a CPU, with no model hub. Both models are `LlamaForCausalLM` checkpoints in standard
 Hugging Face format (config.json + model.safetensors + tokenizer) and load through the same
-`core.load_pair` path as Qwen3 (`core.demo.demo_pair()`). Prompt formats are in `pair.json`.
+`core.load_pair` path as Qwen3 (`core.demo_pair()`). Prompt formats are in `pair.json`.
 
 ## What it is
 

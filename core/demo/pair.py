@@ -26,14 +26,14 @@ def demo_formats(demo_dir: str | Path = DEMO_DIR) -> dict[str, str]:
 
 
 def demo_pair(device: str = "cpu", dtype: str = "float32", demo_dir: str | Path = DEMO_DIR) -> Any:
-    """The demo base / reasoning pair as a `core.models.ModelPair`, loaded through `core.load_pair`."""
+    """The demo base / reasoning pair as a `core.ModelPair`, loaded through `core.load_pair`."""
 
     demo_dir = Path(demo_dir)
     return load_pair(demo_dir / "base", demo_dir / "reason", device=device, dtype=dtype, **demo_formats(demo_dir))
 
 
 def demo_problems(split: str = "test", limit: int | None = None) -> list[Any]:
-    """The demo task's problems of `split` as `core.problems.Problem` records (prompt, gold)."""
+    """The demo task's problems of `split` as `core.Problem` records (prompt, gold)."""
 
     if split not in SPLITS:
         raise InvalidInputError(f"Unknown demo split {split!r}; choose one of: {', '.join(SPLITS)}")

@@ -27,7 +27,7 @@ CORPUS = [
 ]
 
 
-def train_tokenizer(corpus: list[str] | None = None, vocab_size: int = 400) -> Any:
+def build_tiny_tokenizer(corpus: list[str] | None = None, vocab_size: int = 400) -> Any:
     """A byte-level BPE tokenizer trained in-process, wrapped as a transformers fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -85,7 +85,7 @@ def build_tiny_model(out_dir: str | Path, tokenizer: Any, arch: str = "qwen3", s
 
 def build_tiny_pair(out_dir: str | Path, arch: str = "qwen3", seed: int = 0, **config_kwargs: Any) -> tuple[Path, Path]:
     """Save a base and a reasoning model (same tokenizer, different random weights) under `out_dir`."""
-    tokenizer = train_tokenizer()
+    tokenizer = build_tiny_tokenizer()
     out = Path(out_dir)
     base = build_tiny_model(out / "base", tokenizer, arch, seed=seed, **config_kwargs)
     reason = build_tiny_model(out / "reason", tokenizer, arch, seed=seed + 1, **config_kwargs)

@@ -1,4 +1,4 @@
-"""Train the demo model organism: a tiny base / reasoning pair on the task in `core.demo_task`.
+"""Train the demo model organism: a tiny base / reasoning pair on the task in `core.demo.task`.
 
 The base model learns plans and execution from a corpus where, for the "tricky" cue phrasings, the
 plan usually takes its favourite route (add) instead of the right one, and execution faithfully
@@ -24,6 +24,7 @@ import torch
 
 from core.demo import task as demo_task
 from core.errors import InvalidInputError
+from core.settings import StageProgress
 
 log = logging.getLogger(__name__)
 
@@ -196,10 +197,9 @@ def encode_batch(pairs: list[tuple[str, str]], tokenizer, max_len: int) -> dict[
 
 
 def train_lm(model, tokenizer, stream: Iterator[tuple[str, str]], steps: int, lr: float, cfg: DemoConfig,
-             desc: str, progress: bool) -> list[float]:
-    """AdamW with linear warm-up and cosine decay on response tokens; returns the loss per step."""
-    from tqdm.auto import tqdm
-
+             desc: str, progress: StageProgress | None) -> list[float]:
+    """AdamW with linear warm-up and cosine decay on response tokens; returns the loss per step.
+    `progress(desc, step, steps)` after each step."""
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -214,8 +214,7 @@ def train_lm(model, tokenizer, stream: Iterator[tuple[str, str]], steps: int, lr
 
     model.train()
     losses: list[float] = []
-    bar = tqdm(range(steps), desc=desc, disable=not progress, unit="step")
-    for step in bar:
+    for step in range(steps):
         batch = encode_batch([next(stream) for _ in range(cfg.batch)], tokenizer, cfg.max_positions)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
@@ -226,13 +225,15 @@ def train_lm(model, tokenizer, stream: Iterator[tuple[str, str]], steps: int, lr
         opt.step()
         losses.append(float(loss.detach()))
         if step % 10 == 0:
-            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.4f}")
+            log.info("%s step %d/%d: loss %.4f", desc, step, steps, sum(losses[-10:]) / len(losses[-10:]))
+        if progress is not None:
+            progress(desc, step + 1, steps)
     model.eval()
     return losses
 
 
 def train_demo_pair(out_dir: str | Path, steps: int | None = None, size: str = "full", seed: int = 0,
-                    progress: bool = True, threads: int | None = 2, **overrides: Any) -> dict:
+                    progress: StageProgress | None = None, threads: int | None = 2, **overrides: Any) -> dict:
     """Train the base and reasoning models into out_dir/{base,reason} (+ pair.json, train_log.json).
 
     `steps` overrides the base step count (the reasoner gets the configured share of it).

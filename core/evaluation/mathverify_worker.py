@@ -1,7 +1,7 @@
 """The math-verify comparison, importable in-process and runnable as a worker process.
 
 math-verify bounds its work with SIGALRM, which only works in a process's main thread. Off the main
-thread (Streamlit runs scripts in threads) `core.grading` runs this file as a child process,
+thread (Streamlit runs scripts in threads) `core.evaluation.grading` runs this file as a child process,
 `python -P core/evaluation/mathverify_worker.py`, where the comparison is back on a main thread. The file imports
 nothing from `core` so that the child does not load torch and friends.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,12 +30,12 @@ from core.io.atomic import write_atomic
 from core.io.csvsafe import write_csv
 from core.io.store import StoredTraces, TraceStore
 from core.pair.loading import ModelPair, PromptFormat, format_spec, load_pair
+from core.settings import StageProgress
 
 log = logging.getLogger(__name__)
 
 SAMPLING = ("samples", "temperature", "top_p", "max_new_tokens")
 PAPER_FORMATS = {"base_format": "paper-base", "reason_format": "paper-think", "thinking_format": "paper-think"}
-Progress = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -84,7 +84,7 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
               seed: int = settings.SEED, batch_size: int = settings.BATCH_SIZE, base_format: str | None = None,
               reason_format: str | None = None, thinking_format: str | None = None, device: str = "auto",
               dtype: str = "auto", revisions: Mapping[str, str | None] | None = None,
-              trust_remote_code: bool = False, progress: Progress | None = None, executor: Any = None) -> Reproduction:
+              trust_remote_code: bool = False, progress: StageProgress | None = None, executor: Any = None) -> Reproduction:
     """Run the paper's protocol and write `<out>/report.html` plus CSVs (see module doc).
 
     `base`/`reason`: model sources, or a loaded `ModelPair` as `base` (then `reason` is ignored).

@@ -39,12 +39,12 @@ from core.evaluation.harness import (
     thinking_records,
 )
 from core.scoring.registry import score_values
+from core.settings import StageProgress
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RATIOS = settings.RATIOS  # the sweep's r values (core/settings.py)
 SWEEP_COLUMNS = ("config", "ratio", "budget", "matched_rho", "tau", "lam", "window")
-Progress = Callable[[str, int, int], None]
 
 
 def config_label(ratio: float, budget: float | None) -> str:
@@ -79,7 +79,7 @@ def budget_sweep(pair: Any, problems: Any, calibration: Sequence[Any], ratios: S
                  reference: Reference | None = None, samples: int = settings.SAMPLES, store: Any = None,
                  temperature: float = settings.TEMPERATURE, top_p: float = settings.TOP_P, seed: int = settings.SEED,
                  max_new_tokens: int = settings.MAX_NEW_TOKENS, batch_size: int = settings.BATCH_SIZE,
-                 progress: Progress | None = None, keep: dict[str, list[Any]] | None = None,
+                 progress: StageProgress | None = None, keep: dict[str, list[Any]] | None = None,
                  executor: Any = None) -> pd.DataFrame:
     """One row per benchmark and policy configuration: the ends (base, guide "reason", and "thinking"
     when a thinking pair is given), Guided at each (ratio r, budget cap; None = no cap, the paper's gate),

@@ -34,6 +34,7 @@ from core.instruments.continuations import continue_batch
 from core.instruments.intervals import newcombe, spearman, wilson
 from core.pair.loading import ModelPair
 from core.scoring.registry import check_score, score_values
+from core.settings import Progress
 from core.trace import Trace
 
 EFFECT_COLUMNS = ["trace", "pos", "token", "base_token", "reason_token", "score", "acc_with", "acc_without",
@@ -44,7 +45,6 @@ INTERVAL = "wilson95"  # accuracies: Wilson score; effects: Newcombe hybrid scor
 SAMPLED_TEMPERATURE = float(settings.PRESETS["paper"]["temperature"])  # a greedy trace's effects are sampled at this
 PIVOT_THRESHOLD = 0.2  # PTS's default: a segment is split while its ends differ by this much
 
-Progress = Callable[[int, int], None]
 
 
 def _continue(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], sample_seed: Sequence[int], *,

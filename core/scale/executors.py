@@ -1,6 +1,6 @@
 """Executors run generation jobs: `InProcessExecutor` (this process, the pair already loaded, with the
 same per-worker summary as Ray's) and `RayExecutor` (Ray actors, each holding the pair once, on a local
-machine or a cluster). Without an executor, `core.generate_many` runs the batches itself, with progress
+machine or a cluster). Without an executor, `core.decoding.generate_many` runs the batches itself, with progress
 inside each batch.
 
 Both go through one driver loop, so they share the store rules: rows already in the store are read, not
@@ -21,11 +21,11 @@ from core import settings
 from core.errors import GenerationCancelled, InvalidInputError
 from core.scale.jobs import GenerateJob, Worker, WorkerStats, make_jobs
 from core.scale.spec import PairSpec
+from core.settings import Progress
 from core.trace import RowSummary
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]
 
 
 def _meta_blob(trace: Any) -> str:

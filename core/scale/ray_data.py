@@ -154,13 +154,13 @@ def import_file_ray(pair: Any, path: str | os.PathLike[str], store: Any, *, exec
         if not ds.context.execution_options.preserve_order:  # pragma: no cover - a Ray that ignores it
             raise InvalidInputError("this Ray version does not keep a Dataset's order; import without --ray")
         return _settle(pair, ds.iter_batches(batch_size=None, batch_format="numpy"), store, Path(path).name,
-                       count_records(path, fmt), report_path, progress, executor.progress_bar)
+                       count_records(path, fmt), report_path, progress)
     finally:
         ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
 
 
 def _settle(pair: Any, batches: Iterator[dict[str, Any]], store: Any, source: str, total: int,
-            report_path: Any, progress: Callable[[int, int], None] | None, bar: bool) -> Any:
+            report_path: Any, progress: Callable[[int, int], None] | None) -> Any:
     """Feed the scored rows, in file order, through the in-process importer's bookkeeping (`_Run`): its
     `score_fn` hands back what the worker made, so stored traces and outcomes are the in-process ones."""
 
@@ -174,7 +174,6 @@ def _settle(pair: Any, batches: Iterator[dict[str, Any]], store: Any, source: st
         return made[0]
 
     run = _Run(pair, store, worker_made, source, _Log(report_path))
-    shown = _bar(total) if bar else None
     with run.settling() as result:
         for batch in batches:
             for i in range(len(batch["line"])):
@@ -186,18 +185,6 @@ def _settle(pair: Any, batches: Iterator[dict[str, Any]], store: Any, source: st
                 else:
                     made[0] = batch["trace"][i]
                     run.record(_record(batch, i))
-                if shown is not None:
-                    shown.update(1)
                 if progress is not None:
                     progress(line, max(total, line))
-    if shown is not None:
-        shown.close()
     return result
-
-
-def _bar(total: int) -> Any:
-    import sys
-
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="ray import", unit="rec", file=sys.stderr, leave=False)

@@ -24,9 +24,10 @@ from typing import Any, Self
 import pandas as pd
 
 from core.errors import ExecutorError, InvalidInputError
-from core.scale.executors import Progress, _Executor, drive
+from core.scale.executors import _Executor, drive
 from core.scale.jobs import GenerateJob, Worker, WorkerStats
 from core.scale.spec import as_spec
+from core.settings import Progress
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class RayExecutor(_Executor):
     which must then be a picklable function, runs there first); the driver still writes what is missing."""
 
     def __init__(self, address: str | None = None, workers: int | None = None, gpus_per_worker: float = 1,
-                 cpus_per_worker: float = 1, threads_per_worker: int | None = None, progress_bar: bool = True,
+                 cpus_per_worker: float = 1, threads_per_worker: int | None = None,
                  max_restarts: int = 2, workers_write: bool = False, start_timeout: float = START_TIMEOUT_S) -> None:
         if workers is not None and workers < 1:
             raise InvalidInputError(f"workers must be ≥ 1 (or None for one per GPU/CPU), got {workers}")
@@ -103,7 +104,7 @@ class RayExecutor(_Executor):
         self.address, self.workers = address, workers
         self.gpus_per_worker, self.cpus_per_worker = gpus_per_worker, cpus_per_worker
         self.threads = threads_per_worker
-        self.progress_bar, self.max_restarts = progress_bar, max_restarts
+        self.max_restarts = max_restarts
         self.workers_write, self.start_timeout = workers_write, start_timeout
         self._remote: dict[str, Any] = {}  # store path and on_trace for the workers, per run
         self._started = False
@@ -326,39 +327,19 @@ class RayExecutor(_Executor):
                  recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[list[Any]]:
         """Per job, its traces (or summaries, keep="summaries"), made on the Ray workers, written here."""
         self.start(pair)
-        bar = _bar(sum(j.units for j in jobs)) if self.progress_bar else None
-
-        def report(done: int, total: int) -> None:
-            if bar is not None:
-                bar.n = done
-                bar.refresh()
-            if progress is not None:
-                progress(done, total)
-
         t0 = time.perf_counter()
         path = getattr(store, "path", None)
         self._remote = {"store_path": str(path), "on_trace": on_trace} if self.workers_write and path else {}
         try:
-            return drive(self, jobs, store, on_trace, report, should_stop, keep=keep, recheck=recheck)
+            return drive(self, jobs, store, on_trace, progress, should_stop, keep=keep, recheck=recheck)
         finally:
             self.wall_s += time.perf_counter() - t0
             self._remote = {}
-            if bar is not None:
-                bar.close()
 
     def summary(self) -> pd.DataFrame:
         """Per worker: jobs, units (rows), tokens, busy seconds, units/s, tokens/s, batches Ray re-ran after a
         restart, and whether it is still in the pool."""
         return pd.DataFrame([s.row() for s in self.stats])
-
-
-def _bar(total: int) -> Any:
-    import sys
-
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="ray", unit="row", file=sys.stderr, leave=False)
-
 
 def _cause(err: BaseException) -> str:
     text = (getattr(err, "message", None) or str(err)).strip().splitlines()

@@ -306,7 +306,7 @@ class TokenWidget(anywidget.AnyWidget):
 
     def _refresh_tree(self) -> None:
         self.tree = [{"depth": d, "label": label, "key": key, "shown": key in {t.key for t in self.shown[1:]}}
-                     for d, label, key in tree_rows(self.original, self.branches, self._decode)]
+                     for d, label, key in widget_tree_rows(self.original, self.branches, self._decode)]
 
     def _refresh_notes(self) -> None:
         if self.store is None:
@@ -320,7 +320,7 @@ class TokenWidget(anywidget.AnyWidget):
         self.notes = rows
 
 
-def tree_rows(root: Trace, branches: list[Trace], decode: Any = None) -> list[tuple[int, str, str]]:
+def widget_tree_rows(root: Trace, branches: list[Trace], decode: Any = None) -> list[tuple[int, str, str]]:
     """The branch tree of `root` and `branches` (by meta parent), depth-first: (depth, label, key) rows."""
 
     children: dict[str, list[Trace]] = {}
