@@ -129,7 +129,7 @@ class Trace:
     # -- views --------------------------------------------------------------------------------
     def frame(self) -> pd.DataFrame:
         """One row per response token: pos, token_id, token, every metric, topk_*, source, rank_shift, tags (and
-        spike, segment, note when those layers exist)."""
+        spike, segment, note, and switch ("reason" / "base" / a forced token id) when those exist)."""
         n = len(self)
         data: dict[str, Any] = {
             "pos": np.arange(n, dtype=np.int64),
@@ -153,6 +153,12 @@ class Trace:
             spike = np.zeros(n, dtype=bool)
             spike[list(self.annotations["spikes"]["positions"])] = True
             data["spike"] = spike
+        if self.meta.get("switches"):  # core.takeover's switches in force: who was made to write there
+            switch = [""] * n
+            for pos, what in self.meta["switches"].items():
+                if 0 <= int(pos) < n:
+                    switch[int(pos)] = str(what)
+            data["switch"] = switch
         if self.annotations.get("notes"):  # the notes layer (core/io/notes.py attach_notes): text per token
             data["note"] = note_column(self.annotations["notes"], n)
         return pd.DataFrame(data)

@@ -310,3 +310,29 @@ def test_ls_counts_the_spikes_the_app_marks(tmp_path):
     shown = {t.key: len(annotate_view(t, rule=SpikeRule()).annotations["spikes"]["positions"]) for t in traces}
     assert {k: int(table.loc[k, "n_spikes"]) for k in shown} == shown and all(v > 0 for v in shown.values())
     assert SpikeRule().top == __import__("core").settings.SPIKE_TOP
+
+
+def test_takeover_switches_a_stored_trace_and_prints_the_child(env):
+    """`forkpoint takeover KEY --at 3=reason,5=base`: the child is stored, graded and printed."""
+    import re
+
+    import click
+
+    from core.cli.traces import parse_switches
+
+    assert parse_switches("3=reason, 5=base,7=42,9='x y'") == {3: "reason", 5: "base", 7: 42, 9: "x y"}
+    for bad in ("3", "x=reason", "3=maybe", "", "3="):
+        with pytest.raises(click.BadParameter) as err:
+            parse_switches(bad)
+        assert err.value.param_hint == "--at"
+    run("generate", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--limit", "1",
+        "--max-new-tokens", "10")
+    store = TraceStore(env["store"])
+    key = store.keys()[0]
+    out = run("takeover", key, "--store", env["store"], "--at", "3=reason,5=base", *env["pair"])
+    child = store.get(re.search(r"key ([0-9a-f]+)", out).group(1))
+    assert child.meta["switches"] == {"3": "reason", "5": "base"} and child.meta["parent"] == key
+    assert child.source[3] == "reason" and child.source[5] == "base"
+    assert child.meta["correct"] is not None and "#3 reasoner" in out
+    bad = CliRunner().invoke(main, ["takeover", key, "--store", env["store"], "--at", "3=perhaps", *env["pair"]])
+    assert bad.exit_code == 2 and "--at" in bad.output

@@ -181,3 +181,18 @@ def test_the_switchboard_flips_and_undoes(pair, guided, tmp_path) -> None:
     again = set_switches(pair, two, flipped(two, r), store=store)  # a switched position loses its switch
     assert r not in {int(p) for p in again.meta.get("switches") or {}}
     assert _tokens(again)[0][:b] == _tokens(guided)[0][:b]
+
+
+def test_exports_carry_the_switches(pair, guided, tmp_path) -> None:
+    """The switch list travels with the child: in meta (JSONL, lossless) and as a per-token CSV column."""
+    import pandas as pd
+
+    child = core.takeover(pair, guided, {2: "reason", 6: 5})
+    frame = child.frame()
+    assert frame.loc[2, "switch"] == "reason" and frame.loc[6, "switch"] == "5" and frame.loc[0, "switch"] == ""
+    core.export([child, guided], tmp_path / "both.csv")
+    table = pd.read_csv(tmp_path / "both.csv", keep_default_na=False)
+    mine = table[table["trace_key"] == child.key].set_index("pos")["switch"]
+    assert mine[2] == "reason" and str(mine[6]) == "5" and set(table[table["trace_key"] == guided.key]["switch"]) == {""}
+    core.export([child], tmp_path / "child.jsonl")
+    assert core.read_jsonl(tmp_path / "child.jsonl")[0].meta["switches"] == {"2": "reason", "6": 5}

@@ -146,3 +146,61 @@ def calibrate(store_path: str | None, problems_path: str | None, limit: int, rat
         _close_executor(executor)
     click.echo(json.dumps({"tau": gate.tau, "lam": gate.lam, "window": gate.window, "ratio": ratio,
                            "score": score_name}))
+
+
+def parse_switches(text: str) -> dict[int, Any]:
+    """`12=reason,40=base,7=1234,9="text"` -> core.takeover's `at` (a quoted string is typed as its tokens
+    later, by the pair). Raises click.BadParameter naming --at."""
+    out: dict[int, Any] = {}
+    for part in [p for p in text.split(",") if p.strip()]:
+        pos, sep, what = part.partition("=")
+        pos, what = pos.strip(), what.strip()
+        if not sep or not pos.isdigit() or not what:
+            raise click.BadParameter(f"takes POS=WHO pairs (WHO: reason, base, a token id or a quoted string), "
+                                     f"got {part.strip()!r}", param_hint="--at")
+        if what in ("reason", "base"):
+            out[int(pos)] = what
+        elif what.isdigit():
+            out[int(pos)] = int(what)
+        elif len(what) >= 2 and what[0] == what[-1] and what[0] in "\"'":
+            out[int(pos)] = what[1:-1]
+        else:
+            raise click.BadParameter(f"{what!r} at {pos}: give reason, base, a token id or a quoted string",
+                                     param_hint="--at")
+    if not out:
+        raise click.BadParameter("give at least one POS=WHO switch, e.g. 12=reason,40=base", param_hint="--at")
+    return out
+
+
+@main.command()
+@pair_options
+@store_option
+@click.argument("key")
+@click.option("--at", "at_text", required=True, metavar="POS=WHO,...",
+              help="Switches: 12=reason (the reasoner writes token 12), 40=base (a takeover switched off), "
+                   "7=1234 (token id 1234), 9='text' (a typed string from token 9 on).")
+@click.option("--then", "then", type=click.Choice(["policy", "base", "reason"]), default="policy", show_default=True,
+              help="Who writes every other position after the first switch: the trace's policy, the base or the reasoner.")
+@setting_option("max_new_tokens", default=None, help="Most response tokens (default: the parent's limit).")
+@_fail_cleanly
+def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_tokens: int | None,
+             **opts: Any) -> None:
+    """Switch takeovers of the stored trace KEY on and off (core.takeover); the child is graded and stored."""
+    from core.decoding.takeover import takeover as run_takeover
+    from core.evaluation.grading import graded_put
+    from core.views.presentation import switch_text
+
+    at = parse_switches(at_text)
+    store = _store(store_path)
+    if key not in store:
+        raise click.BadParameter(f"no readable trace {key!r} in {store.path} (see `forkpoint ls`)", param_hint="KEY")
+    check_output(store.path, "--store", folder=True)
+    pair = _pair(opts)
+    parent = store.get(key)
+    at = {p: (pair.encode(w) if isinstance(w, str) and w not in ("reason", "base") else w) for p, w in at.items()}
+    child = graded_put(store, run_takeover(pair, parent, at, then=then, max_new_tokens=max_new_tokens, store=store))
+    answer = child.meta.get("answer")
+    verdict = {True: "correct", False: "wrong"}.get(child.meta.get("correct"), "ungraded")
+    click.echo(f"{switch_text(child, pair.token_text)}: {len(child)} tokens, {child.n_takeovers} takeovers, "
+               f"answer {answer!r} ({verdict})")
+    click.echo(f"key {child.key}  parent {parent.key}")

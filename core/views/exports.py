@@ -212,13 +212,16 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Trace]:
 
 def long_frame(traces: Sequence[Trace], decode: Decoder | None = None) -> pd.DataFrame:
     """All traces, one row per token: trace_key, pos, token_id, token, metrics, source, spike (bool),
-    tag ("" for none), segment, and topk_{base,reason}_{tokens,probs,ids} as lists."""
+    tag ("" for none), segment, switch ("" or who a core.takeover switch made write there), and
+    topk_{base,reason}_{tokens,probs,ids} as lists."""
     frames = []
     for trace in traces:
         frame = trace.frame().drop(columns=[f"topk_{side}" for side in SIDES] + ["tag", "spike"], errors="ignore")
         frame.insert(0, "trace_key", trace.key)
         frame["spike"] = np.asarray(spike_flags(trace), dtype=bool)
         frame["tag"] = tag_column(trace)
+        if "switch" not in frame:  # the switches core.takeover made (column present for every trace)
+            frame["switch"] = ""
         for side in SIDES:
             ids, probs = trace.topk[side]
             frame[f"topk_{side}_tokens"] = _topk_text(trace, side, decode)
