@@ -4,7 +4,6 @@ comparison, branch tree, and the queued-branch runner with progress and cancel."
 from __future__ import annotations
 
 import html
-import time
 
 import pandas as pd
 import streamlit as st
@@ -15,12 +14,18 @@ from app.context import Context, get_context
 from app.figures import trace_figure
 from app.instruments_panels import trace_instruments
 from app.notes_panel import trace_notes_panel
+from app.switchboard import (
+    VIEW_KEY,
+    matter_strip,
+    on_click,
+    remember,
+    run_switch_job,
+    switch_controls,
+    switch_list,
+)
 from app.view import md_code, md_escape
 from core.analysis.tables import first_token_artifact
-from core.decoding.takeover import flipped, set_switches, switches_in_force
 from core.errors import ForkpointError
-from core.evaluation.ablation import ablate_takeovers
-from core.evaluation.grading import graded_put
 from core.scoring.registry import METRICS, metric_label, score_label, score_values
 from core.trace import SIDES, Trace
 from core.views.heatmap import heatmap_css, legend_html, tokens_html, value_range
@@ -42,7 +47,6 @@ from core.views.presentation import (
 
 VOCAB_MATCHES = 50  # most vocabulary matches offered by the force-a-token search
 
-VIEW_KEY = "tokview"
 COMPARE_CSS = """
 .fp-compare-head { font: 600 13px system-ui, sans-serif; margin: 0 0 4px; }
 .fp-compare .fp-heatmap .tok.sel { box-shadow: 0 0 0 3px #f59e0b; }
@@ -75,188 +79,6 @@ def header(trace: Trace, rule_text: str) -> None:
     st.caption(_grade_text(trace) + f" · {takeovers} takeovers · ρ = {rho:.3f}"
                + (f" · {md_escape(switched, 200)}" if switched else "")
                + (f" · from {md_code(str(trace.meta.get('parent'))[:8])}" if trace.meta.get("parent") else ""))
-
-
-CLICK_MODES = {"flip": "flips the takeover", "select": "selects it"}
-THEN_LABELS = {"policy": "the trace's policy", "base": "the base model", "reason": "the reasoning model"}
-
-
-def _on_click() -> None:
-    """A click in the token view: select the token, flip its switch (switchboard mode), force a top-k
-    alternative (a click in the hover card), or move through the switch history (keys b / f)."""
-    ss = st.session_state
-    event = ss[VIEW_KEY].click
-    if not isinstance(event, dict):
-        return
-    if event.get("nav") in (-1, 1):
-        _navigate(int(event["nav"]))
-        return
-    if event.get("pos") is None:
-        return
-    pos = int(event["pos"])
-    ss["sel_pos"] = pos
-    if event.get("token") is not None:
-        ss["switch_job"] = {"pos": pos, "at": {pos: int(event["token"])}}
-    elif ss.get("click_mode", "flip") == "flip":
-        ss["switch_job"] = {"pos": pos, "flip": True}
-
-
-def _navigate(step: int) -> None:
-    """Back / forward through the switch states of this visit (each one a stored trace)."""
-    ss = st.session_state
-    hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
-    j = i + step
-    if 0 <= j < len(hist):
-        ss["sw_i"] = j
-        ss["trace_key"] = hist[j]
-        ss["sel_pos"] = None
-
-
-def _remember(key: str) -> None:
-    """Keep the switch history in step with the open trace (a trace opened elsewhere starts a new one)."""
-    ss = st.session_state
-    hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
-    if hist and 0 <= i < len(hist) and hist[i] == key:
-        return
-    if key in hist:
-        ss["sw_i"] = hist.index(key)
-        return
-    ss["sw_hist"], ss["sw_i"] = [key], 0
-
-
-def _push(key: str) -> None:
-    ss = st.session_state
-    hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
-    ss["sw_hist"] = hist[: i + 1] + [key]
-    ss["sw_i"] = len(ss["sw_hist"]) - 1
-
-
-def _queue_switches(wanted: dict) -> None:
-    st.session_state["switch_job"] = {"wanted": {int(p): w for p, w in wanted.items()}}
-
-
-def run_switch_job(ctx: Context, slot) -> None:
-    """Apply a queued switch to the open trace, streaming the new continuation into `slot` (the place of the
-    token view); the child becomes the open trace (a new entry in the history and the URL)."""
-    ss = st.session_state
-    job = ss.pop("switch_job", None)
-    if not job or ctx.pair is None:
-        if job:
-            st.warning("Load a model pair (sidebar) to switch takeovers.")
-        return
-    s = ctx.settings
-    try:
-        parent = resources.load_trace(s.store_path, ss["trace_key"])
-        if job.get("flip"):
-            wanted = flipped(parent, int(job["pos"]))
-        elif "at" in job:
-            wanted = {**switches_in_force(parent), **{int(p): w for p, w in job["at"].items()}}
-        else:
-            wanted = job["wanted"]
-        child = _stream(ctx, parent, wanted, slot)
-    except ForkpointError as err:
-        st.error(f"Could not switch: {md_escape(err, 400)}")
-        return
-    if child.key != parent.key:
-        _push(child.key)
-        ss["trace_key"] = child.key
-        ss["compare"] = None
-
-
-def _stream(ctx: Context, parent: Trace, wanted: dict, slot) -> Trace:
-    """`core`'s set_switches with each new token shown as it is decided (escaped text, at most ~20 updates/s)."""
-    start: list[int] = []
-    new: list[str] = []
-    last = [0.0]
-    decode = resources.decoder(ctx.pair, parent)
-
-    def show(done: bool = False) -> None:
-        prefix = html.escape("".join(parent.tokens[: start[0]])) if start else ""
-        slot.html(f"<style>{heatmap_css()}{STREAM_CSS}</style><div class='fp-stream fp-heatmap'>"
-                  f"<span class='old'>{prefix}</span><span class='new'>{html.escape(''.join(new))}</span>"
-                  f"{'' if done else '<span class=caret>▍</span>'}</div>")
-
-    def on_token(pos: int, token: int, source: str) -> None:
-        if not start:
-            start.append(pos)
-        new.append(decode(token) if decode else str(token))
-        now = time.perf_counter()
-        if now - last[0] > 0.05:  # the first token shows at once, then ~20 updates a second
-            last[0] = now
-            show()
-
-    child = set_switches(ctx.pair, parent, wanted, store=ctx.store, then=st.session_state.get("sw_then", "policy"),
-                         on_token=on_token)
-    return graded_put(ctx.store, child)
-
-
-STREAM_CSS = """
-.fp-stream { border: 1px solid #e5e7eb; border-radius: 6px; padding: 6px 8px; max-height: 60vh; overflow-y: auto; }
-.fp-stream .old { color: #6b7280; }
-.fp-stream .new { background: #fef3c7; }
-.fp-stream .caret { color: #2563eb; }
-"""
-
-
-def switch_controls(ctx: Context, trace: Trace) -> None:
-    """What a click does, who decides after a switch, back / forward, and "which takeovers matter"."""
-    ss = st.session_state
-    c1, c2, c3, c4 = st.columns([3, 3, 2, 2], vertical_alignment="bottom")
-    c1.segmented_control("Click on a token", list(CLICK_MODES), format_func=CLICK_MODES.get, key="click_mode",
-                         help="Flip: a base token becomes the reasoner's takeover, a takeover the base's choice "
-                              "again, and the response re-flows from there. A click on an alternative in the "
-                              "hover card forces that token.")
-    c2.selectbox("After a switch, the rest is written by", list(THEN_LABELS), format_func=THEN_LABELS.get,
-                 key="sw_then")
-    hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
-    with c3:
-        b1, b2 = st.columns(2)
-        b1.button("◀", key="sw_back", disabled=i <= 0, on_click=_navigate, args=(-1,), help="Back (key b)")
-        b2.button("▶", key="sw_fwd", disabled=i >= len(hist) - 1, on_click=_navigate, args=(1,),
-                  help="Forward (key f)")
-    if c4.button("Which takeovers matter?", key="sw_matter", disabled=ctx.pair is None or not trace.n_takeovers,
-                 help="Switch each takeover off in turn and see whether the answer still holds."):
-        bar = st.progress(0.0, text="switching each takeover off …")
-        try:
-            ss.setdefault("sw_matter_tables", {})[trace.key] = ablate_takeovers(
-                ctx.pair, trace, store=ctx.store, progress=lambda d, n: bar.progress(d / max(n, 1),
-                                                                                     text=f"{d} / {n} takeovers"))
-        except ForkpointError as err:
-            st.error(md_escape(err, 400))
-        bar.empty()
-
-
-def matter_strip(trace: Trace) -> None:
-    """A row of markers, one per takeover: does the answer hold with that takeover switched off?"""
-    table = (st.session_state.get("sw_matter_tables") or {}).get(trace.key)
-    if table is None or table.empty:
-        return
-    chips = []
-    for row in table.itertuples():
-        holds = row.same_answer
-        colour = "#dcfce7" if holds else "#fee2e2"
-        word = "answer holds" if holds else "answer changes"
-        tip = f"#{row.pos} off: {word} ({row.answer!r}{'' if row.correct is None else ', ✓' if row.correct else ', ✗'})"
-        chips.append(f"<span title='{html.escape(tip, quote=True)}' style='background:{colour};border-radius:4px;"
-                     f"padding:1px 6px;margin-right:4px;font:12px system-ui'>#{row.pos} {'✓' if holds else '✗'}</span>")
-    st.html("<div>Takeovers switched off one by one: " + "".join(chips) + "</div>")
-
-
-def switch_list(trace: Trace) -> None:
-    """The switches in force, each with its own toggle and an "undo all after this"."""
-    current = switches_in_force(trace)
-    if not current:
-        return
-    with st.container(border=True):
-        st.markdown(f"**Switches** ({len(current)}) · then {THEN_LABELS.get(st.session_state.get('sw_then', 'policy'))}")
-        for p, what in sorted(current.items()):
-            label = f"⇄ #{p} → {'reasoner' if what == 'reason' else 'base' if what == 'base' else repr(trace.tokens[p]) if p < len(trace) else what}"
-            c1, c2 = st.columns([3, 2], vertical_alignment="center")
-            c1.toggle(label, value=True, key=f"sw_{trace.key}_{p}", on_change=_queue_switches,
-                      args=({q: w for q, w in current.items() if q != p},))
-            c2.button("undo all after", key=f"sw_undo_{trace.key}_{p}", on_click=_queue_switches,
-                      args=({q: w for q, w in current.items() if q <= p},), disabled=p == max(current))
-        st.button("Undo every switch", key=f"sw_none_{trace.key}", on_click=_queue_switches, args=({},))
 
 
 def _plot_key(trace: Trace, score: str) -> str:
@@ -320,7 +142,7 @@ def trace_panel(rule_text: str) -> None:
         view_slot = st.empty()
     run_switch_job(ctx, view_slot)
     key = ss["trace_key"]
-    _remember(key)
+    remember(key)
     try:
         trace = resources.view_trace(s.store_path, key, s.score, s.rule.key(), s.rule)
         lo, hi, note, tag = colour_range(ctx, trace)
@@ -351,7 +173,7 @@ def trace_panel(rule_text: str) -> None:
                     "click an alternative there to force it · n / p: spikes · b / f: back / forward" if flip else
                     "Hover a token for both models' top-k · click to select · n / p: next / previous spike")
     with view_slot.container():
-        token_view(data, selected=sel, key=VIEW_KEY, on_click=_on_click, prob_mode=s.prob_mode)
+        token_view(data, selected=sel, key=VIEW_KEY, on_click=on_click, prob_mode=s.prob_mode)
     with left:
         plot_key = _plot_key(trace, s.score)
         st.plotly_chart(trace_figure(trace, s.score), key=plot_key, on_select=lambda: _on_plot(plot_key),
