@@ -61,7 +61,7 @@ def _selected_pos(page) -> int:
 
 def test_hover_click_take_over_and_export(app_url, page):
     url, store_dir = app_url
-    page.goto(f"{url}?click=select")  # a click selects (the switchboard: tests/test_switchboard.py)
+    page.goto(f"{url}?click=select&spikes=top:5")  # a click selects (the switchboard: tests/test_switchboard.py)
     tokens = page.locator(".fp-scroll [data-pos]")
     tokens.first.wait_for()
     n = tokens.count()

@@ -168,7 +168,7 @@ def test_take_over_force_and_branch_a_branch_with_one_colour_scale(server, page)
     from core.io.store import TraceStore
 
     url, store_dir, log = server
-    page.goto(f"{url}?click=select")  # a click selects (the switchboard is tests/test_switchboard.py)
+    page.goto(f"{url}?click=select&spikes=top:5")  # a click selects (the switchboard is tests/test_switchboard.py)
     _wait_trace(page)
     parent = re.search(r"trace=([0-9a-f]+)", page.url).group(1)
     store = TraceStore(store_dir)
@@ -209,7 +209,7 @@ def test_take_over_force_and_branch_a_branch_with_one_colour_scale(server, page)
     _settle(page)
     _no_error(page, "branch a branch", log)
     assert TraceStore(store_dir).children(child), "the branch of a branch is stored under the branch"
-    tree = page.get_by_text(re.compile(r"branch @ \d+ (forced|reasoner) ")).count()
+    tree = page.get_by_text(re.compile(r"⇄ #\d+ (forced|reasoner) ")).count()
     assert tree >= 2  # the tree names what each branch put at its position
     _shot(page, "branch_of_branch")
 
@@ -228,7 +228,7 @@ def _download(page, fmt_label: str, tmp: Path, ext: str) -> Path:
 
 def test_export_each_format_carries_the_annotations(server, page, tmp_path):
     url, store_dir, log = server
-    page.goto(url)
+    page.goto(f"{url}?spikes=top:5")  # the annotations the user sees travel with every format
     _wait_trace(page)
     _nav(page, "Export")
     jsonl = _download(page, "JSONL (lossless)", tmp_path, "jsonl")
