@@ -95,10 +95,22 @@ def test_summarise_hand_computed():
     assert out.loc["guided", "recovery"] == pytest.approx((0.75 - 0.25) / (1 - 0.25))
     assert out.loc["guided", "recovery@k"] == pytest.approx((1.0 - 0.5) / (1 - 0.5))
     assert out.loc["reason", "recovery"] == pytest.approx(1.0) and out.loc["base", "recovery"] == 0.0
+    assert np.isnan(out.loc["base", "wrong"]) and np.isnan(out.loc["base", "ungraded"])  # no rules recorded
     one = ev.policy_table(_records(rows), k=1).set_index("policy")
     assert one.loc["guided", "pass@k"] == one.loc["guided", "accuracy"]
     with pytest.raises(InvalidInputError, match="pass@3"):
         ev.policy_table(_records(rows), k=3)
+
+
+def test_ungraded_is_counted_apart_from_wrong():
+    rules = ["boxed", None, "phrase", None, "last_number", "boxed"]
+    correct = [True, False, False, False, True, False]
+    rows = [["b", "p", f"q{i}", i, 0, ok, 10, 0, None, rule] for i, (ok, rule) in enumerate(zip(correct, rules))]
+    frame = pd.DataFrame(rows, columns=list(ev.RECORD_COLUMNS))
+    row = ev.policy_table(frame, base="p", reference=0.9).iloc[0]
+    assert row["accuracy"] == pytest.approx(2 / 6)
+    assert row["wrong"] == pytest.approx(2 / 6) and row["ungraded"] == pytest.approx(2 / 6)
+    assert row["accuracy"] + row["wrong"] + row["ungraded"] == pytest.approx(1.0)
 
 
 def test_markdown_table():

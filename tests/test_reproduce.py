@@ -66,8 +66,8 @@ def test_paper_table_average_and_recovery_from_averages():
 
 def test_recovery_against_given_numbers():
     records = pd.DataFrame(
-        [["x", "base", "p0", 0, s, ok, 10, 0, None] for s, ok in enumerate((True, False))]
-        + [["x", "guided", "p0", 0, s, True, 10, 1, None] for s in range(2)],
+        [["x", "base", "p0", 0, s, ok, 10, 0, None, "boxed"] for s, ok in enumerate((True, False))]
+        + [["x", "guided", "p0", 0, s, True, 10, 1, None, "phrase"] for s in range(2)],
         columns=list(ev.RECORD_COLUMNS))
     # base: acc 0.5, pass@2 1.0 -> a reference Pass@k of 1.0 has no gap: NaN; per-benchmark numbers
     table = ev.policy_table(records, reference={"x": {"accuracy": 0.75, "pass@k": 1.0}}).set_index("policy")

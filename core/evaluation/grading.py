@@ -135,6 +135,14 @@ def is_ungraded(meta: dict[str, Any]) -> bool:
     return meta.get("correct") is not None and meta.get("answer") is None
 
 
+def answer_rule_of(meta: dict[str, Any]) -> str | None:
+    """The rule that extracted a graded trace's answer (RULES; "unrecorded" for an answer graded before rules
+    were recorded); None when nothing was extracted or it is not graded."""
+    if meta.get("answer") is None:
+        return None
+    return meta.get("answer_rule") or "unrecorded"
+
+
 def graded_put(store: Any, trace: Any) -> Any:
     """Grade (see `grade_trace`) and store: a new trace is written, a stored one is rewritten only when
     it was just graded (so an older run's ungraded copy, or one graded by an older rule, gains its grade).
