@@ -65,15 +65,23 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
               help="JSONL/CSV problem set (default: the demo test set).")
 @click.option("--prompt", help="Generate for this single problem text instead of a set.")
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
+@click.option("--calibrate-on", "calibrate_on",
+              help="Problems whose base rollouts calibrate a gate policy (file, hf:..., benchmark short name); "
+                   "'in-sample' calibrates on the problems generated. Default: held out (the demo calibration set "
+                   "with the demo test set, else the first --calibration-problems of --problems, at most a "
+                   "quarter, which are then not generated).")
 @policy_options
 @settings_options("ratio", "calibration_problems", "max_new_tokens", "temperature", "top_p", "samples", "batch_size")
 @ray_option
 @_fail_cleanly
 def generate(store_path: str | None, problems_path: str | None, prompt: str | None, limit: int | None,
-             policy_name: str, ratio: float, calibration_problems: int, max_new_tokens: int, temperature: float,
-             top_p: float, seed: int, samples: int, batch_size: int, ray_address: str | None, **opts: Any) -> None:
+             calibrate_on: str | None, policy_name: str, ratio: float, calibration_problems: int, max_new_tokens: int,
+             temperature: float, top_p: float, seed: int, samples: int, batch_size: int, ray_address: str | None,
+             **opts: Any) -> None:
     """Generate traces with a takeover policy into the store (options: see `core.list_policies()`)."""
     from core.decoding import generate_many
+    from core.decoding.calibration import first_token_advice, first_token_takeover_share
+    from core.decoding.policies import policy_spec
     from core.evaluation.grading import grade_trace
 
     params = policy_kwargs(policy_name, {**opts, "seed": seed})
@@ -84,8 +92,12 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     store = _store(store_path)
     problems = [prompt] if prompt else _problems(problems_path, limit)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
+    calibration: list[Any] = []
+    if policy_spec(policy_name).needs_gate and "tau" not in params:
+        calibration, problems = _calibration_split(calibrate_on, problems, problems_path, prompt,
+                                                   calibration_problems)
     try:
-        policy = _build_policy(pair, store, problems, policy_name, params, ratio=ratio, n=calibration_problems,
+        policy = _build_policy(pair, store, calibration, policy_name, params, ratio=ratio,
                                sampling={**sampling, "executor": executor})
         bar = _Bar(f"generate {policy.name}")
         traces = generate_many(pair, problems, policy, samples=samples, top_p=top_p, store=store,
@@ -96,12 +108,41 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     notice = policy.diagnose(traces)
     if notice:
         click.echo(f"note: {notice}", err=True)
+    if policy_spec(policy_name).needs_gate and first_token_takeover_share(traces) > 0.5:
+        click.echo(f"note: most takeovers are at t = 0, a prompt-format artefact: {first_token_advice(pair)}", err=True)
     click.echo(f"{len(traces)} traces ({sum(t.n_takeovers for t in traces)} takeovers) in {store.path}")
 
 
-def _build_policy(pair: Any, store: Any, problems: list[Any], name: str, params: dict[str, Any], *, ratio: float,
-                  n: int, sampling: dict[str, Any]) -> Any:
-    """make_policy from the CLI's values; a gate policy without --tau calibrates on the first `n` problems."""
+def _calibration_split(calibrate_on: str | None, problems: list[Any], problems_path: str | None, prompt: str | None,
+                       n: int) -> tuple[list[Any], list[Any]]:
+    """(calibration problems, problems to generate) for a gate policy: held out unless --calibrate-on in-sample."""
+    from core.evaluation.reproduce import split_calibration
+
+    if calibrate_on == "in-sample":
+        click.echo(f"calibrating IN-SAMPLE on {min(n, len(problems))} of the problems it then generates: the "
+                   "gate sees its own evaluation problems (use --calibrate-on SOURCE, or leave it out to hold "
+                   "problems out)", err=True)
+        return problems[:n], problems
+    if calibrate_on:
+        from core.evaluation.sources import load_source
+
+        return load_source(calibrate_on, limit=n), problems
+    if prompt or problems_path is None:
+        from core.demo.pair import demo_problems
+
+        if prompt:
+            click.echo("a single --prompt holds nothing out: calibrating on the demo calibration set (pass "
+                       "--calibrate-on SOURCE for another pair's problems)", err=True)
+        return demo_problems("calib", limit=n), problems
+    calibration, rest = split_calibration({"problems": problems}, n)
+    click.echo(f"holding out {len(calibration)} problems for calibration; generating on the other "
+               f"{len(rest['problems'])}", err=True)
+    return calibration, rest["problems"]
+
+
+def _build_policy(pair: Any, store: Any, calibration: list[Any], name: str, params: dict[str, Any], *,
+                  ratio: float, sampling: dict[str, Any]) -> Any:
+    """make_policy from the CLI's values; a gate policy without --tau calibrates on `calibration`."""
     from core.decoding import calibrate as run_calibrate
     from core.decoding.policies import make_policy, policy_spec
 
@@ -112,8 +153,8 @@ def _build_policy(pair: Any, store: Any, problems: list[Any], name: str, params:
     if "tau" in params:
         return make_policy(name, **params)
     score = params.get("score", settings.SCORE)
-    click.echo(f"calibrating the gate on base rollouts of {min(n, len(problems))} problems ...", err=True)
-    gate = run_calibrate(pair, problems[:n], ratio=ratio, window=params.get("window", settings.WINDOW), score=score,
+    click.echo(f"calibrating the gate on base rollouts of {len(calibration)} problems ...", err=True)
+    gate = run_calibrate(pair, calibration, ratio=ratio, window=params.get("window", settings.WINDOW), score=score,
                          store=store, **sampling)
     return make_policy(name, gate=gate, **{k: v for k, v in params.items() if k not in gate_names})
 
