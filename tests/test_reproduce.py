@@ -116,8 +116,16 @@ def test_reproduce_end_to_end_on_the_demo_pair(tmp_path):
     sweep = result.sweep
     for (bench, config), g in sweep[sweep["config"].str.startswith("r=")].groupby(["benchmark", "config"]):
         guided = g[g["policy"] == "guided"].iloc[0]
-        for _, other in g[g["policy"] != "guided"].iterrows():
+        for _, other in g[~g["policy"].isin(["guided", "entropy_gated"])].iterrows():
             assert other["matched_rho"] == pytest.approx(guided["rho"])
+        assert "entropy_gated" in set(g["policy"])  # the cheap variant, beside Guided at each r
+    # the paper's fixed-rate baselines, both rows in the table, per benchmark
+    assert {"random positions, ρ = 0.25", "early only, ρ = 0.25", "entropy-gated r=0.05",
+            "random positions (ρ of guided r=0.05)"} <= settings_
+    # every analysis has a benchmark column: each benchmark and the pooled "all"
+    for name in ("gini", "failure_auroc", "entropy_iou", "position_summary", "lorenz"):
+        assert set(result.analyses[name]["benchmark"]) == {"first", "second", "all"}, name
+    assert pd.read_csv(tmp_path / "out" / "analysis" / "failure_auroc.csv")["benchmark"].nunique() == 3
     html = result.report.read_text()
     assert "<script src=" not in html and html.count("Plotly.newPlot") >= 6 and "same-size thinking model" in html
     assert "Headline analyses" in html and "paper average" in html
@@ -240,3 +248,36 @@ def test_baseline_rhos_are_checked():
     built = matched_baselines(0.25, 60.0, 96, 3, suffix="@0.25")
     assert built["random_positions@0.25"].rate == 0.25 and built["random_positions@0.25"].seed == 3
     assert built["early_only@0.25"].rate == ev.early_rate_for(0.25, 60.0, 96)
+
+
+def test_calibration_holdout_and_the_first_token_advice_that_fits_the_pair():
+    from types import SimpleNamespace
+
+    from core.decoding.calibration import first_token_advice, first_token_takeover_share, holdout
+    from core.pair.formats import PromptFormat
+
+    pool = [{"id": f"p{i}", "prompt": f"q{i}"} for i in range(6)]
+    calib, in_sample = holdout(pool, pool[:2], 3)
+    assert [p["id"] for p in calib] == ["p2", "p3", "p4"] and not in_sample
+    calib, in_sample = holdout(pool, pool, 3)
+    assert [p["id"] for p in calib] == ["p0", "p1", "p2"] and in_sample  # nothing left to hold out: says so
+
+    class Tok:
+        def __init__(self, template, vocab=()):
+            self.chat_template, self.vocab = template, {v: i for i, v in enumerate(vocab)}
+
+        def get_vocab(self):
+            return self.vocab
+
+    def pair(spec, tok):
+        return SimpleNamespace(formats={"reason": PromptFormat(spec)}, prompt_tokenizers={}, tokenizer=tok)
+
+    thinking = Tok("{% if enable_thinking %}<think>{% endif %}")
+    plain_chat = Tok("{{ messages }}", vocab=["a", "b"])
+    assert "+think" in first_token_advice(pair("chat", thinking))
+    no_think = first_token_advice(pair("chat", plain_chat))
+    assert "no thinking mode" in no_think and "--skip-first" in no_think and "use a +think" not in no_think
+    assert "already opens" in first_token_advice(pair("chat:think+think", thinking))
+    assert "--skip-first" in first_token_advice(pair("Question: {problem}\nAnswer:", plain_chat))
+    traces = [type("T", (), {"source": ["reason", "base", "reason"], "__len__": lambda self: 3})() for _ in range(2)]
+    assert first_token_takeover_share(traces) == pytest.approx(0.5)
