@@ -220,6 +220,14 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=_json_default))
 
 
+def answer_rule_of(meta: dict[str, Any]) -> str | None:
+    """The rule that extracted a graded trace's answer (core/evaluation/answers.py RULES; "unrecorded" for an
+    answer graded before rules were recorded); None when nothing was extracted or it is not graded."""
+    if meta.get("answer") is None:
+        return None
+    return meta.get("answer_rule") or "unrecorded"
+
+
 class RowSummary(NamedTuple):
     """What a driver keeps of one generated row (never its token arrays): a few dozen bytes."""
 
@@ -229,15 +237,16 @@ class RowSummary(NamedTuple):
     correct: bool | None
     takeovers: int
     length: int  # response tokens
+    answer_rule: str | None = None  # which rule extracted the answer (None: nothing extracted)
 
     @classmethod
     def of_trace(cls, trace: Any) -> RowSummary:
         meta = trace.meta
         return cls(trace.key, (meta.get("problem") or {}).get("id"), (meta.get("policy") or {}).get("name"),
-                   meta.get("correct"), int(trace.n_takeovers), len(trace))
+                   meta.get("correct"), int(trace.n_takeovers), len(trace), answer_rule_of(meta))
 
     @classmethod
     def of_index(cls, row: dict[str, Any]) -> RowSummary:
         """From a store summary row (`TraceStore.summary`, the index): no trace file is read."""
         return cls(row["key"], row.get("problem"), row.get("policy"), row.get("correct"), int(row.get("n_takeovers") or 0),
-                   int(row.get("n_tokens") or 0))
+                   int(row.get("n_tokens") or 0), row.get("answer_rule"))

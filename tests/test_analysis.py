@@ -114,6 +114,9 @@ def test_position_density_hand_case():
     assert df["density"].iloc[0] == pytest.approx(10.0)  # half the mass in a bin of width 1/20
     assert (df["uniform"] == 1.0).all()
     assert df.attrs["median_u"] == pytest.approx(0.25) and df.attrs["n"] == 2
+    assert df.attrs["peak_u"] == pytest.approx(0.025)  # a tie between u = 0 and u = 0.5: the earlier bin's centre
+    c = with_metrics(make_trace(100, 3), cross_entropy=ce)  # a second spike at u = 0.5
+    assert A.position_density([a, b, c], top=0.01, bins=20).attrs["peak_u"] == pytest.approx(0.525)
 
 
 @pytest.mark.parametrize("bins", [1, 7, 20])

@@ -113,14 +113,19 @@ def test_user_errors_are_messages_not_tracebacks(env, tmp_path):
 
 
 def test_generate_guided_honours_score_budget_and_calibration(env):
-    """--score reaches both the calibration and the policy; without --tau the gate is calibrated on the problems."""
-    run("generate", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--policy", "guided",
-        "--score", "jsd", "--ratio", "0.3", "--calibration-problems", "2", "--budget", "0.25", "--max-new-tokens", "8")
+    """--score reaches both the calibration and the policy; without --tau the gate is calibrated on held-out
+    problems (the first of --problems, not generated)."""
+    out = run("generate", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--policy", "guided",
+              "--score", "jsd", "--ratio", "0.3", "--calibration-problems", "2", "--budget", "0.25",
+              "--max-new-tokens", "8")
+    assert "holding out" in out
     store = TraceStore(env["store"])
     traces = [store.get(k) for k in store.keys()]
     guided = [t for t in traces if t.meta["policy"]["name"] == "guided"]
     base = [t for t in traces if t.meta["policy"]["name"] == "base_only"]
-    assert len(guided) == len(PROBLEMS) and len(base) == 2  # the calibration rollouts of the first 2 problems
+    held = min(2, len(PROBLEMS) // 4 or 1)  # split_calibration: at most a quarter, at least one
+    assert len(base) == held and len(guided) == len(PROBLEMS) - held  # held out: calibrated on, not generated
+    assert not {t.meta["problem"]["prompt"] for t in base} & {t.meta["problem"]["prompt"] for t in guided}
     params = guided[0].meta["policy"]["params"]
     assert params["score"] == "jsd" and params["budget"] == 0.25 and params["max_takeovers"] is None
     from core.annotate.spikes import calibrate_gate

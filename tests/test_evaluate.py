@@ -94,10 +94,22 @@ def test_summarise_hand_computed():
     assert out.loc["guided", "recovery"] == pytest.approx((0.75 - 0.25) / (1 - 0.25))
     assert out.loc["guided", "recovery@k"] == pytest.approx((1.0 - 0.5) / (1 - 0.5))
     assert out.loc["reason", "recovery"] == pytest.approx(1.0) and out.loc["base", "recovery"] == 0.0
+    assert np.isnan(out.loc["base", "wrong"]) and np.isnan(out.loc["base", "ungraded"])  # no rules recorded
     one = ev.policy_table(_records(rows), k=1).set_index("policy")
     assert one.loc["guided", "pass@k"] == one.loc["guided", "accuracy"]
     with pytest.raises(InvalidInputError, match="pass@3"):
         ev.policy_table(_records(rows), k=3)
+
+
+def test_ungraded_is_counted_apart_from_wrong():
+    rules = ["boxed", None, "phrase", None, "last_number", "boxed"]
+    correct = [True, False, False, False, True, False]
+    rows = [["b", "p", f"q{i}", i, 0, ok, 10, 0, None, rule] for i, (ok, rule) in enumerate(zip(correct, rules))]
+    frame = pd.DataFrame(rows, columns=list(ev.RECORD_COLUMNS))
+    row = ev.policy_table(frame, base="p", reference=0.9).iloc[0]
+    assert row["accuracy"] == pytest.approx(2 / 6)
+    assert row["wrong"] == pytest.approx(2 / 6) and row["ungraded"] == pytest.approx(2 / 6)
+    assert row["accuracy"] + row["wrong"] + row["ungraded"] == pytest.approx(1.0)
 
 
 def test_markdown_table():
@@ -177,14 +189,22 @@ def test_grades_match_an_independent_check(qwen_pair):
 def test_budget_sweep_rows_and_matched_baselines(qwen_pair):
     store = CountingStore()
     sweep = sw.budget_sweep(qwen_pair, PROBLEMS, PROBLEMS[:3], ratios=(0.2, 0.5), store=store, max_new_tokens=8)
-    ends = sweep[sweep["ratio"].isna()]
+    ends = sweep[sweep["config"] == sweep["policy"]]
     assert list(ends["policy"]) == ["base", "reason"]
     assert set(sweep["reference"]) == {"policy reason"}  # no thinking model given: the guide, and it says so
+    calib = np.concatenate([np.asarray(t.metrics["entropy_base"]) for t in
+                            (store.get(k) for k in store.traces) if t.meta["problem"]["id"] in ("q0", "q1", "q2")
+                            and t.meta["policy"]["name"] == "base_only" and t.meta["sampling"]["sample"] == 0])
     for ratio in (0.2, 0.5):
         rows = sweep[sweep["ratio"] == ratio].set_index("policy")
         assert "guided" in rows.index and rows.loc["guided", "tau"] >= 0 and rows.loc["guided", "window"] == 16
         assert 0.0 <= rows.loc["guided", "rho"] <= 1.0
         assert rows.loc["guided", "budget"] is None or math.isnan(rows.loc["guided", "budget"])
+        # the entropy-gated variant: threshold = the (1 - r) quantile of the calibration rollouts' base entropy
+        assert rows.loc["entropy_gated", "threshold"] == pytest.approx(np.quantile(calib, 1 - ratio))
+    # the paper's fixed-rate baselines: once per benchmark, at ρ = 0.25
+    fixed = sweep[sweep["config"] == "ρ=0.25"].set_index("policy")
+    assert set(fixed.index) == {"random_positions", "early_only"} and (fixed["matched_rho"] == 0.25).all()
     # everything generated once is reused: a second sweep writes nothing new
     puts = store.puts
     sw.budget_sweep(qwen_pair, PROBLEMS, PROBLEMS[:3], ratios=(0.2, 0.5), store=store, max_new_tokens=8)

@@ -54,12 +54,13 @@ def test_last_boxed(text: str, expected: str | None) -> None:
         ("She has 3 + 4 = 7 apples.\n#### 7", "7"),
         ("#### 12\nThe answer is 13", "12"),  # GSM8K marker beats phrases
         ("The answer is 12. Next we rest.", "12"),
-        ("The answer is 3.5 hours.", "3.5 hours"),
-        ("The final answer is $\\frac{1}{2}$. I hope it is correct.", "$\\frac{1}{2}$"),
+        ("The answer is 3.5 hours.", "3.5"),  # the unit is dropped
+        ("The final answer is $\\frac{1}{2}$. I hope it is correct.", "\\frac{1}{2}"),
         ("Answer: 42\n", "42"),
         ("answer is 1\nthe answer is 2\nanswer: 3", "3"),  # the last one
         ("The answer is 4\nAnswer: \n", "4"),  # an empty capture does not count
-        ("x = 3 + 4 = 7", None),  # no last-number fallback by default
+        ("The answer is a whole number. It is 9 then.", "9"),  # no expression after the phrase: fallback
+        ("x = 3 + 4 = 7", "7"),  # the labelled fallback
         ("", None),
     ],
 )
@@ -67,13 +68,120 @@ def test_extract_answer(text: str, expected: str | None) -> None:
     assert extract_answer(text) == expected
 
 
-def test_last_number_fallback_is_opt_in() -> None:
-    assert extract_answer("x = 3 + 4 = 7") is None
-    assert extract_answer("x = 3 + 4 = 7", last_number=True) == "7"
-    assert extract_answer("total 1,250.5 then -3", last_number=True) == "-3"
-    assert extract_answer("no digits", last_number=True) is None
-    assert grade("so 2 + 2 = 4", "4") is False
-    assert grade("so 2 + 2 = 4", "4", last_number=True) is True
+def test_last_number_fallback_is_labelled_and_can_be_switched_off() -> None:
+    from core.evaluation.answers import extract
+
+    assert extract("x = 3 + 4 = 7") == grading.Extraction("7", "last_number")
+    assert extract("x = 3 + 4 = 7", last_number=False) == grading.Extraction(None, None)
+    assert extract("total 1,250.5 then -3").answer == "-3"
+    assert extract("no digits").rule is None
+    assert extract("\\boxed{2}").rule == "boxed" and extract("The answer is 2").rule == "phrase"
+    assert extract("7. Then we stop.").answer is None  # the final sentence has no number
+    assert grade("so 2 + 2 = 4", "4") is True
+    assert grade("so 2 + 2 = 4", "4", last_number=False) is False
+
+
+# A careful grader's verdicts: (response, gold, verdict, rule that extracts the answer).
+GRADING_SET = [
+    # the issue's cases
+    ("The answer is 2, because 2 + 2 = 4.", "2", True, "phrase"),
+    ("The answer is 12 km/h.", "12", True, "phrase"),
+    ("The answer is 5 m", "5", True, "phrase"),
+    (" 138<|im_end|>", "138", True, "last_number"),
+    ("So she pays 45 dollars in total.", "45", True, "last_number"),
+    # units and trailing words
+    ("The answer is 3.5 hours.", "3.5", True, "phrase"),
+    ("Final Answer: 7 apples", "7", True, "phrase"),
+    ("The answer is 5\\text{ cm}.", "5", True, "phrase"),
+    ("The answer is 30°.", "30", True, "phrase"),
+    ("The answer is 60 miles per hour, since speed is distance over time.", "60", True, "phrase"),
+    ("The answer is 12 km/h.", "13", False, "phrase"),
+    ("#### 18 dollars", "18", True, "phrase"),
+    # thousands separators
+    ("The answer is 1,234.", "1234", True, "phrase"),
+    ("#### 1,000", "1000", True, "phrase"),
+    ("So the total is 12,500 people.", "12500", True, "last_number"),
+    ("\\boxed{1,000}", "1000", True, "boxed"),
+    ("The answer is 1,234.", "234", False, "phrase"),
+    # fractions
+    ("The answer is 3/4 cup.", "\\frac{3}{4}", True, "phrase"),
+    ("The answer is \\frac{3}{4} of the pie.", "0.75", True, "phrase"),
+    ("\\boxed{\\dfrac{1}{2}}", "1/2", True, "boxed"),
+    ("So each friend gets 2/3.", "\\frac23", True, "last_number"),
+    ("\\boxed{0.333}", "\\frac13", False, "boxed"),
+    # negatives
+    ("The answer is -7.", "-7", True, "phrase"),
+    ("The answer is \u22125.", "-5", True, "phrase"),
+    ("Hence x = -3.5.", "-3.5", True, "last_number"),
+    ("\\boxed{5}", "-5", False, "boxed"),
+    ("The answer is 7.", "-7", False, "phrase"),
+    # LaTeX
+    ("The final answer is $\\frac{1}{2}$. I hope it is correct.", "0.5", True, "phrase"),
+    ("The answer is \\(\\sqrt{2}\\).", "\\sqrt2", True, "phrase"),
+    ("The answer is $3x+1$.", "3x+1", True, "phrase"),
+    ("The answer is 2\\pi.", "2\\pi", True, "phrase"),
+    ("The answer is x = 5.", "5", True, "phrase"),
+    ("The answer is $$\\frac{\\sqrt{3}}{2}$$", "\\frac{\\sqrt{3}}{2}", True, "phrase"),
+    ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}", True, "boxed"),
+    ("The answer is (1, 2).", "(1,2)", True, "phrase"),
+    ("\\boxed{\\{1, 2\\}}", "\\{2, 1\\}", True, "boxed"),
+    ("The answer is $\\frac{2}{3}$.", "\\frac{3}{4}", False, "phrase"),
+    # currency
+    ("The answer is $45.00.", "45", True, "phrase"),
+    ("The answer is \\$18.", "18", True, "phrase"),
+    ("So she pays $45.00 in total.", "45", True, "last_number"),
+    ("Answer: $12 per ticket", "12", True, "phrase"),
+    ("The answer is $45.50.", "45", False, "phrase"),
+    # percentages
+    ("The answer is 25%.", "25", True, "phrase"),
+    ("The answer is 25\\%.", "25", True, "phrase"),
+    ("So the discount is 40%.", "40", True, "last_number"),
+    ("The answer is 25%.", "30", False, "phrase"),
+    # several boxed answers: the last complete one
+    ("\\boxed{1} then \\boxed{2}", "2", True, "boxed"),
+    ("\\boxed{1} then \\boxed{2}", "1", False, "boxed"),
+    ("First \\boxed{3}, then corrected: \\boxed{4}.", "4", True, "boxed"),
+    ("\\boxed{3} and later \\boxed{4", "3", True, "boxed"),  # a truncated box does not count
+    ("The answer is 5. But \\boxed{6}.", "6", True, "boxed"),
+    # thinking parts: only the text after the closing tag is read
+    ("<think>\nmaybe \\boxed{3}? The answer is 3\n</think>\n\nSo \\boxed{4}.<|im_end|>", "4", True, "boxed"),
+    ("<think>\nmaybe \\boxed{3}?\n</think>\n\nSo \\boxed{4}.", "3", False, "boxed"),
+    ("<think>\nThe answer is 3\n</think>\n\nI am not sure.", "3", False, None),
+    ("<think>\nlong thought, the answer is 9", "9", True, "phrase"),  # never closed: all of it is read
+    ("<think>I guess 5</think>\nThe total is 6.", "6", True, "last_number"),
+    # special tokens
+    ("The answer is: 10<|im_end|>", "10", True, "phrase"),
+    ("so\n#### 138<|endoftext|>", "138", True, "phrase"),
+    ("The answer is 7.<｜end▁of▁sentence｜>", "7", True, "phrase"),
+    ("Answer: 12</s>", "12", True, "phrase"),
+    ("The answer is 5<|eot_id|><|end_of_text|>", "5", True, "phrase"),
+    ("42<eos>", "42", True, "last_number"),
+    # phrases
+    ("The answer is: **12**.", "12", True, "phrase"),
+    ("answer is 1\nthe answer is 2\nanswer: 3", "3", True, "phrase"),
+    ("#### 12\nThe answer is 13", "12", True, "phrase"),
+    ("The final answer is 8 because 4 + 4 = 8.", "8", True, "phrase"),
+    ("Therefore, the final answer is -2.", "-2", True, "phrase"),
+    # nothing extracted: ungraded (and counted wrong by accuracy)
+    ("I do not know.", "3", False, None),
+    ("The answer is a whole number.", "3", False, None),
+    ("7. Then we stop.", "7", False, None),
+    ("", "1", False, None),
+]
+
+
+@pytest.mark.parametrize("response, gold, verdict, rule", GRADING_SET)
+def test_grading_set(response: str, gold: str, verdict: bool, rule: str | None) -> None:
+    from core.evaluation.answers import extract
+
+    assert extract(response).rule == rule
+    assert grade(response, gold) is verdict
+
+
+def test_grading_set_is_large_and_covers_every_rule() -> None:
+    assert len(GRADING_SET) >= 60
+    assert {r for *_, r in GRADING_SET} == {"boxed", "phrase", "last_number", None}
+    assert {v for _, _, v, _ in GRADING_SET} == {True, False}
 
 
 @pytest.mark.parametrize(
@@ -129,7 +237,7 @@ def test_equivalent_answers_are_right(response: str, gold: str) -> None:
         (r"\boxed{\frac{1}{0}}", "1"),
         (r"\boxed{hello}", "42"),
         (r"\boxed{}", "1"),
-        ("no answer here 42", "42"),
+        ("no answer here 42", "41"),
         ("The answer is 1} \\boxed{42", "42"),  # cannot escape the \boxed{} wrapper
     ],
 )
@@ -289,9 +397,12 @@ def test_answer_part_and_strip_special() -> None:
 class _T:
     """The parts of a Trace that grading reads."""
 
-    def __init__(self, text, gold, key="k1", correct=None):
+    def __init__(self, text, gold, key="k1", correct=None, grader=None, **meta):
         self.text, self.key = text, key
-        self.meta = {"problem": {"gold": gold}, "correct": correct, "answer": None}
+        self.meta = {"problem": {"gold": gold}, "correct": correct, "answer": None, "grader": grader, **meta}
+
+    def __len__(self):
+        return len(self.text.split())
 
 
 class _Store:
@@ -324,7 +435,28 @@ def test_graded_put_writes_new_and_rewrites_only_when_newly_graded() -> None:
     store = _Store(stored={"old"})
     grading.graded_put(store, _T("\\boxed{2}", "2", key="old"))  # stored before, ungraded: regraded, rewritten
     assert store.calls == [("old", True)]
-    grading.graded_put(store, _T("\\boxed{2}", "2", key="old", correct=True))  # already graded: untouched
+    # already graded by this grader: untouched
+    grading.graded_put(store, _T("\\boxed{2}", "2", key="old", correct=True, grader=grading.GRADER))
     grading.graded_put(store, _T("\\boxed{2}", None, key="old"))  # no gold: nothing to add
     assert store.calls == [("old", True)]
+    # graded by an older rule set: graded again and rewritten
+    old = _T("So she pays 45 dollars.", "45", key="old", correct=False, answer=None)
+    grading.graded_put(store, old)
+    assert store.calls == [("old", True), ("old", True)]
+    assert old.meta["correct"] is True and old.meta["answer_rule"] == "last_number"
     assert grading.graded_put(None, _T("\\boxed{2}", "3")).meta["correct"] is False
+
+
+def test_grade_trace_records_the_rule_and_skips_the_fallback_on_a_cut_response() -> None:
+    done = _T("So she pays 45 dollars.", "45", sampling={"max_new_tokens": 64}, kind="generate")
+    assert grading.grade_trace(done) is True
+    assert (done.meta["answer"], done.meta["answer_rule"], done.meta["grader"]) == ("45", "last_number", grading.GRADER)
+    cut = _T("So she pays 45 dollars", "45", sampling={"max_new_tokens": 5}, kind="generate")  # 5 words: the limit
+    assert grading.was_cut(cut)
+    assert grading.grade_trace(cut) is False and cut.meta["answer_rule"] is None and grading.is_ungraded(cut.meta)
+    boxed_cut = _T("so \\boxed{45} and", "45", sampling={"max_new_tokens": 4}, kind="generate")
+    assert grading.grade_trace(boxed_cut) is True and boxed_cut.meta["answer_rule"] == "boxed"
+    room = _T("it is 45", "45", sampling={"max_new_tokens": 64}, context_limit={"max_response_tokens": 3})
+    assert grading.was_cut(room)
+    scored = _T("it is 45", "45", sampling=None, kind="score")
+    assert not grading.was_cut(scored) and grading.grade_trace(scored) is True

@@ -262,3 +262,18 @@ def test_a_policy_that_did_nothing_says_so(qwen_pair) -> None:
     low = EntropyGated(threshold=0.0)
     assert low.diagnose(core.generate(qwen_pair, PROMPTS, low, max_new_tokens=8)) is None
     assert BaseOnly().diagnose(traces) is None  # doing nothing is BaseOnly's job
+
+
+def test_skip_first_keeps_the_gates_off_the_first_positions(qwen_pair) -> None:
+    """skip_first=k: no takeover before position k (an always-firing gate takes every later one), through
+    the decoding engine and its verify-ahead blocks; recorded in the policy only when it is not 0."""
+    for policy in (Guided(tau=-1.0, lam=0.0, window=2, skip_first=3), EntropyGated(threshold=0.0, skip_first=3)):
+        trace = core.generate(qwen_pair, PROMPT, policy, max_new_tokens=12)
+        assert list(trace.source) == ["base"] * 3 + ["reason"] * 9
+        assert trace.meta["policy"]["params"]["skip_first"] == 3
+        assert policy_from_record(policy.record()).skip_first == 3
+    assert "skip_first" not in Guided(tau=0.0).record()["params"]  # 0: older traces' request keys stay the same
+    g = Guided(tau=-1.0, lam=0.0, window=2, skip_first=2)
+    assert not g.takeover(step(1, score=[5.0])).any() and g.takeover(step(2, score=[5.0])).all()
+    with pytest.raises(core.InvalidInputError, match="skip_first"):
+        Guided(tau=0.0, skip_first=-1)

@@ -101,7 +101,7 @@ def test_every_parameter_is_declared_completely() -> None:
             assert getattr(spec.cls(**({"tau": 0.0} if spec.needs_gate else {})), p.name) == p.default or p.from_gate
     assert policy_spec("guided").needs_gate and policy_spec("guided").calibration == ("ratio", "window")
     assert all(name in settings.SETTINGS for s in list_policies() for name in s.calibration)
-    assert {p.name for p in policy_spec("guided").user_params} == {"budget", "score", "max_takeovers"}
+    assert {p.name for p in policy_spec("guided").user_params} == {"budget", "score", "max_takeovers", "skip_first"}
 
 
 def _value_in(p: Param, u: float) -> object:

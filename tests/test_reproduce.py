@@ -65,8 +65,8 @@ def test_paper_table_average_and_recovery_from_averages():
 
 def test_recovery_against_given_numbers():
     records = pd.DataFrame(
-        [["x", "base", "p0", 0, s, ok, 10, 0, None] for s, ok in enumerate((True, False))]
-        + [["x", "guided", "p0", 0, s, True, 10, 1, None] for s in range(2)],
+        [["x", "base", "p0", 0, s, ok, 10, 0, None, "boxed"] for s, ok in enumerate((True, False))]
+        + [["x", "guided", "p0", 0, s, True, 10, 1, None, "phrase"] for s in range(2)],
         columns=list(ev.RECORD_COLUMNS))
     # base: acc 0.5, pass@2 1.0 -> a reference Pass@k of 1.0 has no gap: NaN; per-benchmark numbers
     table = ev.policy_table(records, reference={"x": {"accuracy": 0.75, "pass@k": 1.0}}).set_index("policy")
@@ -115,8 +115,16 @@ def test_reproduce_end_to_end_on_the_demo_pair(tmp_path):
     sweep = result.sweep
     for (bench, config), g in sweep[sweep["config"].str.startswith("r=")].groupby(["benchmark", "config"]):
         guided = g[g["policy"] == "guided"].iloc[0]
-        for _, other in g[g["policy"] != "guided"].iterrows():
+        for _, other in g[~g["policy"].isin(["guided", "entropy_gated"])].iterrows():
             assert other["matched_rho"] == pytest.approx(guided["rho"])
+        assert "entropy_gated" in set(g["policy"])  # the cheap variant, beside Guided at each r
+    # the paper's fixed-rate baselines, both rows in the table, per benchmark
+    assert {"random positions, ρ = 0.25", "early only, ρ = 0.25", "entropy-gated r=0.05",
+            "random positions (ρ of guided r=0.05)"} <= settings_
+    # every analysis has a benchmark column: each benchmark and the pooled "all"
+    for name in ("gini", "failure_auroc", "entropy_iou", "position_summary", "lorenz"):
+        assert set(result.analyses[name]["benchmark"]) == {"first", "second", "all"}, name
+    assert pd.read_csv(tmp_path / "out" / "analysis" / "failure_auroc.csv")["benchmark"].nunique() == 3
     html = result.report.read_text()
     assert "<script src=" not in html and html.count("Plotly.newPlot") >= 6 and "same-size thinking model" in html
     assert "Headline analyses" in html and "paper average" in html
@@ -181,15 +189,98 @@ def test_headline_picks_this_runs_values():
     density = pd.DataFrame({"bin_left": [0.0], "bin_right": [1.0], "count": [1], "density": [1.0], "uniform": [1.0]})
     density.attrs["median_u"] = 0.07
     analyses = {
-        "gini": pd.DataFrame({"trace": ["t1", "pooled"], "n": [5, 10], "gini": [0.5, 0.93]}),
+        "gini": pd.DataFrame({"trace": ["t1", "t2", "pooled"], "n": [5, 5, 10], "gini": [0.5, 0.7, 0.93]}),
         "failure_auroc": pd.DataFrame({"signal": ["cross_entropy", "entropy_base"], "auroc": [0.84, 0.8]}),
         "reason_rank_within": pd.DataFrame({"at": ["all", "spikes", "spikes"], "k": [5, 1, 5],
                                             "share": [0.99, 0.5, 0.97], "n": [9, 9, 9]}),
         "position_density": density,
+        "position_summary": pd.DataFrame({"n": [12], "median_u": [0.07], "peak_u": [0.025]}),
     }
     h = headline(analyses).set_index("finding")["this run"]
-    assert h["Gini of the score (pooled)"] == 0.93
+    assert h["Gini of the score, mean over responses"] == pytest.approx(0.6)  # the paper's ≈0.94 is this one
+    assert h["Gini of the score, pooled over all tokens"] == 0.93
     assert h["failure AUROC, top-100 mean score"] == 0.84 and h["failure AUROC, top-100 mean base entropy"] == 0.8
     assert h["reasoner's top token within the base top-5 (spikes)"] == 0.97
     assert h["median position u = t/T of the top-1% tokens"] == 0.07
-    assert math.isnan(h["planning enrichment among tokens taken over"])  # not computed: shown as missing
+    assert h["position density peak of the top-1% tokens (bin centre u = t/T)"] == 0.025
+    planning = [f for f in h.index if "enrichment" in f]
+    assert len(planning) == 4 and all(math.isnan(h[f]) for f in planning)  # not computed: shown as missing
+
+
+def test_headline_per_benchmark_with_the_papers_numbers_beside():
+    from core.analysis.paper import headline
+
+    auroc = pd.DataFrame({"benchmark": ["gsm8k", "gsm8k", "math500", "math500", "all", "all"],
+                          "signal": ["cross_entropy", "entropy_base"] * 3, "auroc": [0.9, 0.8, 0.7, 0.6, 0.75, 0.65]})
+    enr = pd.DataFrame({"benchmark": ["all"] * 4, "set": ["top_score", "taken_over"] * 2,
+                        "category": ["planning", "planning", "plan", "plan"], "enrichment": [5.5, 6.0, 12.9, 13.8]})
+    h = headline({"failure_auroc": auroc, "enrichment": enr})
+    rows = h[h["finding"] == "failure AUROC, top-100 mean score"].set_index("benchmark")
+    assert rows["this run"].to_dict() == {"gsm8k": 0.9, "math500": 0.7, "all": 0.75}
+    assert rows.loc["gsm8k", "paper"] == "0.851" and "not given" in rows.loc["math500", "paper"]
+    ent = h[h["finding"] == "failure AUROC, top-100 mean base entropy"].set_index("benchmark")
+    assert ent.loc["gsm8k", "paper"] == "0.817"
+    by = h.set_index("finding")
+    pooled = [f for f in by.index if f.startswith("planning enrichment among top-1%")][0]
+    plan = [f for f in by.index if f.startswith("plan-only enrichment among tokens taken")][0]
+    assert by.loc[pooled, "this run"] == 5.5 and by.loc[pooled, "paper"] == "≈ 7.5×" and "7.5×" in pooled
+    assert by.loc[plan, "this run"] == 13.8 and by.loc[plan, "paper"] == "–"
+    assert set(h["benchmark"]) == {"gsm8k", "math500", "all"}
+
+
+def test_setting_labels_and_fixed_rho_rows():
+    from core.analysis.paper import setting_label
+
+    assert setting_label({"policy": "entropy_gated", "config": "r=0.05"}) == "entropy-gated r=0.05"
+    assert setting_label({"policy": "random_positions", "config": "ρ=0.25"}) == "random positions, ρ = 0.25"
+    assert setting_label({"policy": "early_only", "config": "r=0.05"}) == "early only (ρ of guided r=0.05)"
+
+
+def test_baseline_rhos_are_checked():
+    from core.evaluation.sweep import check_baseline_rhos, matched_baselines
+
+    assert check_baseline_rhos(["realised", "0.25", 0.25, "matched"]) == ["realised", 0.25]
+    with pytest.raises(ev.InvalidInputError, match="baseline_rho"):
+        check_baseline_rhos([1.5])
+    with pytest.raises(ev.InvalidInputError, match="baseline_rho"):
+        check_baseline_rhos(["half"])
+    built = matched_baselines(0.25, 60.0, 96, 3, suffix="@0.25")
+    assert built["random_positions@0.25"].rate == 0.25 and built["random_positions@0.25"].seed == 3
+    assert built["early_only@0.25"].rate == ev.early_rate_for(0.25, 60.0, 96)
+
+
+def test_calibration_holdout_and_the_first_token_advice_that_fits_the_pair():
+    from types import SimpleNamespace
+
+    from core.decoding.calibration import (
+        first_token_advice,
+        first_token_takeover_share,
+        holdout,
+    )
+    from core.pair.formats import PromptFormat
+
+    pool = [{"id": f"p{i}", "prompt": f"q{i}"} for i in range(6)]
+    calib, in_sample = holdout(pool, pool[:2], 3)
+    assert [p["id"] for p in calib] == ["p2", "p3", "p4"] and not in_sample
+    calib, in_sample = holdout(pool, pool, 3)
+    assert [p["id"] for p in calib] == ["p0", "p1", "p2"] and in_sample  # nothing left to hold out: says so
+
+    class Tok:
+        def __init__(self, template, vocab=()):
+            self.chat_template, self.vocab = template, {v: i for i, v in enumerate(vocab)}
+
+        def get_vocab(self):
+            return self.vocab
+
+    def pair(spec, tok):
+        return SimpleNamespace(formats={"reason": PromptFormat(spec)}, prompt_tokenizers={}, tokenizer=tok)
+
+    thinking = Tok("{% if enable_thinking %}<think>{% endif %}")
+    plain_chat = Tok("{{ messages }}", vocab=["a", "b"])
+    assert "+think" in first_token_advice(pair("chat", thinking))
+    no_think = first_token_advice(pair("chat", plain_chat))
+    assert "no thinking mode" in no_think and "--skip-first" in no_think and "use a +think" not in no_think
+    assert "already opens" in first_token_advice(pair("chat:think+think", thinking))
+    assert "--skip-first" in first_token_advice(pair("Question: {problem}\nAnswer:", plain_chat))
+    traces = [type("T", (), {"source": ["reason", "base", "reason"], "__len__": lambda self: 3})() for _ in range(2)]
+    assert first_token_takeover_share(traces) == pytest.approx(0.5)

@@ -16,7 +16,7 @@ from app import actions, resources, state
 from app.context import get_context
 from app.view import md_escape
 from core import settings
-from core.decoding.calibration import build_policy
+from core.decoding.calibration import build_policy, holdout
 from core.decoding.policies import list_policies, policy_spec
 from core.errors import ForkpointError, InvalidInputError
 from core.evaluation.problems import Problem
@@ -147,9 +147,13 @@ def main() -> None:
         bar = st.progress(0.0, text="starting")
         phase = _phase_bar(bar)
         gated = policy_spec(name).needs_gate
+        calibration, in_sample = holdout(problems, chosen, settings.CALIBRATION_PROBLEMS)
+        if gated and in_sample:
+            st.warning("Every problem of the set is chosen, so the gate is calibrated in-sample (on the problems "
+                       "it then runs on). Choose fewer problems to hold some out.")
         try:
             policy = build_policy(ctx.pair, name, {**params, **{k: v for k, v in calib.items() if k != "ratio"}},
-                                  calibrate_on=chosen, ratio=float(calib.get("ratio", settings.RATIO)),
+                                  calibrate_on=calibration, ratio=float(calib.get("ratio", settings.RATIO)),
                                   store=ctx.store, max_new_tokens=max_new,
                                   progress=phase("Calibrating the gate (base rollouts)", 0.0, 0.3))
             traces = actions.run_generate(ctx.pair, ctx.store, chosen, policy, max_new_tokens=max_new,

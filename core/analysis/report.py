@@ -161,6 +161,44 @@ def figures(tables: dict[str, pd.DataFrame]) -> list[tuple[str, go.Figure]]:
     return out
 
 
+ALL_BENCHMARKS = "all"  # the `benchmark` of analyses pooled over every benchmark
+
+
+def benchmark_tables(groups: dict[str, Sequence[Trace]], outdir: str | None = None, score: str = DEFAULT_SCORE,
+                     top: float = settings.SPIKE_TOP) -> dict[str, pd.DataFrame]:
+    """`report_tables` per benchmark ({benchmark: traces}) and, with several, pooled over all of them
+    (benchmark "all"): every table gains a leading `benchmark` column, plus "position_summary" (benchmark,
+    n, median_u, peak_u of the top-`top` tokens). Written as `<outdir>/<name>.csv` when `outdir` is given."""
+    runs = {name: list(ts) for name, ts in groups.items() if len(ts)}
+    if len(runs) > 1:
+        runs[ALL_BENCHMARKS] = [t for ts in runs.values() for t in ts]
+    parts: dict[str, list[pd.DataFrame]] = {}
+    summary = []
+    for bench, items in runs.items():
+        for name, df in report_tables(items, None, score=score, top=top).items():
+            parts.setdefault(name, []).append(df.assign(benchmark=bench)[["benchmark", *df.columns]])
+            if name == "position_density":
+                summary.append({"benchmark": bench, "n": df.attrs.get("n", 0), "median_u": df.attrs.get("median_u"),
+                                "peak_u": df.attrs.get("peak_u")})
+    tables = {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
+    tables["position_summary"] = pd.DataFrame(summary, columns=["benchmark", "n", "median_u", "peak_u"])
+    if outdir is not None:
+        os.makedirs(outdir, exist_ok=True)
+        for name, df in tables.items():
+            write_csv(df, os.path.join(outdir, f"{name}.csv"))
+    return tables
+
+
+def main_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a `benchmark_tables` table that figures show: pooled over all benchmarks when there are
+    several, else the only one's (a table without a `benchmark` column as it is)."""
+    if "benchmark" not in df.columns or df.empty:
+        return df
+    names = list(dict.fromkeys(df["benchmark"]))
+    bench = ALL_BENCHMARKS if ALL_BENCHMARKS in names else names[0]
+    return df[df["benchmark"] == bench].drop(columns="benchmark").reset_index(drop=True)
+
+
 def _table_html(df: pd.DataFrame, max_rows: int = 50) -> str:
     shown = df.head(max_rows)
     note = f"<p class='note'>showing {len(shown)} of {len(df)} rows</p>" if len(df) > max_rows else ""

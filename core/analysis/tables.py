@@ -173,7 +173,8 @@ def position_density(
     """Histogram density over u = t/T of each trace's top-`top` tokens, against the uniform density 1.
 
     Columns bin_left, bin_right, count, density, uniform; density integrates to 1 over [0, 1].
-    attrs["median_u"] and attrs["n"] hold the median position and the number of tokens counted.
+    attrs["median_u"], attrs["peak_u"] (centre of the densest bin, the earliest on a tie) and attrs["n"]
+    hold the median position, the density's peak location and the number of tokens counted.
     """
     items = _prepare(traces, score, segment)
     if not (isinstance(bins, int) and bins >= 1):
@@ -192,6 +193,7 @@ def position_density(
         {"bin_left": edges[:-1], "bin_right": edges[1:], "count": counts, "density": density, "uniform": 1.0}
     )
     df.attrs["median_u"] = float(np.median(u)) if u.size else float("nan")
+    df.attrs["peak_u"] = float((edges[:-1] + width / 2)[int(np.argmax(counts))]) if u.size else float("nan")
     df.attrs["n"] = int(u.size)
     return df
 

@@ -31,6 +31,10 @@ from core.cli.common import (
 )
 
 RATIOS_HELP = "Comma-separated calibration ratios r (the gate's τ is the 1-r quantile), each in (0, 1), e.g. 0.01,0.02."
+BASELINE_RHO_HELP = ("Takeover rate of the random / early-only baselines: 'realised' (the rate Guided realised, per "
+                     "ratio) or a number in (0, 1]; repeat for several. Default: realised and 0.25 (the paper's).")
+SKIP_FIRST_HELP = ("The gates never fire at the first k response positions (for a pair whose formats differ at t = 0, "
+                   "e.g. a raw base beside a chat model without a thinking mode). Default 0, the paper's gate.")
 BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-tokens); 'none' = no cap, the "
                 "paper's gate. E.g. none,0.1.")
 
@@ -64,6 +68,17 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
     Path(out).mkdir(parents=True, exist_ok=True)
     report_html(traces, str(html), score=score_name, overwrite=True, outdir=out, only=names)
     click.echo(f"report -> {html}")
+
+
+def _baseline_rhos(given: tuple[str, ...]) -> list[str | float]:
+    """--baseline-rho values (default: realised and the paper's 0.25), checked by core."""
+    from core.errors import InvalidInputError
+    from core.evaluation.sweep import DEFAULT_BASELINE_RHOS, check_baseline_rhos
+
+    try:
+        return check_baseline_rhos(given or DEFAULT_BASELINE_RHOS)
+    except InvalidInputError as err:  # named as the flag
+        raise click.BadParameter(str(err).replace("baseline_rho", "--baseline-rho")) from err
 
 
 def _budgets(text: str) -> list[float | None]:
@@ -103,7 +118,7 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 @pair_options
 @store_option
 @click.option("--problems", "problems_path", help="Problem source: JSONL/CSV file, hf:<dataset id>[:config][:split], "
-              "or gsm8k / math500 / aime24 / aime25 / amc23 (default: the demo test set).")
+              "or gsm8k / math500 / aime24 / aime25 / amc23 / olympiadbench (default: the demo test set).")
 @click.option("--calibration", "calibration_path", help="Problems whose base rollouts calibrate the gate (default: "
               "demo calibration set, or the first quarter of --problems).")
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
@@ -114,15 +129,20 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 @setting_option("temperature")
 @setting_option("top_p")
 @setting_option("max_new_tokens")
+@click.option("--baseline-rho", "baseline_rho", multiple=True, help=BASELINE_RHO_HELP)
+@click.option("--no-entropy-gated", is_flag=True, help="Skip the entropy-gated variant (the paper's cheap gate).")
+@click.option("--skip-first", default=0, show_default=True, type=click.IntRange(0), help=SKIP_FIRST_HELP)
 @click.option("--shard", help="i/n: run only the i-th of n deterministic shards (rerun without it to summarise).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the table as CSV, plus .md and a recovery plot .html.")
 @ray_option
 @_fail_cleanly
 def eval_(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
           ratios: str, budgets: str, window: int, samples: int, temperature: float, top_p: float,
-          max_new_tokens: int, shard: str | None, out: str | None, ray_address: str | None, **opts: Any) -> None:
-    """Accuracy, pass@k, realised rate and recovery: base, reasoner, Guided at each ratio r (and cap), and
-    the random / early baselines at Guided's realised rate. Every trace is stored; reruns resume."""
+          max_new_tokens: int, baseline_rho: tuple[str, ...], no_entropy_gated: bool, skip_first: int,
+          shard: str | None, out: str | None, ray_address: str | None, **opts: Any) -> None:
+    """Accuracy (and the shares wrong and ungraded), pass@k, realised rate and recovery: base, reasoner, Guided
+    and the entropy-gated variant at each ratio r (and cap), and the random / early baselines at Guided's
+    realised rate and at 0.25. Every trace is stored; reruns resume."""
     from core.evaluation.harness import shard_of, to_markdown
     from core.evaluation.sweep import budget_sweep
 
@@ -149,13 +169,16 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     try:
         table = budget_sweep(pair, problems, calibration, ratio_list, budgets=budget_list,
                              window=window, samples=samples, store=_store(store_path), temperature=temperature,
-                             top_p=top_p, max_new_tokens=max_new_tokens, progress=bars, executor=executor)
+                             top_p=top_p, max_new_tokens=max_new_tokens, progress=bars, executor=executor,
+                             baseline_rhos=_baseline_rhos(baseline_rho), entropy_gated=not no_entropy_gated,
+                             skip_first=skip_first)
     finally:
         bars.close()
         _close_executor(executor)
     raw = table
     table = table.assign(policy=[p if p == c else f"{p} ({c})" for p, c in zip(table["policy"], table["config"])])
-    markdown = to_markdown(table, columns=["accuracy", "pass@k", "rho", "mean_tokens", "recovery", "recovery@k"])
+    markdown = to_markdown(table, columns=["accuracy", "ungraded", "pass@k", "rho", "mean_tokens", "recovery",
+                                           "recovery@k"])
     click.echo(markdown)
     click.echo(f"recovery against: {table['reference'].iloc[0]}")
     if out:
@@ -218,7 +241,7 @@ class _StageBars:
               "paper-think).")
 @click.option("--problems", "problems", multiple=True, required=True,
               help="Benchmark: [NAME=]SOURCE, SOURCE a JSONL/CSV file, hf:<dataset id>[:config][:split], or gsm8k / "
-                   "math500 / aime24 / aime25 / amc23. Repeat for several benchmarks.")
+                   "math500 / aime24 / aime25 / amc23 / olympiadbench. Repeat for several benchmarks.")
 @click.option("--calibration", multiple=True, help="Problems for the gate's calibration rollouts (default: held out "
               "from --problems).")
 @setting_option("calibration_problems", help="How many problems to hold out for calibration when --calibration is "
@@ -234,6 +257,9 @@ class _StageBars:
 @click.option("--reference", help="Recovery reference: a policy label (thinking, reason) or Pass@k numbers, "
               "e.g. 0.641 or gsm8k=0.9,math500=0.7 (default: thinking when --thinking is given, else reason).")
 @click.option("--no-baselines", is_flag=True, help="Skip the random / early baselines.")
+@click.option("--baseline-rho", "baseline_rho", multiple=True, help=BASELINE_RHO_HELP)
+@click.option("--no-entropy-gated", is_flag=True, help="Skip the entropy-gated variant (the paper's cheap gate).")
+@click.option("--skip-first", default=0, show_default=True, type=click.IntRange(0), help=SKIP_FIRST_HELP)
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems of each benchmark.")
 @preset_setting_option("samples")
 @preset_setting_option("temperature")
@@ -247,10 +273,12 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
               thinking_format: str | None, problems: tuple[str, ...],
               calibration: tuple[str, ...], calibration_problems: int, out: str, preset: str | None, ratios: str,
               budgets: str, window: int, score_name: str, reference: str | None, no_baselines: bool,
+              baseline_rho: tuple[str, ...], no_entropy_gated: bool, skip_first: int,
               limit: int | None, samples: int | None, temperature: float | None, top_p: float | None,
               max_new_tokens: int | None, seed: int, batch_size: int, ray_address: str | None, **opts: Any) -> None:
-    """The paper's table and figures in one run: calibrate, sweep r, Guided and ρ-matched baselines, base,
-    guide and thinking reference, every analysis; one report.html plus CSVs. Rerun to resume."""
+    """The paper's table and figures in one run: calibrate, sweep r, Guided, the entropy-gated variant and
+    the random / early baselines (at Guided's realised ρ and at 0.25), base, guide and thinking reference,
+    every analysis per benchmark; one report.html plus CSVs. Rerun to resume."""
     from core.evaluation.reproduce import reproduce as run
 
     ratio_list, budget_list, ref = float_list(ratios, "ratio", "--ratios"), _budgets(budgets), _reference(reference)
@@ -267,7 +295,9 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
                      store=_store(store_path) if store_path else None, ratios=ratio_list,
                      budgets=budget_list, window=window, score=score_name,
                      calibration=list(calibration) or None, calibration_problems=calibration_problems,
-                     reference=ref, baselines=not no_baselines, limit=limit, samples=samples,
+                     reference=ref, baselines=not no_baselines,
+                     baseline_rhos=_baseline_rhos(baseline_rho), entropy_gated=not no_entropy_gated,
+                     skip_first=skip_first, limit=limit, samples=samples,
                      temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
                      batch_size=batch_size, base_format=opts.get("base_format"),
                      reason_format=opts.get("reason_format"), thinking_format=thinking_format,
@@ -281,8 +311,12 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
     shown = result.table[result.table["benchmark"] == result.table["benchmark"].iloc[-1]]
     from core.evaluation.harness import to_markdown
 
-    click.echo(to_markdown(shown, index="setting", columns=["accuracy", "pass@k", "recovery@k", "rho"]))
+    click.echo(to_markdown(shown, index="setting", columns=["accuracy", "ungraded", "pass@k", "recovery@k", "rho"]))
     click.echo(f"recovery against: {result.info['reference']}")
+    from core.analysis.paper import headline
+
+    findings = headline(result.analyses).rename(columns={"benchmark": "on"})  # one row per finding, not pivoted
+    click.echo(to_markdown(findings, index="finding", columns=["on", "this run", "paper"]))
     click.echo(f"report -> {result.report}", err=False)
     print(f"CSVs -> {result.out}", file=sys.stderr)
 

@@ -44,6 +44,7 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
     """Score a response under both models and print the most disagreeing tokens."""
     from core.scoring.teacher_forced import score as run_score
 
+
     if response.startswith("@"):
         try:
             response = Path(response[1:]).read_text(encoding="utf-8")
@@ -69,18 +70,29 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
               help="JSONL/CSV problem set (default: the demo test set).")
 @click.option("--prompt", help="Generate for this single problem text instead of a set.")
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
+@click.option("--calibrate-on", "calibrate_on",
+              help="Problems whose base rollouts calibrate a gate policy (file, hf:..., benchmark short name); "
+                   "'in-sample' calibrates on the problems generated. Default: held out (the demo calibration set "
+                   "with the demo test set, else the first --calibration-problems of --problems, at most a "
+                   "quarter, which are then not generated).")
 @policy_options
 @settings_options("ratio", "calibration_problems", "max_new_tokens", "temperature", "top_p", "samples", "batch_size")
 @ray_option
 @_fail_cleanly
 def generate(store_path: str | None, problems_path: str | None, prompt: str | None, limit: int | None,
-             policy_name: str, ratio: float, calibration_problems: int, max_new_tokens: int, temperature: float,
-             top_p: float, seed: int, samples: int, batch_size: int, ray_address: str | None, **opts: Any) -> None:
+             calibrate_on: str | None, policy_name: str, ratio: float, calibration_problems: int, max_new_tokens: int,
+             temperature: float, top_p: float, seed: int, samples: int, batch_size: int, ray_address: str | None,
+             **opts: Any) -> None:
     """Generate traces with a takeover policy into the store (options: see `core.list_policies()`)."""
     from core.decoding import generate_many
-    from core.decoding.calibration import build_policy
+    from core.decoding.calibration import (
+        build_policy,
+        first_token_advice,
+        first_token_takeover_share,
+    )
     from core.decoding.policies import policy_spec
     from core.evaluation.grading import grade_trace
+
 
     params = policy_kwargs(policy_name, {**opts, "seed": seed})
     if "lam" in params and "tau" not in params:
@@ -97,12 +109,15 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     pair = _pair_or_spec(opts, executor)
     store = _store(store_path)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
+    calibration: list[Any] = []
+    if policy_spec(policy_name).needs_gate and "tau" not in params:
+        calibration, problems = _calibration_split(calibrate_on, problems, problems_path, prompt,
+                                                   calibration_problems)
     try:
         if policy_spec(policy_name).needs_gate and "tau" not in params:
-            click.echo(f"calibrating the gate on base rollouts of {min(calibration_problems, len(problems))} "
-                       "problems ...", err=True)
-        policy = build_policy(pair, policy_name, params, calibrate_on=problems[:calibration_problems], ratio=ratio,
-                              store=store, executor=executor, **sampling)
+            click.echo(f"calibrating the gate on base rollouts of {len(calibration)} problems ...", err=True)
+        policy = build_policy(pair, policy_name, params, calibrate_on=calibration, ratio=ratio, store=store,
+                              executor=executor, **sampling)
         bar = _Bar(f"generate {policy.name}", unit="trace")
         traces = generate_many(pair, problems, policy, samples=samples, top_p=top_p, store=store,
                                on_trace=grade_trace, progress=bar, executor=executor, **sampling)
@@ -112,9 +127,34 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     notice = policy.diagnose(traces)
     if notice:
         click.echo(f"note: {notice}", err=True)
+    if policy_spec(policy_name).needs_gate and first_token_takeover_share(traces) > 0.5:
+        click.echo(f"note: most takeovers are at t = 0, a prompt-format artefact: {first_token_advice(pair)}", err=True)
     click.echo(f"{len(traces)} traces ({sum(t.n_takeovers for t in traces)} takeovers) in {store.path}")
 
 
+def _calibration_split(calibrate_on: str | None, problems: list[Any], problems_path: str | None, prompt: str | None,
+                       n: int) -> tuple[list[Any], list[Any]]:
+    """(calibration problems, problems to generate) for a gate policy: held out unless --calibrate-on in-sample."""
+    from core.demo.pair import demo_problems
+    from core.evaluation.reproduce import split_calibration
+    from core.evaluation.sources import load_source
+
+    if calibrate_on == "in-sample":
+        click.echo(f"calibrating IN-SAMPLE on {min(n, len(problems))} of the problems it then generates: the "
+                   "gate sees its own evaluation problems (use --calibrate-on SOURCE, or leave it out to hold "
+                   "problems out)", err=True)
+        return problems[:n], problems
+    if calibrate_on:
+        return load_source(calibrate_on, limit=n), problems
+    if prompt or problems_path is None:
+        if prompt:
+            click.echo("a single --prompt holds nothing out: calibrating on the demo calibration set (pass "
+                       "--calibrate-on SOURCE for another pair's problems)", err=True)
+        return demo_problems("calib", limit=n), problems
+    calibration, rest = split_calibration({"problems": problems}, n)
+    click.echo(f"holding out {len(calibration)} problems for calibration; generating on the other "
+               f"{len(rest['problems'])}", err=True)
+    return calibration, rest["problems"]
 @main.command()
 @pair_options
 @store_option
@@ -131,6 +171,7 @@ def calibrate(store_path: str | None, problems_path: str | None, limit: int, rat
               ray_address: str | None, **opts: Any) -> None:
     """Fit the Guided gate (tau, lam) on base rollouts; prints it as JSON."""
     from core.decoding import calibrate as run_calibrate
+
 
     check_output(_store(store_path).path, "--store", folder=True)
     problems = _problems(problems_path, limit)
@@ -189,6 +230,7 @@ def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_
     from core.decoding.takeover import takeover as run_takeover
     from core.evaluation.grading import graded_put
     from core.views.presentation import switch_text
+
 
     at = parse_switches(at_text)
     store = _store(store_path)

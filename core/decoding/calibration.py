@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from core import settings
 from core.annotate.spikes import Gate, calibrate_gate
 from core.decoding.generation import generate_many
@@ -18,6 +20,7 @@ from core.decoding.policies import BaseOnly, Policy, make_policy, policy_spec
 from core.errors import InvalidInputError
 from core.pair.loading import ModelPair
 from core.scoring.registry import check_score, score_values
+from core.scoring.teacher_forced import problem_record
 from core.trace import Trace
 
 ROLLOUT_LIMIT = 256  # most stored rollouts read when calibrating from the store alone
@@ -107,3 +110,54 @@ def build_policy(pair: ModelPair | None, name: str, params: dict[str, Any] | Non
                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                      batch_size=batch_size, store=store, progress=progress, executor=executor)
     return make_policy(name, gate=gate, **{k: v for k, v in params.items() if k not in from_gate})
+
+
+def has_thinking_mode(tokenizer: Any) -> bool:
+    """Whether a chat model can open a thought: its chat template or vocabulary knows "<think>"."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    template = template if isinstance(template, str) else " ".join(map(str, getattr(template, "values", lambda: [])()))
+    if "<think>" in template or "enable_thinking" in template:
+        return True
+    try:
+        return "<think>" in tokenizer.get_vocab()
+    except (AttributeError, TypeError):
+        return False
+
+
+def first_token_advice(pair: ModelPair) -> str:
+    """What to do when t = 0 is the largest spike of most base rollouts, for this pair: `+think` only helps
+    a reasoner with a thinking mode whose format does not open its thought already; any other pair (a
+    raw base beside a chat model without thinking, or formats that differ otherwise) needs the gates'
+    `skip_first` so that the artefact at the start is never taken over."""
+    fmt = pair.formats["reason"]
+    described = fmt.describe()
+    tokenizer = pair.prompt_tokenizers.get("reason", pair.tokenizer)
+    skip = ("set the gate's skip_first (CLI: --skip-first 1; reproduce: --skip-first 1) so that the gate never "
+            "fires at the format artefact at t = 0")
+    if described["kind"] == "chat" and described["prefill"] != "think" and has_thinking_mode(tokenizer):
+        return (f"the reasoner's format {fmt.spec!r} does not open its thought: use a +think format (e.g. "
+                f"paper-think, or chat:think+think), or {skip}")
+    why = ("the reasoner's format already opens its thought" if described["prefill"] == "think" else
+           "the reasoner has no thinking mode, so +think would not help" if described["kind"] == "chat" else
+           "the reasoner reads a raw prompt (+think applies to chat formats only)")
+    return f"{why}; {skip}"
+
+
+def holdout(pool: Sequence[Any], chosen: Sequence[Any], n: int) -> tuple[list[Any], bool]:
+    """Calibration problems for a gate that will run on `chosen`: up to `n` problems of `pool` that are not
+    among `chosen` (held out), and False; when `pool` has none left, the first `n` of `chosen` and True
+    (in-sample: the caller should say so)."""
+    def ident(p: Any) -> tuple[str, str]:
+        rec = problem_record(p)
+        return str(rec["id"]), rec["prompt"]
+
+    used = {ident(p) for p in chosen}
+    rest = [p for p in pool if ident(p) not in used][:n]
+    return (rest, False) if rest else (list(chosen)[:n], True)
+
+
+def first_token_takeover_share(traces: Sequence[Trace]) -> float:
+    """Share of the takeovers (source != "base") in `traces` that are at t = 0 (NaN when there are none)."""
+    firsts = sum(int(len(t) > 0 and t.source[0] != "base") for t in traces)
+    total = sum(int(np.sum(np.asarray(t.source) != "base")) for t in traces)
+    return firsts / total if total else float("nan")

@@ -30,6 +30,7 @@ class Param:
     choices: tuple[str, ...] = ()  # for str parameters
     optional: bool = False  # None is allowed and means "off" (e.g. no budget cap)
     from_gate: bool = False  # Guided's tau/lam/window: set by a calibrated Gate (make_policy(gate=...))
+    quiet_default: bool = False  # left out of a policy's record at its default (keeps older traces' keys)
 
     def check(self, value: Any, owner: str = "policy") -> Any:
         """`value` coerced to `kind` if it is valid, else raise naming the parameter and the valid range."""
@@ -63,9 +64,12 @@ class Param:
 
 
 def param(default: Any, help: str, *, low: float | None = None, high: float | None = None,
-          choices: Sequence[str] = (), from_gate: bool = False) -> Any:
-    """A dataclass field that declares a policy parameter (kind and optional-ness come from the annotation)."""
-    meta = {"help": help, "low": low, "high": high, "choices": tuple(choices), "from_gate": from_gate}
+          choices: Sequence[str] = (), from_gate: bool = False, quiet_default: bool = False) -> Any:
+    """A dataclass field that declares a policy parameter (kind and optional-ness come from the annotation).
+    `quiet_default`: a parameter added later, recorded only when it differs from its default, so that the
+    request keys of traces made before it existed stay the same."""
+    meta = {"help": help, "low": low, "high": high, "choices": tuple(choices), "from_gate": from_gate,
+            "quiet_default": quiet_default}
     if isinstance(default, dict):
         return field(default_factory=dict, metadata={"param": meta})
     return field(default=default, metadata={"param": meta})

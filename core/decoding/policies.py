@@ -110,7 +110,8 @@ class Policy:
 
     def record(self) -> dict[str, Any]:
         """Name and parameters, as stored in every trace's meta["policy"]; `policy_from_record` inverts it."""
-        return {"name": self.name, "params": {p.name: getattr(self, p.name) for p in declared_params(type(self))}}
+        return {"name": self.name, "params": {p.name: getattr(self, p.name) for p in declared_params(type(self))
+                                              if not (p.quiet_default and getattr(self, p.name) == p.default)}}
 
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         """A notice for the user when this policy clearly did nothing in `traces` (0 takeovers), else None."""
@@ -141,6 +142,9 @@ def _silent(policy: Policy, traces: Sequence[Trace], why: str) -> str | None:
 
 _BUDGET_HELP = "Cap on takeovers as a share of max_new_tokens (empty = no cap, as in the paper)."
 _MAX_HELP = "Cap on takeovers per response (empty = no cap)."
+_SKIP_HELP = ("The gate never fires at the first k response positions (0 = the paper's gate). For a pair whose "
+              "formats differ at the start of the response, e.g. a raw base beside a chat model without a "
+              "thinking mode, where t = 0 is an artefact spike.")
 
 
 @dataclass
@@ -182,6 +186,7 @@ class Guided(Policy):
     budget: float | None = param(None, _BUDGET_HELP, low=0.0, high=1.0)
     score: str = param(DEFAULT_SCORE, "Disagreement score the gate reads.", choices=GATE_SCORES)
     max_takeovers: int | None = param(None, _MAX_HELP, low=0)
+    skip_first: int = param(0, _SKIP_HELP, low=0, quiet_default=True)
 
     def __post_init__(self) -> None:
         check_gate_score(self.score)  # the clearer message for delta_logp
@@ -190,6 +195,8 @@ class Guided(Policy):
 
     def takeover(self, step: Step) -> np.ndarray:
         assert step.score is not None
+        if step.t < self.skip_first:
+            return np.zeros(len(step.taken), dtype=bool)
         fires = np.array([gate_fires(h, float(s), self.gate) for h, s in zip(step.history, step.score)])
         return fires & within_budget(step.taken, step.limit, self.budget, self.max_takeovers)
 
@@ -212,10 +219,11 @@ class EntropyGated(Policy):
     threshold: float = param(1.0, "Base entropy (nats) above which the reasoner takes over.", low=0.0)
     budget: float | None = param(None, _BUDGET_HELP, low=0.0, high=1.0)
     max_takeovers: int | None = param(None, _MAX_HELP, low=0)
+    skip_first: int = param(0, _SKIP_HELP, low=0, quiet_default=True)
 
     def takeover(self, step: Step) -> np.ndarray:
-        return (step.entropy_base > self.threshold) & within_budget(step.taken, step.limit, self.budget,
-                                                                     self.max_takeovers)
+        return (step.entropy_base > self.threshold) & (step.t >= self.skip_first) & within_budget(
+            step.taken, step.limit, self.budget, self.max_takeovers)
 
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         return _silent(self, traces, f"the base's entropy never exceeded threshold="

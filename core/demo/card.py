@@ -20,13 +20,12 @@ from core.analysis.tables import enrichment, gini, gini_table, position_density
 from core.decoding import calibrate
 from core.decoding.policies import (
     BaseOnly,
-    EarlyOnly,
-    RandomPositions,
     ReasonOnly,
     make_policy,
 )
 from core.demo import pair as demo
 from core.evaluation import harness as ev
+from core.evaluation.sweep import matched_baselines
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +69,8 @@ def _one_setting(pair: Any, problems: Sequence[Any], gate: Any, *, budget: float
     rho, mean_tokens = float(summary.loc["guided", "rho"]), float(summary.loc["base", "mean_tokens"])
     # the baselines at the realised rate Guided reached (EarlyOnly's rate is a share of max_new_tokens)
     # and at the bar's ceiling ρ = budget, where a blind baseline has its best chance
-    baselines = {"random_positions": RandomPositions(rate=rho, seed=seed),
-                 "early_only": EarlyOnly(rate=ev.early_rate_for(rho, mean_tokens, max_new_tokens)),
-                 f"random_positions@{budget:g}": RandomPositions(rate=budget, seed=seed),
-                 f"early_only@{budget:g}": EarlyOnly(rate=ev.early_rate_for(budget, mean_tokens, max_new_tokens))}
+    baselines = {**matched_baselines(rho, mean_tokens, max_new_tokens, seed),
+                 **matched_baselines(budget, mean_tokens, max_new_tokens, seed, suffix=f"@{budget:g}")}
     second = ev.run_records(pair, problems, baselines, **common)
     import pandas as pd
 

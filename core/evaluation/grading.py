@@ -1,5 +1,7 @@
-"""Final-answer extraction and checking: the last \\boxed{} (or a text fallback), compared with the gold
-answer by math-verify (LaTeX/sympy equivalence: \\frac{1}{2} == 0.5 == 1/2).
+"""Grading: a response's final answer (read by `core.evaluation.answers`: the last \\boxed{}, an answer
+phrase, or a labelled last-number fallback) compared with the gold answer by math-verify (LaTeX/sympy
+equivalence: \\frac{1}{2} == 0.5 == 1/2); `grade_trace` records the answer, the rule that found it and
+the verdict on the trace.
 
 Unparseable or pathological answers grade as wrong; grading never raises on model output. math-verify
 bounds its work with SIGALRM, which works only on a main thread, so off the main thread (Streamlit's
@@ -26,6 +28,16 @@ from typing import Any
 
 from core.errors import GradingError, InvalidInputError
 from core.evaluation import mathverify_worker
+from core.evaluation.answers import (  # noqa: F401
+    RULES,
+    Extraction,
+    answer_part,
+    extract,
+    extract_answer,
+    last_boxed,
+    strip_special,
+)
+from core.trace import answer_rule_of  # noqa: F401  (graded traces are read by it)
 
 logger = logging.getLogger(__name__)
 
@@ -33,110 +45,15 @@ DEFAULT_TIMEOUT_S = 5  # math-verify's per-step limit (whole seconds: SIGALRM)
 MAX_ANSWER_CHARS = 1000  # longer "answers" are prose, not answers: graded wrong without parsing
 WORKER_START_TIMEOUT_S = 60.0
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\b")
-_HASHES = re.compile(r"####[ \t]*(?P<x>[^\n]*)")
-_PHRASES = (
-    re.compile(r"(?i)\banswer\s+is\s*[:：]?\s*(?P<x>[^\n]*)"),
-    re.compile(r"(?i)\banswer\s*(?:\*\*)?\s*[:：]\s*(?P<x>[^\n]*)"),
-)
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _NUMBER_THEN_WORDS = re.compile(
     r"(?P<n>[-+]?(?:\\?\$)?\s*\d[\d,]*(?:\.\d+)?)\s*(?:,\s*|\s+)(?P<w>[A-Za-z]{3,})\b[A-Za-z\s.,'’-]*"
 )
 _MATH_WORDS = {"sqrt", "frac", "cdot", "times", "pi"}
-THINK_CLOSE_TAGS = ("</think>", "</thinking>", "</reasoning>")
-# Special-token markup of the common families (Qwen/ChatML, Llama 3, DeepSeek's full-width bars, Gemma,
-# SentencePiece); answers never contain these strings.
-_SPECIAL = re.compile(
-    r"<\|[A-Za-z0-9_.:\-]{1,40}\|>|<｜[^｜<>\n]{1,40}｜>|</?s>|<(?:eos|bos|pad|unk)>|<(?:start|end)_of_turn>"
-)
+GRADER = 2  # meta["grader"]: traces graded by an older rule set are graded again
 _WRAPPERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"), ("**", "**"), ("`", "`"))
 
 
-# -- extraction ---------------------------------------------------------------------------------
-
-
-def last_boxed(text: str) -> str | None:
-    """Contents of the last complete \\boxed{...} / \\fbox{...} (nested braces balanced; "\\{" escaped)."""
-    for m in reversed(list(_BOXED.finditer(text))):
-        i = m.end()
-        while i < len(text) and text[i] in " \t":
-            i += 1
-        if i < len(text) and text[i] == "{":
-            inner = _braced(text, i)
-            if inner is not None:
-                return inner.strip()
-        elif i > m.end():  # "\boxed 5": up to the next space or $
-            word = re.match(r"[^\s$]+", text[i:])
-            if word:
-                return word.group(0)
-    return None
-
-
-def _braced(text: str, open_at: int) -> str | None:
-    """The text inside the brace group opening at `open_at`, or None if it never closes."""
-    depth, i = 0, open_at
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2  # \{ \} \\ and commands never open or close a group
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_at + 1 : i]
-        i += 1
-    return None
-
-
-def strip_special(text: str) -> str:
-    """`text` without special-token markup ("<|im_end|>", "<｜end▁of▁sentence｜>", "</s>", "<eos>", ...);
-    the think tags stay (see `answer_part`)."""
-    return _SPECIAL.sub("", text or "")
-
-
-def answer_part(text: str) -> str:
-    """The answer part of a chain of thought: the text after the last closing think tag when there is
-    one, else the whole text (a response that never closes its thought is graded on all of it)."""
-    ends = [text.rfind(tag) + len(tag) for tag in THINK_CLOSE_TAGS if tag in text]
-    return text[max(ends):] if ends else text
-
-
-def extract_answer(text: str, last_number: bool = False) -> str | None:
-    """The response's final answer, or None.
-
-    Special tokens are stripped and only the part after a closing think tag is read (`answer_part`).
-    Order: last \\boxed{}; else the last "#### X" (GSM8K); else the last "answer is X" / "answer: X"
-    (X up to the end of its sentence or line); else, only with `last_number=True`, the last number.
-    The last-number fallback is off by default: a rollout that trails off mid-computation would
-    otherwise be graded on an intermediate result, and would sometimes be counted right by chance.
-    """
-    text = answer_part(strip_special(text))
-    if not text:
-        return None
-    boxed = last_boxed(text)
-    if boxed:
-        return boxed
-    hashes = [m for m in _HASHES.finditer(text) if m.group("x").strip()]
-    if hashes:
-        return _sentence(hashes[-1].group("x"))
-    found = [m for pattern in _PHRASES for m in pattern.finditer(text) if m.group("x").strip()]
-    if found:
-        return _sentence(max(found, key=lambda m: m.start()).group("x"))
-    if last_number:
-        numbers = _NUMBER.findall(text)
-        if numbers:
-            return numbers[-1]
-    return None
-
-
-def _sentence(x: str) -> str | None:
-    """Cut a captured answer at the end of its sentence ("12. Next ..." -> "12")."""
-    end = re.search(r"\.(?:\s|$)", x)
-    out = (x[: end.start()] if end else x).strip()
-    return out or None
+# -- comparison -------------------------------------------------------------------------------
 
 
 def normalize_answer(answer: str) -> str:
@@ -181,8 +98,8 @@ def check_answer(answer: str | None, gold: str, timeout_s: int = DEFAULT_TIMEOUT
     return _WORKER.check(a, g, timeout_s)
 
 
-def grade(response_text: str, gold: str, *, timeout_s: int = DEFAULT_TIMEOUT_S, last_number: bool = False) -> bool:
-    """Whether a response's final answer (see `extract_answer`) equals `gold`."""
+def grade(response_text: str, gold: str, *, timeout_s: int = DEFAULT_TIMEOUT_S, last_number: bool = True) -> bool:
+    """Whether a response's final answer (see `core.evaluation.answers.extract`) equals `gold`."""
     return check_answer(extract_answer(response_text or "", last_number=last_number), gold, timeout_s)
 
 
@@ -196,24 +113,43 @@ def gold_of(trace: Any) -> str | None:
     return gold_text((trace.meta.get("problem") or {}).get("gold"))
 
 
+def was_cut(trace: Any) -> bool:
+    """Whether a generated trace stopped at its token limit (max_new_tokens, or the context's room) rather
+    than ending by itself: its last number is then mid-computation, not an answer."""
+    meta = trace.meta
+    limit = (meta.get("context_limit") or {}).get("max_response_tokens") or (meta.get("sampling") or {}).get(
+        "max_new_tokens")
+    return bool(limit) and meta.get("kind") != "score" and len(trace) >= int(limit)
+
+
 def grade_trace(trace: Any) -> bool | None:
-    """Grade a trace in place (meta "answer" and "correct") against its problem's gold answer, unless it
-    is graded already or has no gold; returns meta["correct"] (None when ungradable). The one rule
+    """Grade a trace in place against its problem's gold answer, unless this grader graded it already or it
+    has no gold: meta "answer", "answer_rule" (one of RULES, None when nothing was extracted: ungraded,
+    counted as wrong by accuracy and apart by the tables), "correct" and "grader". The last-number fallback
+    is off for a trace cut at its token limit. Returns meta["correct"] (None when ungradable). The one rule
     every edge uses (CLI, harness, app)."""
     gold = gold_of(trace)
-    if gold is None or trace.meta.get("correct") is not None:
+    if gold is None or (trace.meta.get("correct") is not None and trace.meta.get("grader") == GRADER):
         return trace.meta.get("correct")
-    trace.meta["answer"] = extract_answer(trace.text)
-    trace.meta["correct"] = bool(check_answer(trace.meta["answer"], gold))
+    found = extract(trace.text, last_number=not was_cut(trace))
+    trace.meta["answer"], trace.meta["answer_rule"] = found.answer, found.rule
+    trace.meta["correct"] = bool(check_answer(found.answer, gold))
+    trace.meta["grader"] = GRADER
     return trace.meta["correct"]
+
+
+def is_ungraded(meta: dict[str, Any]) -> bool:
+    """Whether a graded trace's meta says no answer was extracted (its verdict is "wrong" by default)."""
+    return meta.get("correct") is not None and meta.get("answer") is None
 
 
 def graded_put(store: Any, trace: Any) -> Any:
     """Grade (see `grade_trace`) and store: a new trace is written, a stored one is rewritten only when
-    it was just graded (so an older run's ungraded copy gains its grade). Returns the trace."""
-    was_graded = trace.meta.get("correct") is not None
+    it was just graded (so an older run's ungraded copy, or one graded by an older rule, gains its grade).
+    Returns the trace."""
+    before = (trace.meta.get("correct"), trace.meta.get("grader"))
     grade_trace(trace)
-    newly = not was_graded and trace.meta.get("correct") is not None
+    newly = trace.meta.get("correct") is not None and (trace.meta.get("correct"), trace.meta.get("grader")) != before
     if store is None:
         return trace
     stored = trace.key is not None and trace.key in store

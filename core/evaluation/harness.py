@@ -23,20 +23,22 @@ from core import settings
 from core.decoding import generate_many
 from core.decoding.policies import BaseOnly, Policy, ReasonOnly, policy_spec
 from core.errors import ForkpointError, InvalidInputError
-from core.evaluation.grading import gold_text, grade_trace
+from core.evaluation.grading import GRADER, gold_text, grade_trace
 from core.evaluation.problems import ANSWER_FIELDS
 from core.evaluation.thinking import Solo
 from core.io.store import StoredTraces
 from core.scoring.teacher_forced import problem_record
-from core.trace import RowSummary
+from core.trace import RowSummary, answer_rule_of
 
 log = logging.getLogger(__name__)
 
 BASE, GUIDE, THINKING = "base", "reason", "thinking"
 REFERENCE = GUIDE  # evaluate()'s default reference when no thinking model is given (not the paper's)
-RECORD_COLUMNS = ("benchmark", "policy", "problem", "index", "sample", "correct", "tokens", "taken", "key")
-POLICY_TABLE_COLUMNS = ("benchmark", "policy", "problems", "samples", "accuracy", "pass@k", "k", "rho",
-                        "mean_tokens", "recovery", "recovery@k", "reference")
+RECORD_COLUMNS = ("benchmark", "policy", "problem", "index", "sample", "correct", "tokens", "taken", "key",
+                  "answer_rule")
+# accuracy + wrong + ungraded = 1: "ungraded" is the share of samples from which no answer was extracted
+POLICY_TABLE_COLUMNS = ("benchmark", "policy", "problems", "samples", "accuracy", "wrong", "ungraded", "pass@k", "k",
+                        "rho", "mean_tokens", "recovery", "recovery@k", "reference")
 # A reference: a policy label, a Pass@k number, or per benchmark a number or {"accuracy": x, "pass@k": y}.
 Reference = Union[str, float, Mapping[str, Union[float, Mapping[str, float]]]]
 
@@ -100,8 +102,8 @@ def benchmarks_of(problems: Any) -> dict[str, list[Any]]:
 
 
 def _ungraded(row: dict[str, Any]) -> bool:
-    """A stored row the driver must read again: it was stored before it was graded."""
-    return row.get("correct") is None
+    """A stored row the driver must read again: stored before it was graded, or graded by an older rule set."""
+    return row.get("correct") is None or row.get("grader") != GRADER
 
 
 def keeps_in_store(store: Any) -> bool:
@@ -169,7 +171,7 @@ class _Columns:
     def __init__(self) -> None:
         from array import array
 
-        self.text: dict[str, list[Any]] = {"benchmark": [], "policy": [], "problem": [], "key": []}
+        self.text: dict[str, list[Any]] = {"benchmark": [], "policy": [], "problem": [], "key": [], "answer_rule": []}
         self.ints = {"index": array("q"), "sample": array("q"), "tokens": array("q"), "taken": array("q")}
         self.correct = array("b")
 
@@ -183,6 +185,7 @@ class _Columns:
             self.text["policy"].append(label)
             self.text["problem"].append(problem)
             self.text["key"].append(row.key)
+            self.text["answer_rule"].append(row.answer_rule)
             self.ints["index"].append(ps[j // samples][0])
             self.ints["sample"].append(j % samples)
             self.ints["tokens"].append(row.length)
@@ -237,7 +240,7 @@ def stored_policy_table(traces: Iterable[Any]) -> pd.DataFrame:
             continue
         rows.append({"benchmark": "store", "policy": policy_config_label(t.meta.get("policy")),
                      "index": str((t.meta.get("problem") or {}).get("id")), "correct": bool(t.meta["correct"]),
-                     "tokens": len(t), "taken": t.n_takeovers})
+                     "tokens": len(t), "taken": t.n_takeovers, "answer_rule": answer_rule_of(t.meta)})
     records = pd.DataFrame(rows)
     if records.empty or not {"base_only", "reason_only"} <= set(records["policy"]):
         raise InvalidInputError("Recovery needs graded BaseOnly and ReasonOnly traces (generate both: the app's "
@@ -269,9 +272,19 @@ def reference_values(table: pd.DataFrame, bench: str, reference: Reference) -> t
     return float("nan"), float(value), "given Pass@k"
 
 
+def verdict_shares(records: pd.DataFrame) -> tuple[float, float]:
+    """(wrong, ungraded): shares of records answered wrong and with no answer extracted (answer_rule
+    None); both NaN when the records do not say which rule graded them."""
+    if "answer_rule" not in records or records.empty:
+        return float("nan"), float("nan")
+    none = records["answer_rule"].isna()
+    return float((~records["correct"].astype(bool) & ~none).mean()), float(none.mean())
+
+
 def policy_table(records: pd.DataFrame, k: int | None = None, base: str = BASE,
                  reference: Reference = REFERENCE) -> pd.DataFrame:
-    """Per benchmark and policy (POLICY_TABLE_COLUMNS): accuracy, unbiased pass@k, realised ρ
+    """Per benchmark and policy (POLICY_TABLE_COLUMNS): accuracy, the shares answered wrong and ungraded
+    (no answer extracted; NaN when the records lack "answer_rule"), unbiased pass@k, realised ρ
     (token-weighted), mean tokens, and recovery of the gap between the `base` row and the `reference`
     (a policy label or numbers, see `reference_values`) on accuracy and on pass@k ("recovery@k")."""
     out = []
@@ -281,9 +294,10 @@ def policy_table(records: pd.DataFrame, k: int | None = None, base: str = BASE,
         kk = n_min if k is None else k
         if kk > n_min:
             raise InvalidInputError(f"pass@{kk} needs ≥ {kk} samples per problem; policy {label!r} has {n_min}")
+        wrong, ungraded = verdict_shares(g)
         out.append({
             "benchmark": bench, "policy": label, "problems": len(per), "samples": n_min,
-            "accuracy": float(g["correct"].mean()),
+            "accuracy": float(g["correct"].astype(bool).mean()), "wrong": wrong, "ungraded": ungraded,
             "pass@k": float(np.mean([pass_at_k(int(n), int(c), kk) for n, c in zip(per["size"], per["sum"])])),
             "k": kk, "rho": float(g["taken"].sum() / max(1, g["tokens"].sum())),
             "mean_tokens": float(g["tokens"].mean()),

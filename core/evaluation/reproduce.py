@@ -1,7 +1,8 @@
 """Reproduce the seed paper on a real pair in one call: calibrate the gate on held-out base rollouts, sweep
-the calibration ratio r (and optionally a budget cap), run Guided with random / early baselines matched to
-its realised ρ, the base, the guide and the same-size thinking reference, then every analysis, and write
-one report laid out like the paper plus CSVs.
+the calibration ratio r (and optionally a budget cap), run Guided and the entropy-gated variant, random /
+early baselines at the ρ Guided realised and at the paper's fixed ρ = 0.25, the base, the guide and the
+same-size thinking reference, then every analysis per benchmark, and write one report laid out like the
+paper plus CSVs.
 
 Every trace goes through a store (default `<out>/store`), so an interrupted run resumes where it stopped
 when the same call is repeated.
@@ -21,15 +22,17 @@ import pandas as pd
 
 from core import settings
 from core.analysis.tables import enrichment, first_token_artifact_share
+from core.decoding.calibration import first_token_advice
 from core.errors import InvalidInputError
 from core.evaluation.harness import GUIDE, THINKING, Reference
-from core.evaluation.sources import load_benchmarks
-from core.evaluation.sweep import DEFAULT_RATIOS, budget_sweep
+from core.evaluation.sources import BENCHMARKS, load_benchmarks
+from core.evaluation.sweep import DEFAULT_BASELINE_RHOS, DEFAULT_RATIOS, budget_sweep
 from core.evaluation.thinking import DEFAULT_THINKING_FORMAT, load_thinking
 from core.io.atomic import write_atomic
 from core.io.csvsafe import write_csv
-from core.io.store import StoredTraces, TraceStore
+from core.io.store import TraceStore
 from core.pair.loading import ModelPair, PromptFormat, format_spec, load_pair
+from core.scoring.teacher_forced import problem_record
 from core.settings import StageProgress
 
 log = logging.getLogger(__name__)
@@ -79,7 +82,8 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
               ratios: Sequence[float] = DEFAULT_RATIOS, budgets: Sequence[float | None] = (None,),
               window: int = settings.WINDOW, score: str = settings.SCORE, calibration: Any = None,
               calibration_problems: int = settings.CALIBRATION_PROBLEMS, reference: Reference | None = None,
-              baselines: bool = True, limit: int | None = None, samples: int | None = None,
+              baselines: bool = True, baseline_rhos: Sequence[str | float] = DEFAULT_BASELINE_RHOS,
+              entropy_gated: bool = True, skip_first: int = 0, limit: int | None = None, samples: int | None = None,
               temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
               seed: int = settings.SEED, batch_size: int = settings.BATCH_SIZE, base_format: str | None = None,
               reason_format: str | None = None, thinking_format: str | None = None, device: str = "auto",
@@ -93,6 +97,9 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
     `problems`: a source (file, hf:..., benchmark short name), a list of sources ("name=source"), a mapping
     {name: source or problems}, or a list of problem records. `preset="paper"` sets the paper's sampling
     and prompt formats; explicit arguments override it. `revisions` pins {"base"|"reason"|"thinking": rev}.
+    `baseline_rhos`: the random / early baselines' rates ("realised" = Guided's, per configuration; numbers =
+    fixed rates); `entropy_gated`: run the entropy-gated variant beside Guided; `skip_first`: the gates'
+    first-k-positions skip (see `Guided`).
     `executor` (e.g. `core.RayExecutor()`) makes the traces on other workers (docs/SCALE.md)."""
 
     out = Path(out)
@@ -114,35 +121,47 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
     reference = reference if reference is not None else (THINKING if thinking_pair is not None else GUIDE)
     keep: dict[str, list[Any]] = {}
     sweep = budget_sweep(pair, benches, calibration, ratios, budgets=budgets, window=window, score=score,
-                         baselines=baselines, thinking=thinking_pair, reference=reference, store=store, seed=seed,
+                         baselines=baselines, baseline_rhos=baseline_rhos, entropy_gated=entropy_gated,
+                         skip_first=skip_first, thinking=thinking_pair, reference=reference, store=store, seed=seed,
                          batch_size=batch_size, progress=progress, keep=keep, executor=executor, **sampling)
     info = _info(pair, thinking_pair, benches, calibration, sampling, reference, ratios, budgets, window, score,
                  seed, store, preset)
-    return write_reproduction(out, sweep, keep, info, score=score, reference=reference)
+    info.update(baseline_rhos=list(baseline_rhos) if baselines else [], entropy_gated=entropy_gated,
+                skip_first=skip_first)
+    return write_reproduction(out, sweep, keep, info, score=score, reference=reference, benches=benches, pair=pair)
 
 
 def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[Any]], info: dict[str, Any], *,
-                       score: str, reference: Reference) -> Reproduction:
-    """The analyses over the base rollouts (enrichment also over the tokens Guided took over), the
-    paper-style table, the CSVs and the HTML report in `out`."""
+                       score: str, reference: Reference, benches: Mapping[str, list[Any]] | None = None,
+                       pair: Any = None) -> Reproduction:
+    """The analyses over the base rollouts per benchmark and pooled (enrichment also over the tokens Guided
+    took over), the paper-style table, the CSVs and the HTML report in `out`. `benches` (the evaluation
+    problems by benchmark) says which benchmark each trace is from; `pair` lets the t = 0 warning suggest
+    the fix that fits it."""
     from core.analysis.paper import paper_table, reproduce_html
-    from core.analysis.report import report_tables
+    from core.analysis.report import benchmark_tables
 
     if not isinstance(reference, str):
         sweep.attrs["reference_numbers"] = reference
-    base_traces = keep.get("base", [])  # a StoredTraces (read from the store as used) when there is a store
-    analyses = report_tables(base_traces, str(out / "analysis"), score=score)
-    guided = _joined([ts for label, ts in keep.items() if label.startswith("r=")])
+    base_traces = list(keep.get("base", []))
+    guided = [t for label, ts in keep.items() if label.startswith("r=") for t in ts]
+    by_bench = split_by_benchmark(base_traces, benches)
+    analyses = benchmark_tables(by_bench, str(out / "analysis"), score=score)
     try:
-        analyses["enrichment"] = enrichment(_joined([base_traces, guided]), score)
+        guided_by = split_by_benchmark(guided, benches)
+        frames = [enrichment(ts + guided_by.get(name, []), score).assign(benchmark=name)
+                  for name, ts in _with_all(by_bench).items()]
+        table = pd.concat(frames, ignore_index=True)
+        analyses["enrichment"] = table[["benchmark", *[c for c in table.columns if c != "benchmark"]]]
         write_csv(analyses["enrichment"], out / "analysis" / "enrichment.csv")
     except (ImportError, OSError, ValueError) as exc:  # spaCy model missing etc.
         log.warning("enrichment skipped: %s", exc)
     info["first_token_artifact_share"] = {label: first_token_artifact_share(keep.get(label, []), score)
                                           for label in ("base", "reason", THINKING) if keep.get(label)}
     if info["first_token_artifact_share"].get("base", 0) > 0.5:
-        log.warning("t = 0 is the largest spike in most base rollouts: the reasoner's prompt format probably "
-                    "does not open its thought (use a +think format, e.g. paper-think)")
+        advice = first_token_advice(pair) if pair is not None else "use a +think reasoner format or --skip-first 1"
+        info["first_token_advice"] = advice
+        log.warning("t = 0 is the largest spike in most base rollouts: %s", advice)
     table = paper_table(sweep)
     write_csv(sweep, out / "sweep.csv")
     write_csv(table, out / "table.csv")
@@ -153,19 +172,37 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
     return Reproduction(out=out, report=report, table=table, sweep=sweep, analyses=analyses, info=info)
 
 
-def _joined(parts: Sequence[Any]) -> Any:
-    """Several kept trace lists as one: a StoredTraces of the same store stays keys; anything else, a list."""
+def split_by_benchmark(traces: Sequence[Any], benches: Mapping[str, list[Any]] | None) -> dict[str, list[Any]]:
+    """{benchmark: traces}, a trace placed by its problem (id and prompt) in `benches`; traces of no known
+    benchmark (or all, without `benches`) under "problems"."""
+    where: dict[tuple[Any, Any], str] = {}
+    for name, ps in (benches or {}).items():
+        for p in ps:
+            rec = problem_record(p)
+            where.setdefault((str(rec["id"]), rec["prompt"]), name)
+    out: dict[str, list[Any]] = {name: [] for name in (benches or {})}
+    for t in traces:
+        problem = t.meta.get("problem") or {}
+        out.setdefault(where.get((str(problem.get("id")), problem.get("prompt")), "problems"), []).append(t)
+    return {name: ts for name, ts in out.items() if ts}
 
-    if parts and all(isinstance(p, StoredTraces) and p.store is parts[0].store for p in parts):
-        return StoredTraces(parts[0].store, [k for p in parts for k in p.keys])
-    return [t for p in parts for t in p]
+
+def _with_all(groups: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
+    """The groups plus, with several, all of them pooled (as `benchmark_tables` does)."""
+    from core.analysis.report import ALL_BENCHMARKS
+
+    out = dict(groups)
+    if len(groups) > 1:
+        out[ALL_BENCHMARKS] = [t for ts in groups.values() for t in ts]
+    return out
 
 
 def _as_sources(problems: Any) -> Any:
     """Normalise `problems` to what `load_benchmarks` takes."""
     if problems is None:
-        raise InvalidInputError("reproduce needs problems: a file, hf:<dataset id>, or one of gsm8k, math500, aime24, "
-                                "aime25, amc23")
+
+        raise InvalidInputError("reproduce needs problems: a file, hf:<dataset id>, or one of "
+                                f"{', '.join(BENCHMARKS)}")
     if isinstance(problems, (str, Path)):
         return [str(problems)]
     if isinstance(problems, Mapping):

@@ -1,5 +1,6 @@
 """Problem sources by name: a local JSONL / JSON / CSV file, a hub dataset `hf:<id>[:config][:split]` read
-through the `datasets` library, or a benchmark short name (gsm8k, math500, aime24, aime25, amc23).
+through the `datasets` library, or a benchmark short name (gsm8k, math500, aime24, aime25, amc23, olympiadbench:
+the paper's six).
 
 Rows become `Problem`s by the same field detection as local files (`core.evaluation.problems`):
 GSM8K's answer after "####", MATH-500's `answer` (or the last \\boxed{} of `solution`), AIME's `answer`.
@@ -25,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "aime24": "hf:HuggingFaceH4/aime_2024::train",
     "aime25": "hf:math-ai/aime25::test",
     "amc23": "hf:math-ai/amc23::test",
+    "olympiadbench": "hf:math-ai/olympiadbench::test",
 }
 PREFERRED_SPLITS = ("test", "validation", "train")
 

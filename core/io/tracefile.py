@@ -22,7 +22,14 @@ import pyarrow.parquet as pq
 from core.annotate.spikes import spikes_or_top
 from core.errors import InvalidInputError, StoreError
 from core.scoring.registry import DEFAULT_SCORE, SCORES, score_values
-from core.trace import SCHEMA_VERSION, SIDES, Trace, _json_default, request_key
+from core.trace import (
+    SCHEMA_VERSION,
+    SIDES,
+    Trace,
+    _json_default,
+    answer_rule_of,
+    request_key,
+)
 
 STORE_FORMAT = 2  # 2: footer checksum. Bump on incompatible changes.
 META_KEY = b"forkpoint"
@@ -31,7 +38,7 @@ KEY_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
 _PROMPT_CHARS = 200
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "key", "problem", "prompt", "pair", "policy", "n_tokens", "max_score", "top100_mean",
-    "n_spikes", "n_takeovers", "rho", "correct", "parent", "branch_pos", "kind", "created",
+    "n_spikes", "n_takeovers", "rho", "correct", "answer_rule", "grader", "parent", "branch_pos", "kind", "created",
     *(f"max_{s}" for s in SCORES), *(f"top100_{s}" for s in SCORES),
 )  # fmt: skip
 READ_ERRORS = (StoreError, OSError, ValueError, KeyError, TypeError, IndexError, pa.ArrowException)
@@ -90,6 +97,8 @@ def summarise(trace: Trace, key: str | None = None) -> dict[str, Any]:
         "n_takeovers": n_takeovers,
         "rho": n_takeovers / n if n else 0.0,
         "correct": meta.get("correct"),
+        "answer_rule": answer_rule_of(meta),
+        "grader": meta.get("grader"),
         "parent": meta.get("parent"),
         "branch_pos": meta.get("branch_pos"),
         "kind": meta.get("kind"),
