@@ -145,6 +145,28 @@ def test_widget_model_state_in_branches_out(qwen_pair, trace):
         w.trace("0" * 32)
 
 
+def test_widget_flips_takeovers_and_forces_alternatives(qwen_pair, trace):
+    """The switchboard in the notebook: a "flip" request switches the clicked token's takeover (the same
+    child as core.takeover), streamed into the status line; flipping it back shows the original alone;
+    a "force" request (a top-k alternative in the hover card) forces that token."""
+    w = _widget(qwen_pair, trace)
+    statuses = []
+    w.observe(lambda change: statuses.append(change["new"]), names="status")
+    w.request = {"action": "flip", "view": 0, "pos": 3, "n": 1}
+    child = w.branches[-1]
+    ref = core.takeover(qwen_pair, trace, {3: "reason"}, max_new_tokens=len(trace) + 6)
+    assert child.key == ref.key and np.array_equal(child.token_ids, ref.token_ids) and child.source[3] == "reason"
+    assert [v["key"] for v in w.views] == [trace.key, child.key]
+    assert any(s.startswith("#3: ") for s in statuses), "the new tokens never streamed into the status"
+    assert "#3 reasoner" in w.status and "takeover" in w.status
+    w.request = {"action": "flip", "view": 1, "pos": 3, "n": 2}  # switched off again: back to the original
+    assert len(w.views) == 1 and w.views[0]["key"] == trace.key
+    alt = int(trace.topk["base"][0][5][1])
+    w.request = {"action": "force", "view": 0, "pos": 5, "token": alt, "n": 3}
+    forced = w.branches[-1]
+    assert int(forced.token_ids[5]) == alt and forced.source[5] == "forced"
+
+
 def test_widget_notes_and_store(qwen_pair, trace, tmp_path):
     from core.io.notes import read_notes
 

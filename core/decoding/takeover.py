@@ -231,14 +231,14 @@ def flipped(trace: Trace, pos: int) -> dict[int, int | str]:
 
 
 def set_switches(pair: ModelPair, trace: Trace, wanted: dict[int, int | str], *, store: Any = None,
-                 then: str | Policy = "policy", max_new_tokens: int | None = None,
+                 root: Trace | None = None, then: str | Policy = "policy", max_new_tokens: int | None = None,
                  on_token: Callable[[int, int, str], None] | None = None, progress: Progress | None = None,
                  should_stop: Callable[[], bool] | None = None) -> Trace:
     """The trace of `trace`'s lineage with exactly the switches `wanted` in force (the switchboard's one call).
 
     Regenerates from the first position where `wanted` and the trace's own switches differ, reusing the
     trace's prefix (a removed switch lets the policy decide there again); it returns the lineage root
-    from `store` when every switch is undone.
+    (`root` when given, else from `store`) when every switch is undone.
     """
     current = switches_in_force(trace)
     wanted = {int(p): w for p, w in wanted.items()}
@@ -246,8 +246,10 @@ def set_switches(pair: ModelPair, trace: Trace, wanted: dict[int, int | str], *,
         return trace
     first = min(p for p in set(current) | set(wanted) if current.get(p) != wanted.get(p))
     root_key = trace.meta.get("root")
+    if not wanted and root is not None and root.key == root_key:
+        return root  # every switch undone: the root itself
     if not wanted and store is not None and root_key is not None and root_key in store:
-        return store.get(root_key)  # every switch undone: the root itself
+        return store.get(root_key)
     later = {p: w for p, w in wanted.items() if p >= first}
     return _regenerate(pair, trace, first, switches(later, pair.vocab_size) if later else {}, then,
                        max_new_tokens=max_new_tokens, temperature=None, seed=None, on_token=on_token, store=store,

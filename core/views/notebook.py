@@ -208,8 +208,8 @@ class TokenWidget(anywidget.AnyWidget):
             shown.append(self._decode(token) if self._decode else str(token))
             self.status = f"#{pos}: …{''.join(shown)[-60:]}"
 
-        child = set_switches(self.pair, parent, wanted, store=self.store, max_new_tokens=self.max_new_tokens,
-                             on_token=on_token)
+        child = set_switches(self.pair, parent, wanted, store=self.store, root=self.original,
+                             max_new_tokens=self.max_new_tokens, on_token=on_token)
         child = graded_put(self.store, child)  # graded like every other trace (stored when a store is given)
         if child.key != self.original.key and all(child.key != b.key for b in self.branches):
             self.branches.append(child)
