@@ -1,4 +1,4 @@
-"""Long chains of thought: a 16,384-token response from a tiny pair on CPU.
+"""Long chains of thought: a 6,144-token response from a one-layer pair on CPU.
 
 The engine's work per token must not grow with the response beyond attention's (no O(T²) Python:
 no per-step list copies, history slicing or re-decoding), its memory must grow only with the KV cache
@@ -20,15 +20,16 @@ from core.decoding import CACHES
 from core.demo.tiny import build_tiny_model
 from core.scoring.registry import INT_METRICS
 
-T = 16384
+T = 6144  # long enough that an O(T) step (a re-decode, a history copy) would dominate the per-token cost
 PROMPT = "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?"
 
 
 @pytest.fixture(scope="module")
 def long_pair(tmp_path_factory, tiny_tokenizer) -> core.ModelPair:
-    """The tests' tiny Qwen3 shapes with room for T tokens, never stopping at EOS."""
+    """A one-layer Qwen3 of the tests' shapes with room for T tokens, never stopping at EOS: the engine's
+    per-step work, not the model's, is what this file measures."""
     root = tmp_path_factory.mktemp("long_pair")
-    dirs = [build_tiny_model(root / side, tiny_tokenizer, "qwen3", seed=i, hidden=64, layers=2,
+    dirs = [build_tiny_model(root / side, tiny_tokenizer, "qwen3", seed=i, hidden=32, layers=1,
                              max_positions=T + 256) for i, side in enumerate(("base", "reason"))]
     pair = core.load_pair(str(dirs[0]), str(dirs[1]), device="cpu", dtype="float32")
     return dataclasses.replace(pair, eos_ids=frozenset())
@@ -49,8 +50,8 @@ def rss_mib() -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)  # ~3 min of CPU on a free core (16k base steps); far more on a shared machine
-def test_16k_tokens_flat_per_token_cost_and_metrics_match_score(long_pair) -> None:
+@pytest.mark.timeout(1200)  # ~20 s of CPU on a free core; far more on a shared machine
+def test_long_response_flat_per_token_cost_and_metrics_match_score(long_pair) -> None:
     CACHES.clear()
     policy = core.Guided(tau=2.5, lam=1.0, window=16)
     clock, rss0 = Clock(), rss_mib()
@@ -64,9 +65,9 @@ def test_16k_tokens_flat_per_token_cost_and_metrics_match_score(long_pair) -> No
     early = (clock.times[2 * q] - clock.times[q]) / q
     late = (clock.times[-1] - clock.times[-q - 1]) / q
     assert late < 2.5 * early, f"per-token CPU grew from {early * 1e3:.2f} to {late * 1e3:.2f} ms"
-    # memory: KV caches (1 KiB per token for both models), held hidden states, and the per-token record;
-    # 200 MiB is ~12 KiB per token, far below any per-step copy of the history (T² / 2 entries)
-    assert grown < 200, f"peak RSS grew {grown:.0f} MiB"
+    # memory: KV caches (under 1 KiB per token for both models), held hidden states, and the per-token record;
+    # 120 MiB is ~20 KiB per token, far below any per-step copy of the history (T² / 2 entries)
+    assert grown < 120, f"peak RSS grew {grown:.0f} MiB"
     ref = core.score(long_pair, PROMPT, trace.token_ids.tolist())
     for name, values in trace.metrics.items():
         if name in INT_METRICS:
