@@ -67,6 +67,9 @@ def header(trace: Trace, rule_text: str) -> None:
     st.markdown(f"#### Problem {md_code(problem.get('id') or '(ad hoc)')}")
     st.text(problem.get("prompt") or "")
     policy = (trace.meta.get("policy") or {}).get("name") or trace.meta.get("kind") or "?"
+    switched = len(trace.meta.get("switches") or {})
+    if switched:
+        policy += f" ⇄{switched}"  # the policy decides everywhere but at the switched positions
     takeovers = trace.n_takeovers
     cols = st.columns(5)
     cols[0].metric("Tokens", len(trace))
