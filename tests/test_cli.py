@@ -147,3 +147,39 @@ def test_score_ranks_delta_logp_by_its_sign(env):
     assert lines[0].split()[2] == "delta_logp"
     values = [float(line.split()[-4]) for line in lines[1:5]]  # columns from the right: tokens may hold spaces
     assert len(values) == 4 and values == sorted(values)  # ascending raw value = descending score
+
+
+_MODULES_AFTER = ("import json, sys; from core.cli import main\n"
+                  "try:\n    main(sys.argv[1:], standalone_mode=False)\nfinally:\n"
+                  "    print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'})))")
+
+
+def test_file_only_commands_start_without_the_model_stack(env):
+    """`ls` and `export` read files: neither torch nor transformers may load (issue 22: 2-4 s of imports)."""
+    import subprocess
+    import sys
+
+    run("score", *env["pair"], "--store", env["store"], "--prompt", "What is 2+3?", "--response", "2+3 = 5.")
+    for args in (["ls", "--store", env["store"]],
+                 ["export", "--store", env["store"], "--out", str(env["tmp"] / "one.jsonl")],
+                 ["export", "--store", env["store"], "--out", str(env["tmp"] / "one.html")]):
+        out = subprocess.run([sys.executable, "-c", _MODULES_AFTER, *args], capture_output=True, text=True,
+                             timeout=300, check=True)
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == [], (args, out.stdout[-500:])
+    assert len(read_jsonl(env["tmp"] / "one.jsonl")) == 1
+
+
+def test_export_token_strings_match_the_tokenizer(env, tiny_dirs):
+    """Without transformers the export decodes top-k ids exactly as AutoTokenizer does."""
+    from transformers import AutoTokenizer
+
+    from core.views.exports import token_decoder
+
+    run("score", *env["pair"], "--store", env["store"], "--prompt", "What is 2+3?", "--response", "2+3 = 5. ✓ é")
+    store = TraceStore(env["store"])
+    trace = store.get(store.keys()[0])
+    decode = token_decoder([trace])
+    tok = AutoTokenizer.from_pretrained(str(tiny_dirs["qwen_base"]))
+    ids = sorted(set(trace.token_ids.tolist()) | set(range(0, min(tok.vocab_size, 300))))
+    assert [decode(i) for i in ids] == [tok.decode([i], skip_special_tokens=False,
+                                                   clean_up_tokenization_spaces=False) for i in ids]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 import sys
 from typing import Any
@@ -258,12 +259,7 @@ def policy_kwargs(policy_name: str, values: dict[str, Any]) -> dict[str, Any]:
 def main(verbose: bool) -> None:
     """forkpoint: where a base and a reasoning model disagree, token by token."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if not verbose:
-        try:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-            hf_logging.set_verbosity_error()
-        except ImportError:  # pragma: no cover
-            pass
+    if not verbose:  # read when transformers loads: file-only commands (ls, export) never import it
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
