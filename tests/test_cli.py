@@ -183,3 +183,15 @@ def test_export_token_strings_match_the_tokenizer(env, tiny_dirs):
     ids = sorted(set(trace.token_ids.tolist()) | set(range(0, min(tok.vocab_size, 300))))
     assert [decode(i) for i in ids] == [tok.decode([i], skip_special_tokens=False,
                                                    clean_up_tokenization_spaces=False) for i in ids]
+
+
+def test_search_finds_a_string_in_every_trace(env):
+    run("score", *env["pair"], "--store", env["store"], "--prompt", "What is 2+3?", "--response", "2+3 = 5. So 5.")
+    run("score", *env["pair"], "--store", env["store"], "--prompt", "What is 1+4?", "--response", "It is 5.")
+    table = pd.read_csv(__import__("io").StringIO(run("search", "5", "--store", env["store"], "--csv")))
+    assert table["key"].nunique() == 2 and len(table) == 3
+    assert {"pos", "score", "spike", "correct"} <= set(table.columns)
+    out = run("search", r"\d\.", "--regex", "--store", env["store"])
+    assert "3 matches in 2 of 2 traces" in out
+    bad = CliRunner().invoke(main, ["search", "(", "--regex", "--store", env["store"]])
+    assert bad.exit_code != 0 and "not a valid regular expression" in bad.output and "Traceback" not in bad.output
