@@ -103,6 +103,13 @@ TABLE_COLUMNS = ["problem", "prompt", "pair", "policy", "kind", "n_tokens", "max
                  "takeovers", "rho", "correct", "branch_pos", "created", "key"]  # fmt: skip
 
 
+def _policy_names(summaries: pd.DataFrame) -> pd.Series:
+    """The policy column as the Trace page names it: the policy, else the trace's kind (an import has none)."""
+    policy = summaries["policy"].astype("object")
+    missing = policy.isna() | policy.astype(str).isin(["None", "", "nan"])
+    return policy.where(~missing, summaries["kind"])
+
+
 def trace_table(summaries: pd.DataFrame, score: str = DEFAULT_SCORE, rule: SpikeRule | None = None) -> pd.DataFrame:
     """The Problems page table: one row per stored trace with the chosen score's max and top-100 mean."""
     if score not in SCORES:
@@ -114,7 +121,7 @@ def trace_table(summaries: pd.DataFrame, score: str = DEFAULT_SCORE, rule: Spike
         "problem": summaries["problem"].astype("string"),
         "prompt": summaries["prompt"].astype("string"),
         "pair": summaries["pair"],
-        "policy": summaries["policy"],
+        "policy": _policy_names(summaries),
         "kind": summaries["kind"],
         "n_tokens": summaries["n_tokens"].astype("Int64"),
         "max": pd.to_numeric(summaries[f"max_{score}"], errors="coerce"),

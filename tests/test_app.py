@@ -155,9 +155,33 @@ def test_problems_page_lists_traces_and_problems(env):
     traces, problems = at.dataframe[0].value, at.dataframe[1].value
     assert len(traces) == 2 and at.session_state["trace_key"] in set(traces["key"])
     assert list(problems["id"]) == ["p1", "p2"] and list(problems["traces"]) == [1, 1]
-    assert list(problems["share correct"]) == [0.0, 0.0]
+    assert list(problems["share correct"]) == ["0.00", "0.00"]  # text: an ungraded problem shows "–", never None
     at.text_input(key="pf_text").input("no such problem").run()
     assert len(at.dataframe[0].value) == 0
+
+
+def test_search_opens_a_hit_at_its_token_and_filters_the_traces_table(env):
+    """Problems → Search: every match with its score and spike; the filter keeps the traces where it spikes
+    (choosing a row opens the trace at the token: tests/test_journeys.py clicks it in a browser)."""
+    from core.analysis.search import search_store
+
+    at = env.start().run()
+    store = TraceStore(env.store)
+    first = store.get(at.session_state["trace_key"])
+    needle = first.tokens[len(first) // 2]
+    at.switch_page("screens/problems.py").run()
+    at.text_input(key="search_pattern").input(needle).run()
+    _ok(at)
+    expect = search_store(store, needle)
+    table = next(d.value for d in at.dataframe if "match" in d.value.columns)
+    assert len(table) == len(expect) and list(table["pos"]) == list(expect["pos"])
+    spiking = list(dict.fromkeys(expect.loc[expect["spike"], "key"]))
+    if spiking:
+        at.button(key="search_filter_btn").click().run()
+        _ok(at)
+        assert set(at.dataframe[0].value["key"]) == set(spiking)
+        at.button(key="search_filter_clear").click().run()
+        assert len(at.dataframe[0].value) == len(store.keys())
 
 
 def _run_entropy_gated(at: AppTest, n: int, threshold: float) -> None:
