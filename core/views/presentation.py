@@ -14,7 +14,7 @@ import pandas as pd
 
 from core.errors import InvalidInputError
 from core.scoring.registry import DEFAULT_SCORE, METRICS, score_values
-from core.trace import SIDES, Trace
+from core.trace import SIDES, Trace, note_column
 
 # Metrics shown on hover, in order; their labels come from core.scoring.metrics' registry.
 HOVER_METRICS: tuple[str, ...] = (
@@ -86,6 +86,7 @@ def hover_data(trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int],
         "prob_mode": prob_mode,
         "vocab": vocab,
         "tags": [str(t) if t is not None else "" for t in trace.annotations.get("tags", [""] * len(trace))],
+        "notes": note_column(trace.annotations.get("notes") or [], len(trace)),
     }
 
 # -- takeover choices -----------------------------------------------------------------------------
@@ -224,7 +225,10 @@ def tail(trace: Trace, start: int, end: int | None = None) -> Trace:
     end = n if end is None else max(start, min(int(end), n))
     cut = {}
     for name, layer in trace.annotations.items():
-        if isinstance(layer, (list, tuple)) and len(layer) == n:
+        if name == "notes":  # note records, not one entry per token: keep those on the slice, shifted
+            cut[name] = [{**nt, "start": max(int(nt["start"]), start) - start, "end": min(int(nt["end"]), end - 1) - start}
+                         for nt in layer or [] if int(nt["end"]) >= start and int(nt["start"]) < end]
+        elif isinstance(layer, (list, tuple)) and len(layer) == n:
             cut[name] = list(layer[start:end])
     spikes_layer = trace.annotations.get("spikes")
     if isinstance(spikes_layer, dict):
