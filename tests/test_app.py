@@ -90,9 +90,20 @@ def test_select_token_take_over_and_see_the_branch(env):
     at.button(key="open_branch").click().run()
     _ok(at)
     assert at.session_state["trace_key"] == job["child"]
-    tree = next(r for r in at.radio if r.key and r.key.startswith("tree_"))  # the branch tree lists both
-    shown = [re.sub(r"\\(.)", r"\1", o) for o in tree.options]  # labels are Markdown with punctuation escaped
-    assert len(shown) == 2 and "⏻ #2 reasoner '" in shown[1] and "← open" in shown[1]
+    # the branch tree is a graph: both traces are nodes, the open one ringed, the edge names the switch
+    import json as _json
+
+    figs = [_json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    fig = next(f for f in figs if any(d.get("name") in ("correct", "wrong", "ungraded") for d in f["data"]))
+    nodes = [k for d in fig["data"] if d.get("customdata") for k in d["customdata"]]
+    assert sorted(nodes) == sorted([parent, job["child"]])
+    edge_text = [t for d in fig["data"] if d.get("mode") == "text" for t in d.get("hovertext", [])]
+    assert any(t.startswith("⏻ #2 reasoner '") for t in edge_text), edge_text
+    ringed = [k for d in fig["data"] if d.get("customdata")
+              for k, w in zip(d["customdata"], d["marker"]["line"]["width"]) if w == 4]
+    assert ringed == [job["child"]]
+    side = at.multiselect(key=f"cmp_pick_{job['child']}")
+    assert side.options and "⏻ #2 reasoner" not in side.options[0]  # the root: no switch
 
 
 def test_force_a_token_from_the_top_k(env):
@@ -535,3 +546,24 @@ def test_a_top_k_alternative_click_forces_that_token(env):
     _ok(at)
     child = TraceStore(env.store).get(at.session_state["trace_key"])
     assert int(child.token_ids[3]) == alt and child.source[3] == "forced"
+
+
+def test_a_compare_link_is_checked_against_the_open_trace(env):
+    """Issue 22 defect 3: `compare=` named an unrelated trace "Branch at token #5", and `@999999` read "Shared
+    prefix: 999999 tokens". Only a real branch of the open trace is compared, at its own branch position."""
+    at = env.start().run()
+    key = at.session_state["trace_key"]
+    other = next(k for k in TraceStore(env.store).keys() if k != key)  # the other problem's root
+    bad = _opened(env, trace=key, compare=f"{other}@5")
+    assert not bad.exception
+    assert any("is not a branch of the open trace" in t for t in _texts(bad.warning))
+    assert not any("Branch at token" in t for t in _texts(bad.markdown)) and bad.session_state["compare"] is None
+    at.session_state["sel_pos"] = 2
+    at.run()
+    at.button(key="takeover_reason").click().run()
+    child = at.session_state["compare"]["child"]
+    far = _opened(env, trace=key, compare=f"{child}@999999")
+    _ok(far)
+    assert any("Branch at token #2" in t for t in _texts(far.markdown))
+    assert any("Shared prefix: 2 tokens" in t for t in _texts(far.caption))
+    assert far.session_state["compare"]["pos"] == 2

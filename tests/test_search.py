@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.analysis.search import compile_pattern, search_store, search_traces, spiking_keys
+from core.analysis.search import (
+    compile_pattern,
+    search_store,
+    search_traces,
+    spiking_keys,
+)
 from core.annotate.spikes import spikes_or_top
 from core.errors import InvalidInputError
 from core.io.store import TraceStore

@@ -76,7 +76,9 @@ def trace_matches(trace: Trace, pattern: re.Pattern[str], *, score: str = settin
 def _tags(trace: Trace) -> list[str]:
     if "tags" in trace.annotations:
         return [str(t) for t in trace.annotations["tags"]]
-    from core.annotate.planning import tag_planning  # spaCy: heavy, only when tags are asked for
+    from core.annotate.planning import (
+        tag_planning,  # spaCy: heavy, only when tags are asked for
+    )
 
     return [str(t) for t in tag_planning(trace)]
 
