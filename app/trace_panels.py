@@ -31,6 +31,7 @@ from core.views.presentation import (
     fmt_num,
     fmt_prob,
     page_bounds,
+    policy_text,
     prob_at,
     switch_text,
     takeover_choices,
@@ -53,7 +54,7 @@ def header(trace: Trace, rule_text: str) -> None:
     problem = trace.meta.get("problem") or {}
     st.markdown(f"#### Problem {md_code(problem.get('id') or '(ad hoc)')}")
     st.text(problem.get("prompt") or "")
-    policy = (trace.meta.get("policy") or {}).get("name") or trace.meta.get("kind") or "?"
+    policy = policy_text((trace.meta.get("policy") or {}).get("name"), trace.meta.get("kind"), trace.meta.get("parent"))
     takeovers = trace.n_takeovers
     cols = st.columns(5)
     cols[0].metric("Tokens", len(trace))
@@ -463,7 +464,7 @@ def _force_any(ctx: Context, trace: Trace, sel: int, max_new: int, sampling: dic
             if not matches:
                 st.caption(f"No token contains {md_code(query)}.")
             else:
-                tok = st.selectbox(f"{len(matches)} matching tokens", [i for i, _ in matches], key="vocab_pick",
+                tok = st.selectbox(f"{len(matches)} matching token{'s' if len(matches) != 1 else ''}", [i for i, _ in matches], key="vocab_pick",
                                    format_func=lambda i: f"{dict(matches)[i]!r} (id {i}) · "
                                                          f"{_both(trace, sel, i, ctx.settings.prob_mode)}")
                 if st.button("Branch with this vocabulary token", key="takeover_vocab", width="stretch"):

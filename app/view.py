@@ -20,6 +20,7 @@ from core.evaluation.problems import Problem
 from core.scoring.registry import DEFAULT_SCORE, SCORES
 from core.trace import Trace
 from core.views.exports import annotated
+from core.views.presentation import policy_text
 
 DEFAULT_TOP = 0.05  # spikes: top 5% of a trace's tokens (demo traces are short; settings.SPIKE_TOP's 1% gives ~1)
 PROB_MODES = ("prob", "logprob")  # how probabilities are shown
@@ -40,7 +41,10 @@ def md_escape(value: object, limit: int = 200) -> str:
 
 def md_code(value: object, limit: int = 80) -> str:
     """Any text as a Markdown inline-code span (shown literally: no links, images or emphasis)."""
-    text = " ".join(str(value).split()).replace("`", "ʼ")
+    raw = str(value)
+    text = " ".join(raw.split()).replace("`", "ʼ")
+    if not text and raw:  # a space or newline token: show it, never "(empty)"
+        text = repr(raw)
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     return f"`{text}`" if text else "`(empty)`"
@@ -105,9 +109,9 @@ TABLE_COLUMNS = ["problem", "prompt", "pair", "policy", "kind", "n_tokens", "max
 
 def _policy_names(summaries: pd.DataFrame) -> pd.Series:
     """The policy column as the Trace page names it: the policy, else the trace's kind (an import has none)."""
-    policy = summaries["policy"].astype("object")
-    missing = policy.isna() | policy.astype(str).isin(["None", "", "nan"])
-    return policy.where(~missing, summaries["kind"])
+    parents = summaries["parent"] if "parent" in summaries else [None] * len(summaries)
+    return pd.Series([policy_text(p, k, par) for p, k, par in zip(summaries["policy"], summaries["kind"], parents)],
+                     index=summaries.index, dtype="object")
 
 
 def trace_table(summaries: pd.DataFrame, score: str = DEFAULT_SCORE, rule: SpikeRule | None = None) -> pd.DataFrame:

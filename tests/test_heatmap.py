@@ -172,9 +172,9 @@ def test_a_negated_score_is_labelled_as_its_negative():
     from core.views.presentation import hover_data
 
     trace = make_trace(12, seed=3)
-    assert score_label("delta_logp") == "−(Log-prob gain (reasoner − base))" and score_label("jsd") == "Jensen-Shannon divergence"
-    assert "−(Log-prob gain (reasoner − base))" in html_unescape(legend_html(score="delta_logp"))
-    assert trace_figure(trace, "delta_logp").layout.yaxis.title.text == "−(Log-prob gain (reasoner − base)) [nats]"
+    assert score_label("delta_logp") == "Log-prob loss (base − reasoner)" and score_label("jsd") == "Jensen-Shannon divergence"
+    assert "Log-prob loss (base − reasoner)" in html_unescape(legend_html(score="delta_logp"))
+    assert trace_figure(trace, "delta_logp").layout.yaxis.title.text == "Log-prob loss (base − reasoner) [nats]"
     assert hover_data(trace, "delta_logp")["score_name"] == score_label("delta_logp")
 
 

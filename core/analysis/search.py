@@ -19,6 +19,7 @@ from core.annotate.spikes import spikes_or_top
 from core.errors import InvalidInputError
 from core.scoring.registry import check_score, score_values
 from core.trace import Trace
+from core.views.presentation import policy_text
 
 SEARCH_COLUMNS = ["key", "problem", "pos", "end", "match", "token", "score", "spike", "tag", "source", "correct",
                   "answer", "policy", "n_tokens"]
@@ -68,7 +69,8 @@ def trace_matches(trace: Trace, pattern: re.Pattern[str], *, score: str = settin
             "match": m.group(0), "token": trace.tokens[pos], "score": float(finite.max()) if finite.size else np.nan,
             "spike": bool(spiked[pos : end + 1].any()), "tag": tagged[0] if tagged else "",
             "source": str(trace.source[pos]), "correct": meta.get("correct"), "answer": meta.get("answer"),
-            "policy": (meta.get("policy") or {}).get("name") or meta.get("kind"), "n_tokens": n,
+            "policy": policy_text((meta.get("policy") or {}).get("name"), meta.get("kind"), meta.get("parent")),
+            "n_tokens": n,
         })  # fmt: skip
     return rows
 

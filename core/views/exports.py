@@ -310,7 +310,7 @@ def export(
     path = Path(path)
     if format is None and not path.suffix:
         raise InvalidInputError(f"Cannot tell the export format from {str(path)!r} (no suffix): name a "
-                                f"{' / '.join('.' + f for f in FORMATS)} file, or give format= (CLI: --format)")
+                                f"{' / '.join('.' + f for f in FORMATS)} file, or give format=")
     fmt = check_format(format if format is not None else path.suffix.lstrip(".").lower())
     if not traces:
         raise InvalidInputError("No traces to export")
