@@ -567,3 +567,23 @@ def test_a_compare_link_is_checked_against_the_open_trace(env):
     assert any("Branch at token #2" in t for t in _texts(far.markdown))
     assert any("Shared prefix: 2 tokens" in t for t in _texts(far.caption))
     assert far.session_state["compare"]["pos"] == 2
+
+
+def test_compare_starts_on_the_open_trace_and_an_error_clears_the_last_result(env):
+    """Issue 22 defect 7: Compare preselected the newest trace, and a new error kept the old result on screen."""
+    at = env.start().run()
+    key = at.session_state["trace_key"]
+    newest = TraceStore(env.store).summaries().sort_values("created").iloc[-1]["key"]
+    at.session_state["trace_key"] = key
+    at.switch_page("screens/compare.py").run()
+    _ok(at)
+    assert at.selectbox(key="cmp_key").value == key, (key, newest)
+    at.button(key="cmp_go").click().run()
+    _ok(at)
+    assert any("Top-k at token" in str(h.value) for h in at.subheader)
+    # defect 8: the base against itself is tinted under cross-entropy: the page says why (not a disagreement)
+    assert any("base entropy" in str(c.value) and "not a disagreement" in str(c.value) for c in at.caption)
+    at.text_area(key="cmp_sources").input("/no/such/model").run()
+    at.checkbox(key="cmp_self").uncheck().run()
+    at.button(key="cmp_go").click().run()
+    assert at.error and not any("Top-k at token" in str(h.value) for h in at.subheader)

@@ -494,3 +494,17 @@ def test_unknown_model_type_mentions_trust_remote_code(tmp_path, tiny_dirs):
     (model / "config.json").write_text(json.dumps({**config, "model_type": "foobarnet"}))
     code, out = cli("score", "--base", str(model), "--reason", str(model), "--prompt", "x", "--response", "y")
     assert code == 1 and "foobarnet" in out and "--trust-remote-code" in out
+
+
+def test_a_context_overrun_is_said_once_per_pair(qwen_pair, monkeypatch, caplog):
+    """Issue 22: a few minutes of the demo app logged 124 identical "exceeds the context" warnings."""
+    import logging
+
+    for side in ("base", "reason"):
+        monkeypatch.setattr(qwen_pair.model(side).config, "max_position_embeddings", 40)
+    monkeypatch.setattr(qwen_pair, "_context_warned", set(), raising=False)
+    with caplog.at_level(logging.WARNING, logger="core.pair.loading"):
+        for prompt in ("what is 2+2?", "what is 3+3?", "what is 4+4?"):
+            qwen_pair.check_context(qwen_pair.prompt_ids(prompt), 100)
+    said = [r for r in caplog.records if "exceeds" in r.getMessage() and r.levelno >= logging.WARNING]
+    assert len(said) == 2 and {"base", "reason"} == {r.args[2] for r in said}  # one per model
