@@ -25,7 +25,7 @@ from core.evaluation.grading import graded_put
 from core.io.notes import notes_stamp
 from core.scoring.registry import METRICS, metric_label, score_label, score_values
 from core.trace import SIDES, Trace
-from core.views.heatmap import heatmap_css, legend_html, value_range
+from core.views.heatmap import grapheme_start, heatmap_css, legend_html, value_range
 from core.views.presentation import (
     PAGE_TOKENS,
     fmt_num,
@@ -406,6 +406,12 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
     m = trace.metrics
     st.markdown(f"**Token #{sel}** · emitted by **{trace.source[sel]}**")
     st.code(repr(trace.tokens[sel]), language=None)
+    first = grapheme_start(trace.tokens, sel)
+    if first != sel:
+        st.warning(f"Token #{sel} is a byte piece of a character that starts at token #{first}: a takeover here keeps "
+                   "the earlier piece(s), so the branch starts mid-character (drawn as �).")
+        st.button(f"Select #{first}, the character's first token", key="sel_grapheme_start",
+                  on_click=lambda: st.session_state.update(sel_pos=first))
     # a table, not st.metric boxes: the narrow column cut values such as 1.08e-05 to "1.08…"
     shown = {score_label(ctx.settings.score): score_values(m, ctx.settings.score)[sel],
              metric_label("entropy_base"): m["entropy_base"][sel],

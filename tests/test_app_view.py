@@ -277,7 +277,6 @@ def test_token_diff_aligns_equal_tokens_and_reports_deltas():
 
 
 def test_branch_label_names_the_forced_token():
-    from core.trace import Trace
     from core.views.presentation import branch_token_text
 
     trace = make_trace(8, seed=3)

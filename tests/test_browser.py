@@ -160,3 +160,30 @@ def test_copied_link_reopens_the_view(app_url, page):
     page.locator('.fp-scroll [data-pos="1"].sel').wait_for()  # the component marks the linked token
     assert page.locator(".fp-scroll .tok.sel").count() == 1
 
+
+
+def test_arabic_stays_joined_across_token_spans(tmp_path):
+    """Issue 22 defect 9: Arabic letters drew unjoined in the heatmap while the prompt header shaped them. An
+    empty byte piece (padded to stay clickable) sat between two letters; joined text is as wide as plain text."""
+    require_chromium()
+    import numpy as np
+
+    from core.trace import Trace
+    from core.views.heatmap import heatmap_css, tokens_html
+    from tests.fakes import make_trace
+
+    tokens = ["مر", "", "حب", "ا", " بال", "", "عا", "لم", " الج", "", "ميل"]
+    base = make_trace(len(tokens), seed=1)
+    trace = Trace(token_ids=base.token_ids, tokens=tokens, prompt_ids=base.prompt_ids, metrics=base.metrics,
+                  topk=base.topk, source=np.array(["base"] * len(tokens), dtype=object), meta=base.meta)
+    page_file = tmp_path / "arabic.html"
+    page_file.write_text(
+        f"<html><head><meta charset=utf-8><style>{heatmap_css()}</style></head><body>"
+        f"<div id=a style='display:inline-block'>{tokens_html(trace, tips=False, css_tips=False, spikes=[])}</div><br>"
+        f"<div id=b class=fp-heatmap style='display:inline-block'>{''.join(tokens)}</div></body></html>", encoding="utf-8")
+    with chromium_page(tmp_path / "profile", viewport={"width": 900, "height": 300}) as page:
+        page.goto(page_file.as_uri())
+        heat = page.evaluate("document.querySelector('#a .fp-heatmap').getBoundingClientRect().width")
+        plain = page.evaluate("document.getElementById('b').getBoundingClientRect().width")
+        page.screenshot(path=str(OUT / "arabic.png"))
+    assert abs(heat - plain) < 1.0, (heat, plain)

@@ -323,3 +323,11 @@ def test_notes_are_marked_on_their_tokens_with_the_text_on_hover():
     page = tail(trace, 3, 8)  # a page of the trace keeps its notes, shifted
     assert sorted(i for i, s in enumerate(parse(tokens_html(page, tips=False)).spans)
                   if "note" in s["class"].split()) == [0, 4]
+
+
+def test_grapheme_start_points_a_byte_piece_at_its_characters_first_token():
+    """Issue 22 defect 6: a takeover at the second byte piece of an emoji starts the branch with "�"."""
+    from core.views.heatmap import grapheme_start
+
+    tokens = [" a", "", "", "😀", " b", "👍", "🏽", " c"]  # 😀 in three byte pieces; 👍🏽 one grapheme of two tokens
+    assert [grapheme_start(tokens, i) for i in range(len(tokens))] == [0, 1, 1, 1, 4, 5, 5, 7]

@@ -23,6 +23,9 @@ from core.scoring.registry import DEFAULT_SCORE, score_label, score_values
 from core.trace import Trace, note_column
 from core.views.presentation import fmt_num, fmt_prob
 
+# Scripts whose letters join (Arabic, Syriac, Thaana, N'Ko, Mongolian, Arabic presentation forms): an empty byte
+# piece drawn with inline padding sits between two letters and Chromium shapes them apart (issue 22, defect 9).
+_JOINING = re.compile("[\u0600-\u08ff\u1800-\u18af\ufb50-\ufdff\ufe70-\ufeff]")
 SCALES = ("linear", "log", "rank", "rank_shift")  # rank_shift: categorical colours (core/annotate/rank_shift.py), not the score
 # White -> yellow -> orange -> red; dark enough at the top to see, light enough for black text.
 _STOPS = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
@@ -51,6 +54,7 @@ HEATMAP_CSS = """
 .fp-heatmap .tok.empty { padding: 1px 2px; }
 .fp-heatmap .gph { white-space: nowrap; }
 .fp-heatmap .gph .tok.empty { padding: 1px 1px; }
+.fp-heatmap .gph.join .tok.empty { padding: 1px 0; }
 .fp-heatmap .tok.tag { border-bottom: 3px solid var(--tag); }
 .fp-heatmap .tok.spike { outline: 2px solid #7c3aed; outline-offset: -1px; }
 .fp-heatmap .tok.sel { box-shadow: 0 0 0 3px #2563eb; }
@@ -171,6 +175,12 @@ def grapheme_groups(tokens: Sequence[str]) -> list[int]:
         offset += len(tok)
         prev_empty = tok == ""
     return out
+
+
+def grapheme_start(tokens: Sequence[str], pos: int) -> int:
+    """The first token of the character (grapheme) that token `pos` helps draw: `pos` itself unless it is a later
+    byte piece of one; a takeover there would keep the earlier pieces and start the branch mid-character."""
+    return grapheme_groups(tokens)[pos]
 
 
 def tag_colour(tag: str | None) -> str | None:
@@ -369,8 +379,10 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
                 f'<div class="seg-label">{label}</div>'
             )
         grouped = (i + 1 < n and groups[i + 1] == groups[i]) or groups[i] != i
-        if grouped and groups[i] == i:
-            parts.append('<span class="gph">')
+        if grouped and groups[i] == i:  # inline padding between pieces would break a joining script's shaping
+            end = next((j for j in range(i + 1, n) if groups[j] != i), n)
+            joins = _JOINING.search("".join(trace.tokens[i:end])) is not None
+            parts.append('<span class="gph join">' if joins else '<span class="gph">')
         text = texts[i]
         classes = ["tok"]
         style = f"background:{colours[i]}"
