@@ -587,3 +587,4 @@ def test_compare_starts_on_the_open_trace_and_an_error_clears_the_last_result(en
     at.checkbox(key="cmp_self").uncheck().run()
     at.button(key="cmp_go").click().run()
     assert at.error and not any("Top-k at token" in str(h.value) for h in at.subheader)
+

@@ -356,8 +356,6 @@ def test_graph_columns_notes_and_search(server, page):
     _no_error(page, "search", log)
     _shot(page, "search")
     _click_first_grid_row(page, "search_table")
-    page.wait_for_timeout(6000)
-    page.screenshot(path=str(OUT / "search_hit_debug.png"), full_page=True)
     _wait_trace(page)
     assert re.search(r"pos=\d+", page.url), page.url
     _no_error(page, "search hit", log)
