@@ -97,6 +97,7 @@ def measure(repeat: int) -> dict[str, list[float]]:
             with chromium_page(Path(tmp) / "profile", {"width": 1440, "height": 1600}) as page:
                 page.goto(url)
                 page.locator(TOKENS).first.wait_for(timeout=300_000)  # the first view makes the demo traces
+                page.wait_for_function("() => location.search.includes('trace=')", timeout=120_000)
                 _idle(page)
                 link = page.url
                 for i in range(repeat + 1):

@@ -588,3 +588,12 @@ def test_compare_starts_on_the_open_trace_and_an_error_clears_the_last_result(en
     at.button(key="cmp_go").click().run()
     assert at.error and not any("Top-k at token" in str(h.value) for h in at.subheader)
 
+
+
+def test_an_unknown_problem_in_the_url_reads_without_backslashes(env):
+    """Issue 22 defect 10: `?problem=` errors showed backslash escapes (the id was escaped twice)."""
+    at = _opened(env, problem="no-such.problem[1]")
+    assert not at.exception
+    shown = _texts(at.error)  # what the reader sees: one level of Markdown escapes removed
+    assert any("No problem 'no-such.problem[1]' in the problem set" in t for t in shown), shown
+    assert not any("\\" in t for t in shown), shown

@@ -65,6 +65,7 @@ def test_generate_ls_export_analyze(env):
     assert pd.read_csv(env["tmp"] / "all.csv")["trace_key"].nunique() == len(PROBLEMS)
     bare = CliRunner().invoke(main, ["export", "--store", env["store"], "--out", str(env["tmp"] / "all")])
     assert bare.exit_code != 0 and "Cannot tell the export format" in bare.output and "--format" in bare.output
+    assert "format=" not in bare.output  # the CLI's own word for it (issue 22: "give format= (CLI: --format)")
     again = CliRunner().invoke(main, ["export", "--store", env["store"], "--out", str(out)])
     assert again.exit_code != 0 and "--overwrite" in again.output and "Traceback" not in again.output
 
