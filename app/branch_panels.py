@@ -71,7 +71,8 @@ def compared(ctx: Context, trace: Trace) -> list[Trace]:
             child = resources.view_trace(s.store_path, str(job["child"]), s.score, s.rule.key(), s.rule)
         except ForkpointError:
             child = None
-        if child is None or child.meta.get("parent") != trace.key:
+        # a real branch of the open trace, or the open trace itself (a takeover where the reasoner already wrote)
+        if child is None or (child.meta.get("parent") != trace.key and child.key != trace.key):
             st.warning(f"{md_code(str(job['child'])[:16])} is not a branch of the open trace, so there is nothing to "
                        "compare it with here; the comparison was closed.")
             ss["compare"] = None

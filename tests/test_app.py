@@ -597,3 +597,24 @@ def test_an_unknown_problem_in_the_url_reads_without_backslashes(env):
     shown = _texts(at.error)  # what the reader sees: one level of Markdown escapes removed
     assert any("No problem 'no-such.problem[1]' in the problem set" in t for t in shown), shown
     assert not any("\\" in t for t in shown), shown
+
+
+def test_a_takeover_where_the_reasoner_already_wrote_shows_the_comparison(env):
+    """Flip a token (the child opens), then "Reasoning model takes over here" at the same token: the branch is
+    the open trace itself. The comparison shows it (identical), never "not a branch of the open trace"."""
+    from core import load_pair
+    from core.decoding.takeover import flipped, set_switches
+
+    at = env.start().run()
+    store = TraceStore(env.store)
+    parent = store.get(at.session_state["trace_key"])
+    pos = next(i for i, s in enumerate(parent.source) if s == "base" and i > 0)
+    pair = load_pair(*env.argv[1:4:2], device="cpu")
+    child = set_switches(pair, parent, flipped(parent, pos), store=store)
+    store.put(child)
+    at = _opened(env, trace=child.key, pos=str(pos))
+    at.button(key="takeover_reason").click().run()
+    _ok(at)
+    assert not any("not a branch" in t for t in _texts(at.warning))
+    assert at.session_state["compare"] is not None
+    assert any(f"Branch at token #{pos}" in t for t in _texts(at.markdown)), _texts(at.markdown)

@@ -64,6 +64,8 @@ def test_hover_click_take_over_and_export(app_url, page):
     page.goto(url)
     tokens = page.locator(".fp-scroll [data-pos]")
     tokens.first.wait_for()
+    page.get_by_text("selects it", exact=True).first.click()  # this walk selects; a flip opens a child (the switchboard)
+    page.wait_for_timeout(1500)
     n = tokens.count()
     assert n > 5
     assert page.locator(".fp-scroll [data-pos].spike").count() >= 1  # spikes are outlined on the first view
@@ -162,10 +164,9 @@ def test_copied_link_reopens_the_view(app_url, page):
 
 
 
-def test_arabic_stays_joined_across_token_spans(tmp_path):
+def test_arabic_stays_joined_across_token_spans(page, tmp_path):
     """Issue 22 defect 9: Arabic letters drew unjoined in the heatmap while the prompt header shaped them. An
     empty byte piece (padded to stay clickable) sat between two letters; joined text is as wide as plain text."""
-    require_chromium()
     import numpy as np
 
     from core.trace import Trace
@@ -181,9 +182,12 @@ def test_arabic_stays_joined_across_token_spans(tmp_path):
         f"<html><head><meta charset=utf-8><style>{heatmap_css()}</style></head><body>"
         f"<div id=a style='display:inline-block'>{tokens_html(trace, tips=False, css_tips=False, spikes=[])}</div><br>"
         f"<div id=b class=fp-heatmap style='display:inline-block'>{''.join(tokens)}</div></body></html>", encoding="utf-8")
-    with chromium_page(tmp_path / "profile", viewport={"width": 900, "height": 300}) as page:
-        page.goto(page_file.as_uri())
-        heat = page.evaluate("document.querySelector('#a .fp-heatmap').getBoundingClientRect().width")
-        plain = page.evaluate("document.getElementById('b').getBoundingClientRect().width")
-        page.screenshot(path=str(OUT / "arabic.png"))
+    static = page.context.new_page()  # the module's browser (one sync Playwright per process)
+    try:
+        static.goto(page_file.as_uri())
+        heat = static.evaluate("document.querySelector('#a .fp-heatmap').getBoundingClientRect().width")
+        plain = static.evaluate("document.getElementById('b').getBoundingClientRect().width")
+        static.screenshot(path=str(OUT / "arabic.png"))
+    finally:
+        static.close()
     assert abs(heat - plain) < 1.0, (heat, plain)
