@@ -90,6 +90,9 @@ def init_state(argv: list[str] | None = None) -> AppConfig:
 
 
 KEPT_KEY = "_kept_widget_values"
+# the keys widgets own (only these are dropped by Streamlit; plain keys such as switch_job must stay popped)
+WIDGET_KEYS = ("store_path", "problems_path", "score", "scale", "crange", "prob_mode", "spike_kind", "spike_top_pct",
+               "gate_ratio", "gate_window", "click_mode", "sw_then")
 
 
 def keep_widget_values() -> None:
@@ -97,7 +100,7 @@ def keep_widget_values() -> None:
     drops widget keys; without this the store went back to ./forkpoint-store ("Trace … is not in the store")
     and the metric to its default."""
     ss = st.session_state
-    ss[KEPT_KEY] = {k: ss[k] for k in ("store_path", "problems_path", *DEFAULTS) if k in ss}
+    ss[KEPT_KEY] = {k: ss[k] for k in WIDGET_KEYS if k in ss}
 
 
 def _repair() -> None:

@@ -58,7 +58,7 @@ def header(trace: Trace, rule_text: str) -> None:
     takeovers = trace.n_takeovers
     cols = st.columns(5)
     cols[0].metric("Tokens", len(trace))
-    cols[1].metric("Policy", policy)
+    cols[1].metric("Policy", policy.split(" · ")[0], help=policy if " · " in policy else None)  # a box cuts long text
     cols[2].metric("Takeovers", takeovers)
     cols[3].metric(f"Spikes ({rule_text})", len(trace.spike_positions))
     cols[4].metric("Gold", md_escape(problem.get("gold"), 40) if problem.get("gold") is not None else "–")
