@@ -58,3 +58,53 @@ def trace_figure(trace: Trace, score: str, height: int = 260) -> go.Figure:
                             **nice_axis(entropy)}
     fig.update_layout(**layout)
     return fig
+
+
+OUTCOME_COLOURS = {True: "#16a34a", False: "#dc2626", None: "#9ca3af"}  # correct / wrong / ungraded
+
+
+def branch_graph_figure(nodes: list, labels: dict[str, str], open_key: str | None) -> go.Figure:
+    """The branch tree (core.views.branch_graph.graph_layout) as a graph: parent → child edges labelled with
+    what the child changed, node colour = outcome, the number in a node = its takeovers, a folded subtree a
+    square with "+n", the open trace ringed. Every node carries its key (customdata) for a click to open."""
+    at = {n.key: n for n in nodes}
+    ex, ey, mx, my, mtext, mtip = [], [], [], [], [], []
+    for n in nodes:
+        if n.parent in at:
+            p = at[n.parent]
+            ex += [p.depth, p.depth, n.depth, None]
+            ey += [p.row, n.row, n.row, None]  # an elbow: down from the parent, then across to the child
+            mx.append((p.depth + n.depth) / 2)
+            my.append(n.row)
+            label = labels.get(n.key, "")
+            mtext.append(label if len(label) <= 28 else label[:27] + "…")
+            mtip.append(label)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#cbd5e1", "width": 1.5}, hoverinfo="skip",
+                             showlegend=False))
+    fig.add_trace(go.Scatter(x=mx, y=my, mode="text", text=mtext, textposition="top center", hovertext=mtip,
+                             hoverinfo="text", textfont={"size": 11, "color": "#374151"}, showlegend=False))
+    for outcome, name in ((True, "correct"), (False, "wrong"), (None, "ungraded")):
+        group = [n for n in nodes if (n.correct if n.correct in (True, False) else None) is outcome]
+        if not group:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[n.depth for n in group], y=[n.row for n in group], mode="markers+text", name=name,
+            text=[f"+{n.folded}" if n.folded else str(n.n_takeovers) for n in group], textposition="middle center",
+            textfont={"size": 10, "color": "white"}, customdata=[n.key for n in group],
+            marker={"size": [26 if n.key == open_key else 20 for n in group], "color": OUTCOME_COLOURS[outcome],
+                    "symbol": ["square" if n.folded else "circle" for n in group],
+                    "line": {"width": [4 if n.key == open_key else 1 for n in group],
+                             "color": ["#f59e0b" if n.key == open_key else "white" for n in group]}},
+            hovertext=[f"{labels.get(n.key) or 'root'} · {n.n_tokens} tokens · {n.n_takeovers} takeovers"
+                       + (f" · {n.folded} traces folded under it" if n.folded else "")
+                       + (" · open" if n.key == open_key else "") + f" · {n.key[:8]}" for n in group],
+            hoverinfo="text"))  # fmt: skip
+    rows = max((n.row for n in nodes), default=0) + 1
+    depth = max((n.depth for n in nodes), default=0)
+    fig.update_layout(
+        height=int(min(900, 80 + 34 * rows)), margin={"l": 10, "r": 10, "t": 30, "b": 10}, template="plotly_white",
+        legend={"orientation": "h", "y": 1.08, "x": 0}, clickmode="event+select", dragmode=False,
+        xaxis={"visible": False, "range": [-0.4, depth + 0.6]},
+        yaxis={"visible": False, "autorange": "reversed"})
+    return fig

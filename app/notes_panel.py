@@ -38,8 +38,8 @@ def trace_notes_panel(store, trace: Trace, selected: int | None) -> None:
             if c1.button(_where(note), key=f"note_go_{note.id}", help="select this token"):
                 st.session_state["sel_pos"] = note.start
                 st.rerun()
-            c2.markdown(("🔖 " if note.bookmark else "") + (note.text.replace("\n", "  \n") or "*bookmark*"),
-                        unsafe_allow_html=False)
+            # plain text: a note's Markdown (an image, a link) would make every visit fetch an outside URL
+            c2.text(("🔖 " if note.bookmark else "") + (note.text or "(bookmark)"))
             if c3.button("✕", key=f"note_del_{note.id}", help="delete this note"):
                 nt.delete_note(store, trace.key, note.id)
                 st.rerun()

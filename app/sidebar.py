@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import streamlit as st
 
 import core
-from app import resources
+from app import resources, state
 from app.config import PairChoice
 from app.state import DEFAULTS
 from app.view import PROB_MODES, RANGE_LABELS, RANGES, SpikeRule, md_escape
@@ -129,6 +129,7 @@ def sidebar() -> tuple[Settings, core.ModelPair | None]:
                  format_func={"prob": "p", "logprob": "log p (nats)"}.get)
         path = resources.store_path(ss["store_path"] or None)
         rule = _rule(path, ss["score"], pair)
+    state.keep_widget_values()
     return Settings(store_path=path, problems_path=ss["problems_path"].strip() or None, score=ss["score"],
                     scale=ss["scale"], rule=rule, pair_spec=ss["pair_spec"], crange=ss["crange"],
                     prob_mode=ss["prob_mode"]), pair

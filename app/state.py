@@ -77,15 +77,30 @@ def init_state(argv: list[str] | None = None) -> AppConfig:
         ss.setdefault("pair_spec", config.pair)
         ss.setdefault("store_path", config.store or "")
         ss.setdefault("problems_path", config.problems or "")
+    kept = ss.get(KEPT_KEY) or {}  # the last run's widget values: a dropped key comes back as the user left it
     for name in ("store_path", "problems_path"):  # text widgets: their keys vanish like the others
-        ss.setdefault(name, "")
+        ss.setdefault(name, kept.get(name, ""))
     ss.setdefault("pair_spec", ss["config"].pair)
     for name, value in DEFAULTS.items():
-        ss.setdefault(name, value)
+        ss.setdefault(name, kept.get(name, value))
     if first:
         read_query_params()
     _repair()
     return ss["config"]
+
+
+KEPT_KEY = "_kept_widget_values"
+# the keys widgets own (only these are dropped by Streamlit; plain keys such as switch_job must stay popped)
+WIDGET_KEYS = ("store_path", "problems_path", "score", "scale", "crange", "prob_mode", "spike_kind", "spike_top_pct",
+               "gate_ratio", "gate_window", "click_mode", "sw_then")
+
+
+def keep_widget_values() -> None:
+    """Remember the sidebar's widget values in a key no widget owns. A page switch from a selection callback
+    drops widget keys; without this the store went back to ./forkpoint-store ("Trace … is not in the store")
+    and the metric to its default."""
+    ss = st.session_state
+    ss[KEPT_KEY] = {k: ss[k] for k in WIDGET_KEYS if k in ss}
 
 
 def _repair() -> None:

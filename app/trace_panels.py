@@ -3,12 +3,11 @@ comparison, branch tree, and the queued-branch runner with progress and cancel."
 
 from __future__ import annotations
 
-import html
-
 import pandas as pd
 import streamlit as st
 
 from app import actions, resources, state
+from app.branch_panels import compare_panel, compared, graph_panel
 from app.components.token_view import token_view
 from app.context import Context, get_context
 from app.figures import trace_figure
@@ -26,32 +25,23 @@ from app.switchboard import (
 from app.view import md_code, md_escape
 from core.analysis.tables import first_token_artifact
 from core.errors import ForkpointError
+from core.io.notes import notes_stamp
 from core.scoring.registry import METRICS, metric_label, score_label, score_values
 from core.trace import SIDES, Trace
-from core.views.heatmap import heatmap_css, legend_html, tokens_html, value_range
+from core.views.heatmap import grapheme_start, heatmap_css, legend_html, value_range
 from core.views.presentation import (
     PAGE_TOKENS,
-    branch_token_text,
-    first_difference,
     fmt_num,
     fmt_prob,
     page_bounds,
+    policy_text,
     prob_at,
     switch_text,
-    tail,
     takeover_choices,
-    token_diff,
-    tree_label,
-    tree_rows,
 )
 
 VOCAB_MATCHES = 50  # most vocabulary matches offered by the force-a-token search
 
-COMPARE_CSS = """
-.fp-compare-head { font: 600 13px system-ui, sans-serif; margin: 0 0 4px; }
-.fp-compare .fp-heatmap .tok.sel { box-shadow: 0 0 0 3px #f59e0b; }
-.fp-compare { max-height: 420px; overflow-y: auto; border: 1px solid #e5e7eb; border-radius: 6px; padding: 6px 8px; }
-"""
 
 
 def _grade_text(trace: Trace) -> str:
@@ -66,14 +56,14 @@ def header(trace: Trace, rule_text: str) -> None:
     problem = trace.meta.get("problem") or {}
     st.markdown(f"#### Problem {md_code(problem.get('id') or '(ad hoc)')}")
     st.text(problem.get("prompt") or "")
-    policy = (trace.meta.get("policy") or {}).get("name") or trace.meta.get("kind") or "?"
+    policy = policy_text((trace.meta.get("policy") or {}).get("name"), trace.meta.get("kind"), trace.meta.get("parent"))
     switched = len(trace.meta.get("switches") or {})
     if switched:
         policy += f" ⇄{switched}"  # the policy decides everywhere but at the switched positions
     takeovers = trace.n_takeovers
     cols = st.columns(5)
     cols[0].metric("Tokens", len(trace))
-    cols[1].metric("Policy", policy)
+    cols[1].metric("Policy", policy.split(" · ")[0], help=policy if " · " in policy else None)  # a box cuts long text
     cols[2].metric("Takeovers", takeovers)
     cols[3].metric(f"Spikes ({rule_text})", len(trace.spike_positions))
     cols[4].metric("Gold", md_escape(problem.get("gold"), 40) if problem.get("gold") is not None else "–")
@@ -104,16 +94,11 @@ def colour_range(ctx: Context, trace: Trace) -> tuple[float | None, float | None
     """(vmin, vmax, what the range is, cache tag) for the main view: with a branch comparison open, the
     range of both traces (so a token has one colour in both views); else the range the sidebar asks for."""
     s = ctx.settings
-    job = st.session_state.get("compare")
     values = score_values(trace.metrics, s.score)
-    if job and job.get("parent") == trace.key:
-        try:
-            child = resources.load_trace(s.store_path, job["child"])
-        except ForkpointError:
-            child = None
-        if child is not None:
-            lo, hi = value_range(values, score_values(child.metrics, s.score))
-            return lo, hi, "shared with the branch comparison", f"cmp:{child.key}"
+    others = compared(ctx, trace)
+    if others:
+        lo, hi = value_range(values, *(score_values(t.metrics, s.score) for t in others))
+        return lo, hi, "shared with the traces side by side", "cmp:" + ",".join(t.key for t in others)
     if s.crange == "pair" and METRICS[s.score].sign < 0:  # −Δlog p goes below 0: no fixed 0..max range
         lo, hi = value_range(values)
         return lo, hi, "this trace's own range (a fixed range needs a score that is never negative)", "trace"
@@ -155,7 +140,7 @@ def trace_panel(rule_text: str) -> None:
             sel = ss["sel_pos"] = None
         start, end = _page(len(trace), sel)
         data = resources.render_data(s.store_path, key, s.score, s.scale, s.rule.key(), _pair_tag(ctx), s.rule,
-                                     ctx.pair, lo, hi, tag, reference, start, end)
+                                     ctx.pair, lo, hi, tag, reference, start, end, notes_stamp(s.store_path, [key]))
     except ForkpointError as err:
         st.error(md_escape(err, 400))
         return
@@ -178,14 +163,14 @@ def trace_panel(rule_text: str) -> None:
     with view_slot.container():
         token_view(data, selected=sel, key=VIEW_KEY, on_click=on_click, prob_mode=s.prob_mode)
     with left:
+        compare_panel(ctx, trace, lo, hi, reference)  # right under the text, where the eye is
         plot_key = _plot_key(trace, s.score)
         st.plotly_chart(trace_figure(trace, s.score), key=plot_key, on_select=lambda: _on_plot(plot_key),
                         selection_mode="points", config={"displayModeBar": False})
     with right:
         switch_list(trace)
         selection_panel(ctx, trace, sel)
-    compare_panel(ctx, trace, lo, hi, reference)
-    tree_panel(ctx, trace)
+    graph_panel(ctx, trace)
     trace_notes_panel(ctx.store, trace, sel)  # notes and bookmarks (app/notes_panel.py)
     trace_instruments(ctx, trace)  # takeover effects, success curve, lens (app/instruments_panels.py)
     state.write_query_params()
@@ -212,10 +197,8 @@ def _reference(ctx: Context, trace: Trace):
     """Both traces' scores pooled: the rank scale's reference while a comparison is open."""
     import numpy as np
 
-    job = st.session_state.get("compare") or {}
-    child = resources.load_trace(ctx.settings.store_path, job["child"])
     return tuple(np.concatenate([np.asarray(score_values(t.metrics, ctx.settings.score), dtype=float)
-                                 for t in (trace, child)]).tolist())
+                                 for t in (trace, *compared(ctx, trace))]).tolist())
 
 
 def _pair_tag(ctx: Context) -> str:
@@ -246,6 +229,12 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
     m = trace.metrics
     st.markdown(f"**Token #{sel}** · emitted by **{trace.source[sel]}**")
     st.code(repr(trace.tokens[sel]), language=None)
+    first = grapheme_start(trace.tokens, sel)
+    if first != sel:
+        st.warning(f"Token #{sel} is a byte piece of a character that starts at token #{first}: a takeover here keeps "
+                   "the earlier piece(s), so the branch starts mid-character (drawn as �).")
+        st.button(f"Select #{first}, the character's first token", key="sel_grapheme_start",
+                  on_click=lambda: st.session_state.update(sel_pos=first))
     # a table, not st.metric boxes: the narrow column cut values such as 1.08e-05 to "1.08…"
     shown = {score_label(ctx.settings.score): score_values(m, ctx.settings.score)[sel],
              metric_label("entropy_base"): m["entropy_base"][sel],
@@ -304,7 +293,7 @@ def _force_any(ctx: Context, trace: Trace, sel: int, max_new: int, sampling: dic
             if not matches:
                 st.caption(f"No token contains {md_code(query)}.")
             else:
-                tok = st.selectbox(f"{len(matches)} matching tokens", [i for i, _ in matches], key="vocab_pick",
+                tok = st.selectbox(f"{len(matches)} matching token{'s' if len(matches) != 1 else ''}", [i for i, _ in matches], key="vocab_pick",
                                    format_func=lambda i: f"{dict(matches)[i]!r} (id {i}) · "
                                                          f"{_both(trace, sel, i, ctx.settings.prob_mode)}")
                 if st.button("Branch with this vocabulary token", key="takeover_vocab", width="stretch"):
@@ -368,83 +357,3 @@ def run_pending(ctx: Context) -> None:
     ss["sel_pos"] = job["pos"]
     slot.empty()
     state.notice("success", f"Branch stored ({len(child)} tokens, {_grade_text(child)}).")
-
-
-def _html_block(trace: Trace, side: str, start: int, diff: int | None, score: str, scale: str,
-                lo: float | None, hi: float | None, reference) -> str:
-    part = tail(trace, start)
-    body = tokens_html(part, score=score, scale=scale, vmin=lo, vmax=hi, reference=reference, offset=start,
-                       selected=None if diff is None else diff - start, tips=False, css_tips=False)
-    return (f'<div class="fp-compare" data-side="{html.escape(side)}" data-key="{html.escape(str(trace.key))}">'
-            f"{body}</div>")
-
-
-def compare_panel(ctx: Context, trace: Trace, lo: float | None, hi: float | None, reference=None) -> None:
-    """The last branch of this trace beside the original, from the branch point, first difference ringed,
-    both coloured on the main view's range (one legend), and a token-aligned diff with score deltas."""
-    job = st.session_state.get("compare")
-    if not job or job.get("parent") != trace.key:
-        return
-    s = ctx.settings
-    try:
-        child = resources.view_trace(s.store_path, job["child"], s.score, s.rule.key(), s.rule)
-    except ForkpointError as err:
-        st.error(md_escape(err, 400))
-        return
-    pos = int(job["pos"])
-    diff = first_difference(trace, child, pos)
-    what = branch_token_text(child, resources.decoder(ctx.pair, child))
-    st.markdown(f"#### Branch at token #{pos}" + (f" · {md_code(what)}" if what else ""))
-    st.caption(f"Shared prefix: {pos} tokens. " + ("The continuations are identical." if diff is None else
-               f"First difference at #{diff} (ringed)."))
-    st.html(f"<style>{heatmap_css()}</style>" + legend_html(
-        list(trace.annotations.get("tags") or []) + list(child.annotations.get("tags") or []), score=s.score,
-        vmin=lo, vmax=hi, scale=s.scale, spike_rule=s.rule.describe(), range_note="one range for both sides"))
-    with st.expander("Shared prefix", expanded=False):
-        st.text("".join(trace.tokens[:pos]))
-    cols = st.columns(2)
-    for col, t, side in ((cols[0], trace, "original"), (cols[1], child, "branch")):
-        with col:
-            st.markdown(f"**{side.capitalize()}** · {len(t)} tokens · {_grade_text(t)}")
-            st.html(f"<style>{heatmap_css()}{COMPARE_CSS}</style>"
-                    f"{_html_block(t, side, pos, diff, s.score, s.scale, lo, hi, reference)}")
-    with st.expander("Token-aligned diff with score deltas", expanded=False):
-        table = token_diff(trace, child, pos, s.score)
-        st.caption(f"Aligned on equal tokens (difflib); delta = branch − original {score_label(s.score)}.")
-        st.dataframe(table, hide_index=True, width="stretch", key="diff_table",
-                     column_config={c: st.column_config.NumberColumn(format="%.4f")
-                                    for c in ("score_original", "score_branch", "delta")})
-    if st.button("Open the branch", key="open_branch"):
-        state.open_trace(child.key, (child.meta.get("problem") or {}).get("id"), pos)
-        st.rerun()
-
-
-def tree_panel(ctx: Context, trace: Trace) -> None:
-    """The branch tree holding this trace; choosing a node opens it."""
-    try:
-        tree = ctx.store.tree(trace.key)
-    except ForkpointError:
-        return
-    rows = tree_rows(tree)
-    if len(rows) < 2:
-        return
-    keys = [node["key"] for _, node in rows]
-    labels = {node["key"]: tree_label(depth, node, _branch_what(ctx, node)) for depth, node in rows}
-    with st.expander(f"Branch tree ({len(rows)} traces)", expanded=True):
-        chosen = st.radio("Open", keys, index=keys.index(trace.key) if trace.key in keys else 0,
-                          format_func=lambda k: md_escape(labels[k], 300) + ("  ← open" if k == trace.key else ""),
-                          key=f"tree_{trace.key}", label_visibility="collapsed")
-    if chosen != trace.key:
-        state.open_trace(chosen, (trace.meta.get("problem") or {}).get("id"))
-        st.rerun()
-
-
-def _branch_what(ctx: Context, node: dict) -> str:
-    """What a branch node put at its branch position ("forced ' x'"), so siblings are told apart."""
-    if node.get("branch_pos") is None:
-        return ""
-    try:
-        child = resources.load_trace(ctx.settings.store_path, node["key"])
-    except ForkpointError:
-        return ""
-    return branch_token_text(child, resources.decoder(ctx.pair, child))

@@ -21,6 +21,7 @@ from core.evaluation.problems import Problem
 from core.scoring.registry import DEFAULT_SCORE, SCORES
 from core.trace import Trace
 from core.views.exports import annotated
+from core.views.presentation import policy_text
 
 PROB_MODES = ("prob", "logprob")  # how probabilities are shown
 RANGES = ("trace", "pair")  # colour range: each trace's own min..max, or one range over the pair's stored traces
@@ -40,7 +41,10 @@ def md_escape(value: object, limit: int = 200) -> str:
 
 def md_code(value: object, limit: int = 80) -> str:
     """Any text as a Markdown inline-code span (shown literally: no links, images or emphasis)."""
-    text = " ".join(str(value).split()).replace("`", "ʼ")
+    raw = str(value)
+    text = " ".join(raw.split()).replace("`", "ʼ")
+    if not text and raw:  # a space or newline token: show it, never "(empty)"
+        text = repr(raw)
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     return f"`{text}`" if text else "`(empty)`"
@@ -103,6 +107,13 @@ TABLE_COLUMNS = ["problem", "prompt", "pair", "policy", "kind", "n_tokens", "max
                  "takeovers", "rho", "correct", "branch_pos", "created", "key"]  # fmt: skip
 
 
+def _policy_names(summaries: pd.DataFrame) -> pd.Series:
+    """The policy column as the Trace page names it: the policy, else the trace's kind (an import has none)."""
+    parents = summaries["parent"] if "parent" in summaries else [None] * len(summaries)
+    return pd.Series([policy_text(p, k, par) for p, k, par in zip(summaries["policy"], summaries["kind"], parents)],
+                     index=summaries.index, dtype="object")
+
+
 def trace_table(summaries: pd.DataFrame, score: str = DEFAULT_SCORE, rule: SpikeRule | None = None) -> pd.DataFrame:
     """The Problems page table: one row per stored trace with the chosen score's max and top-100 mean."""
     if score not in SCORES:
@@ -114,7 +125,7 @@ def trace_table(summaries: pd.DataFrame, score: str = DEFAULT_SCORE, rule: Spike
         "problem": summaries["problem"].astype("string"),
         "prompt": summaries["prompt"].astype("string"),
         "pair": summaries["pair"],
-        "policy": summaries["policy"],
+        "policy": _policy_names(summaries),
         "kind": summaries["kind"],
         "n_tokens": summaries["n_tokens"].astype("Int64"),
         "max": pd.to_numeric(summaries[f"max_{score}"], errors="coerce"),

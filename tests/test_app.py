@@ -90,9 +90,20 @@ def test_select_token_take_over_and_see_the_branch(env):
     at.button(key="open_branch").click().run()
     _ok(at)
     assert at.session_state["trace_key"] == job["child"]
-    tree = next(r for r in at.radio if r.key and r.key.startswith("tree_"))  # the branch tree lists both
-    shown = [re.sub(r"\\(.)", r"\1", o) for o in tree.options]  # labels are Markdown with punctuation escaped
-    assert len(shown) == 2 and "⇄ #2 reasoner '" in shown[1] and "← open" in shown[1]
+    # the branch tree is a graph: both traces are nodes, the open one ringed, the edge names the switch
+    import json as _json
+
+    figs = [_json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    fig = next(f for f in figs if any(d.get("name") in ("correct", "wrong", "ungraded") for d in f["data"]))
+    nodes = [k for d in fig["data"] if d.get("customdata") for k in d["customdata"]]
+    assert sorted(nodes) == sorted([parent, job["child"]])
+    edge_text = [t for d in fig["data"] if d.get("mode") == "text" for t in d.get("hovertext", [])]
+    assert any(t.startswith("⇄ #2 reasoner '") for t in edge_text), edge_text
+    ringed = [k for d in fig["data"] if d.get("customdata")
+              for k, w in zip(d["customdata"], d["marker"]["line"]["width"]) if w == 4]
+    assert ringed == [job["child"]]
+    side = at.multiselect(key=f"cmp_pick_{job['child']}")
+    assert side.options and "⇄ #2 reasoner" not in side.options[0]  # the root: no switch
 
 
 def test_force_a_token_from_the_top_k(env):
@@ -155,9 +166,33 @@ def test_problems_page_lists_traces_and_problems(env):
     traces, problems = at.dataframe[0].value, at.dataframe[1].value
     assert len(traces) == 2 and at.session_state["trace_key"] in set(traces["key"])
     assert list(problems["id"]) == ["p1", "p2"] and list(problems["traces"]) == [1, 1]
-    assert list(problems["share correct"]) == [0.0, 0.0]
+    assert list(problems["share correct"]) == ["0.00", "0.00"]  # text: an ungraded problem shows "–", never None
     at.text_input(key="pf_text").input("no such problem").run()
     assert len(at.dataframe[0].value) == 0
+
+
+def test_search_opens_a_hit_at_its_token_and_filters_the_traces_table(env):
+    """Problems → Search: every match with its score and spike; the filter keeps the traces where it spikes
+    (choosing a row opens the trace at the token: tests/test_journeys.py clicks it in a browser)."""
+    from core.analysis.search import search_store
+
+    at = env.start().run()
+    store = TraceStore(env.store)
+    first = store.get(at.session_state["trace_key"])
+    needle = first.tokens[len(first) // 2]
+    at.switch_page("screens/problems.py").run()
+    at.text_input(key="search_pattern").input(needle).run()
+    _ok(at)
+    expect = search_store(store, needle)
+    table = next(d.value for d in at.dataframe if "match" in d.value.columns)
+    assert len(table) == len(expect) and list(table["pos"]) == list(expect["pos"])
+    spiking = list(dict.fromkeys(expect.loc[expect["spike"], "key"]))
+    if spiking:
+        at.button(key="search_filter_btn").click().run()
+        _ok(at)
+        assert set(at.dataframe[0].value["key"]) == set(spiking)
+        at.button(key="search_filter_clear").click().run()
+        assert len(at.dataframe[0].value) == len(store.keys())
 
 
 def _run_entropy_gated(at: AppTest, n: int, threshold: float) -> None:
@@ -587,3 +622,75 @@ def test_a_top_k_alternative_click_forces_that_token(env):
     _ok(at)
     child = TraceStore(env.store).get(at.session_state["trace_key"])
     assert int(child.token_ids[3]) == alt and child.source[3] == "forced"
+
+
+def test_a_compare_link_is_checked_against_the_open_trace(env):
+    """Issue 22 defect 3: `compare=` named an unrelated trace "Branch at token #5", and `@999999` read "Shared
+    prefix: 999999 tokens". Only a real branch of the open trace is compared, at its own branch position."""
+    at = env.start().run()
+    key = at.session_state["trace_key"]
+    other = next(k for k in TraceStore(env.store).keys() if k != key)  # the other problem's root
+    bad = _opened(env, trace=key, compare=f"{other}@5")
+    assert not bad.exception
+    assert any("is not a branch of the open trace" in t for t in _texts(bad.warning))
+    assert not any("Branch at token" in t for t in _texts(bad.markdown)) and bad.session_state["compare"] is None
+    at.session_state["sel_pos"] = 2
+    at.run()
+    at.button(key="takeover_reason").click().run()
+    child = at.session_state["compare"]["child"]
+    far = _opened(env, trace=key, compare=f"{child}@999999")
+    _ok(far)
+    assert any("Branch at token #2" in t for t in _texts(far.markdown))
+    assert any("Shared prefix: 2 tokens" in t for t in _texts(far.caption))
+    assert far.session_state["compare"]["pos"] == 2
+
+
+def test_compare_starts_on_the_open_trace_and_an_error_clears_the_last_result(env):
+    """Issue 22 defect 7: Compare preselected the newest trace, and a new error kept the old result on screen."""
+    at = env.start().run()
+    key = at.session_state["trace_key"]
+    newest = TraceStore(env.store).summaries().sort_values("created").iloc[-1]["key"]
+    at.session_state["trace_key"] = key
+    at.switch_page("screens/compare.py").run()
+    _ok(at)
+    assert at.selectbox(key="cmp_key").value == key, (key, newest)
+    at.button(key="cmp_go").click().run()
+    _ok(at)
+    assert any("Top-k at token" in str(h.value) for h in at.subheader)
+    # defect 8: the base against itself is tinted under cross-entropy: the page says why (not a disagreement)
+    assert any("base entropy" in str(c.value) and "not a disagreement" in str(c.value) for c in at.caption)
+    at.text_area(key="cmp_sources").input("/no/such/model").run()
+    at.checkbox(key="cmp_self").uncheck().run()
+    at.button(key="cmp_go").click().run()
+    assert at.error and not any("Top-k at token" in str(h.value) for h in at.subheader)
+
+
+
+def test_an_unknown_problem_in_the_url_reads_without_backslashes(env):
+    """Issue 22 defect 10: `?problem=` errors showed backslash escapes (the id was escaped twice)."""
+    at = _opened(env, problem="no-such.problem[1]")
+    assert not at.exception
+    shown = _texts(at.error)  # what the reader sees: one level of Markdown escapes removed
+    assert any("No problem 'no-such.problem[1]' in the problem set" in t for t in shown), shown
+    assert not any("\\" in t for t in shown), shown
+
+
+def test_a_takeover_where_the_reasoner_already_wrote_shows_the_comparison(env):
+    """Flip a token (the child opens), then "Reasoning model takes over here" at the same token: the branch is
+    the open trace itself. The comparison shows it (identical), never "not a branch of the open trace"."""
+    from core import load_pair
+    from core.decoding.takeover import flipped, set_switches
+
+    at = env.start().run()
+    store = TraceStore(env.store)
+    parent = store.get(at.session_state["trace_key"])
+    pos = next(i for i, s in enumerate(parent.source) if s == "base" and i > 0)
+    pair = load_pair(*env.argv[1:4:2], device="cpu")
+    child = set_switches(pair, parent, flipped(parent, pos), store=store)
+    store.put(child)
+    at = _opened(env, trace=child.key, pos=str(pos))
+    at.button(key="takeover_reason").click().run()
+    _ok(at)
+    assert not any("not a branch" in t for t in _texts(at.warning))
+    assert at.session_state["compare"] is not None
+    assert any(f"Branch at token #{pos}" in t for t in _texts(at.markdown)), _texts(at.markdown)

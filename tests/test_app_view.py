@@ -411,3 +411,31 @@ def test_forkpoint_app_forwards_every_pair_flag_to_the_app(monkeypatch):
     assert config.pair.trust_remote_code is True and config.store == "st"
     assert config.pair.base_format == "Q: {problem}\nA:"
     assert parse_args([]).pair.trust_remote_code is False
+
+
+def test_policy_text_names_branches_imports_and_policies():
+    """Issue 22 defect 10: "None" in Problems, "import" on the Trace page, a reasoner takeover called base_only."""
+    from core.views.presentation import policy_text
+
+    assert policy_text("guided", "generate") == "guided"
+    assert policy_text(None, "import") == policy_text("None", "import") == policy_text(float("nan"), "import") == "import"
+    assert policy_text("base_only", "branch", "abc") == "branch · then base_only"
+    assert policy_text(None, None) == "?"
+
+
+def test_md_code_shows_a_space_token():
+    from app.view import md_code
+
+    assert md_code(" ") == "`' '`" and md_code("\n") == "`'\\n'`" and md_code("") == "`(empty)`"
+
+
+def test_a_typed_branch_is_named_by_all_its_forced_tokens():
+    from core.trace import Trace
+    from core.views.presentation import branch_token_text
+
+    trace = make_trace(text="a b c d e f g", seed=1, reason_share=0.0)
+    source = np.array(["base"] * len(trace), dtype=object)
+    source[2:5] = "forced"
+    typed = Trace(token_ids=trace.token_ids, tokens=trace.tokens, prompt_ids=trace.prompt_ids, metrics=trace.metrics,
+                  topk=trace.topk, source=source, meta={**trace.meta, "branch_pos": 2, "parent": "x"})
+    assert branch_token_text(typed) == "forced ' c d e' (3 tokens)"

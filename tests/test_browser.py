@@ -64,6 +64,8 @@ def test_hover_click_take_over_and_export(app_url, page):
     page.goto(f"{url}?click=select&spikes=top:5")  # a click selects (the switchboard: tests/test_switchboard.py)
     tokens = page.locator(".fp-scroll [data-pos]")
     tokens.first.wait_for()
+    page.get_by_text("selects it", exact=True).first.click()  # this walk selects; a flip opens a child (the switchboard)
+    page.wait_for_timeout(1500)
     n = tokens.count()
     assert n > 5
     assert page.locator(".fp-scroll [data-pos].spike").count() >= 1  # spikes are outlined on the first view
@@ -160,3 +162,32 @@ def test_copied_link_reopens_the_view(app_url, page):
     page.locator('.fp-scroll [data-pos="1"].sel').wait_for()  # the component marks the linked token
     assert page.locator(".fp-scroll .tok.sel").count() == 1
 
+
+
+def test_arabic_stays_joined_across_token_spans(page, tmp_path):
+    """Issue 22 defect 9: Arabic letters drew unjoined in the heatmap while the prompt header shaped them. An
+    empty byte piece (padded to stay clickable) sat between two letters; joined text is as wide as plain text."""
+    import numpy as np
+
+    from core.trace import Trace
+    from core.views.heatmap import heatmap_css, tokens_html
+    from tests.fakes import make_trace
+
+    tokens = ["مر", "", "حب", "ا", " بال", "", "عا", "لم", " الج", "", "ميل"]
+    base = make_trace(len(tokens), seed=1)
+    trace = Trace(token_ids=base.token_ids, tokens=tokens, prompt_ids=base.prompt_ids, metrics=base.metrics,
+                  topk=base.topk, source=np.array(["base"] * len(tokens), dtype=object), meta=base.meta)
+    page_file = tmp_path / "arabic.html"
+    page_file.write_text(
+        f"<html><head><meta charset=utf-8><style>{heatmap_css()}</style></head><body>"
+        f"<div id=a style='display:inline-block'>{tokens_html(trace, tips=False, css_tips=False, spikes=[])}</div><br>"
+        f"<div id=b class=fp-heatmap style='display:inline-block'>{''.join(tokens)}</div></body></html>", encoding="utf-8")
+    static = page.context.new_page()  # the module's browser (one sync Playwright per process)
+    try:
+        static.goto(page_file.as_uri())
+        heat = static.evaluate("document.querySelector('#a .fp-heatmap').getBoundingClientRect().width")
+        plain = static.evaluate("document.getElementById('b').getBoundingClientRect().width")
+        static.screenshot(path=str(OUT / "arabic.png"))
+    finally:
+        static.close()
+    assert abs(heat - plain) < 1.0, (heat, plain)

@@ -65,6 +65,7 @@ def test_generate_ls_export_analyze(env):
     assert pd.read_csv(env["tmp"] / "all.csv")["trace_key"].nunique() == len(PROBLEMS)
     bare = CliRunner().invoke(main, ["export", "--store", env["store"], "--out", str(env["tmp"] / "all")])
     assert bare.exit_code != 0 and "Cannot tell the export format" in bare.output and "--format" in bare.output
+    assert "format=" not in bare.output  # the CLI's own word for it (issue 22: "give format= (CLI: --format)")
     again = CliRunner().invoke(main, ["export", "--store", env["store"], "--out", str(out)])
     assert again.exit_code != 0 and "--overwrite" in again.output and "Traceback" not in again.output
 
@@ -341,3 +342,51 @@ def test_takeover_switches_a_stored_trace_and_prints_the_child(env):
     assert child.meta["correct"] is not None and "#3 reasoner" in out
     bad = CliRunner().invoke(main, ["takeover", key, "--store", env["store"], "--at", "3=perhaps", *env["pair"]])
     assert bad.exit_code == 2 and "--at" in bad.output
+
+
+_MODULES_AFTER = ("import json, sys; from core.cli import main\n"
+                  "try:\n    main(sys.argv[1:], standalone_mode=False)\nfinally:\n"
+                  "    print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'})))")
+
+
+def test_file_only_commands_start_without_the_model_stack(env):
+    """`ls` and `export` read files: neither torch nor transformers may load (issue 22: 2-4 s of imports)."""
+    import subprocess
+    import sys
+
+    run("score", *env["pair"], "--store", env["store"], "--prompt", "What is 2+3?", "--response", "2+3 = 5.")
+    for args in (["ls", "--store", env["store"]],
+                 ["export", "--store", env["store"], "--out", str(env["tmp"] / "one.jsonl")],
+                 ["export", "--store", env["store"], "--out", str(env["tmp"] / "one.html")]):
+        out = subprocess.run([sys.executable, "-c", _MODULES_AFTER, *args], capture_output=True, text=True,
+                             timeout=300, check=True)
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == [], (args, out.stdout[-500:])
+    assert len(read_jsonl(env["tmp"] / "one.jsonl")) == 1
+
+
+def test_export_token_strings_match_the_tokenizer(env, tiny_dirs):
+    """Without transformers the export decodes top-k ids exactly as AutoTokenizer does."""
+    from transformers import AutoTokenizer
+
+    from core.views.exports import token_decoder
+
+    run("score", *env["pair"], "--store", env["store"], "--prompt", "What is 2+3?", "--response", "2+3 = 5. ✓ é")
+    store = TraceStore(env["store"])
+    trace = store.get(store.keys()[0])
+    decode = token_decoder([trace])
+    tok = AutoTokenizer.from_pretrained(str(tiny_dirs["qwen_base"]))
+    ids = sorted(set(trace.token_ids.tolist()) | set(range(0, min(tok.vocab_size, 300))))
+    assert [decode(i) for i in ids] == [tok.decode([i], skip_special_tokens=False,
+                                                   clean_up_tokenization_spaces=False) for i in ids]
+
+
+def test_search_finds_a_string_in_every_trace(env):
+    run("score", *env["pair"], "--store", env["store"], "--prompt", "What is 2+3?", "--response", "2+3 = 5. So 5.")
+    run("score", *env["pair"], "--store", env["store"], "--prompt", "What is 1+4?", "--response", "It is 5.")
+    table = pd.read_csv(__import__("io").StringIO(run("search", "5", "--store", env["store"], "--csv")))
+    assert table["key"].nunique() == 2 and len(table) == 3
+    assert {"pos", "score", "spike", "correct"} <= set(table.columns)
+    out = run("search", r"\d\.", "--regex", "--store", env["store"])
+    assert "3 matches in 2 of 2 traces" in out
+    bad = CliRunner().invoke(main, ["search", "(", "--regex", "--store", env["store"]])
+    assert bad.exit_code != 0 and "not a valid regular expression" in bad.output and "Traceback" not in bad.output

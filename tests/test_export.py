@@ -279,3 +279,19 @@ def test_export_gate_rule_is_described(tmp_path):
     trace = make_trace(30, seed=8)
     page = export(trace, tmp_path / "g.html", gate=Gate(tau=0.5, lam=1.2, window=4)).read_text(encoding="utf-8")
     assert "calibrated gate on Cross-entropy: τ=0.5, λ=1.2, W=4" in page
+
+
+def test_html_export_marks_notes_on_their_tokens(tmp_path):
+    """Issue 22: notes visible where they belong, in the HTML export too (marker, text in the hover tip)."""
+    from core.io.notes import add_note, attach_notes
+    from core.io.store import TraceStore
+    from core.views.exports import export
+
+    store = TraceStore(tmp_path / "s")
+    trace = make_trace(20, seed=8)
+    store.put(trace)
+    add_note(store, trace.key, 4, 5, "<b>why</b> here", n_tokens=len(trace))
+    export(attach_notes(store, store.get(trace.key)), tmp_path / "t.html")  # as the CLI and the Export page do
+    text = (tmp_path / "t.html").read_text(encoding="utf-8")
+    assert re.findall(r'class="tok[^"]*\bnote\b[^"]*" data-pos="(\d+)"', text) == ["4", "5"]
+    assert "<b>why</b>" not in text and "✎ note: &lt;b&gt;why&lt;/b&gt; here" in text

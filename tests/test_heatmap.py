@@ -27,6 +27,7 @@ from core.views.heatmap import (
     token_tips,
     tokens_html,
 )
+from core.views.presentation import fmt_num, fmt_prob, tail
 
 EVIL = "Hi <script>alert(1)</script> & <img src=x onerror=alert(1)> \"quoted\" 'single'\nnext"
 
@@ -171,9 +172,9 @@ def test_a_negated_score_is_labelled_as_its_negative():
     from core.views.presentation import hover_data
 
     trace = make_trace(12, seed=3)
-    assert score_label("delta_logp") == "−(Log-prob gain (reasoner − base))" and score_label("jsd") == "Jensen-Shannon divergence"
-    assert "−(Log-prob gain (reasoner − base))" in html_unescape(legend_html(score="delta_logp"))
-    assert trace_figure(trace, "delta_logp").layout.yaxis.title.text == "−(Log-prob gain (reasoner − base)) [nats]"
+    assert score_label("delta_logp") == "Log-prob loss (base − reasoner)" and score_label("jsd") == "Jensen-Shannon divergence"
+    assert "Log-prob loss (base − reasoner)" in html_unescape(legend_html(score="delta_logp"))
+    assert trace_figure(trace, "delta_logp").layout.yaxis.title.text == "Log-prob loss (base − reasoner) [nats]"
     assert hover_data(trace, "delta_logp")["score_name"] == score_label("delta_logp")
 
 
@@ -202,8 +203,8 @@ def test_tips_carry_both_models_topk_escaped():
         for side in ("base", "reason"):
             top_id = int(trace.topk[side][0][i, 0])
             assert repr(evil_decode(top_id)) in tip
-            assert f"{float(trace.topk[side][1][i, 0]):.3f}" in tip
-        assert f"{trace.metrics['entropy_base'][i]:.3f}" in tip and f"{trace.metrics['kl_base_reason'][i]:.3f}" in tip
+            assert fmt_prob(float(trace.topk[side][1][i, 0])) in tip
+        assert fmt_num(trace.metrics['entropy_base'][i]) in tip and fmt_num(trace.metrics['kl_base_reason'][i]) in tip
         assert f"(rank {int(trace.metrics['rank_base'][i])})" in tip
     # without a decoder, ids are shown
     assert f"#{int(trace.topk['reason'][0][0, 0])}" in token_tips(trace)[0]
@@ -294,3 +295,39 @@ def test_grapheme_split_over_tokens_renders_whole_and_every_token_stays_clickabl
     assert html.escape(" " + thumbs + tone) in out  # the whole grapheme in one span
     groups = re.findall(r'<span class="gph">(.*?)</span></span>', out)
     assert len(groups) == 2 and all(g.count("data-pos=") >= 2 for g in groups)
+
+
+def test_tips_list_every_top_k_row_in_the_apps_format():
+    """Issue 22 defect 5: the HTML export / _repr_html_ printed 1.000 / 0.000 and only a top-5 (the app: top-10)."""
+    trace = make_trace(40, seed=5, k=10, sharpness=12.0)  # sharp: probabilities near 1 and near 0
+    probs = np.concatenate([np.asarray(trace.topk[s][1], dtype=np.float64).reshape(-1) for s in ("base", "reason")])
+    assert (probs > 0.9995).any() and (probs < 5e-4).any()
+    for i, tip in enumerate(token_tips(trace)):
+        rows = tip.split("reason top-")[1].splitlines()[1:]
+        assert len(rows) == 10 and "top-10" in tip
+        assert not re.search(r"(?<![\d.])(1\.000|0\.000)(?!\d)", tip), tip
+        for j in range(10):
+            assert fmt_prob(float(trace.topk["base"][1][i, j])) in rows[j]
+
+
+def test_notes_are_marked_on_their_tokens_with_the_text_on_hover():
+    trace = make_trace(12, seed=6).annotate(notes=[
+        {"id": "a", "start": 2, "end": 3, "text": "<img src=x onerror=alert(1)> look", "bookmark": False},
+        {"id": "b", "start": 7, "end": 7, "text": "", "bookmark": True}])
+    spans = parse(tokens_html(trace, tips=False)).spans
+    noted = {i: s for i, s in enumerate(spans) if "note" in s["class"].split()}
+    assert sorted(noted) == [2, 3, 7] and "bm" in noted[7]["class"].split()
+    assert noted[2]["data-note"] == "<img src=x onerror=alert(1)> look"  # attribute text, unescaped by the parser
+    assert "<img" not in tokens_html(trace, tips=False)
+    assert "✎ note: <img src=x onerror=alert(1)> look" in token_tips(trace)[3]
+    page = tail(trace, 3, 8)  # a page of the trace keeps its notes, shifted
+    assert sorted(i for i, s in enumerate(parse(tokens_html(page, tips=False)).spans)
+                  if "note" in s["class"].split()) == [0, 4]
+
+
+def test_grapheme_start_points_a_byte_piece_at_its_characters_first_token():
+    """Issue 22 defect 6: a takeover at the second byte piece of an emoji starts the branch with "�"."""
+    from core.views.heatmap import grapheme_start
+
+    tokens = [" a", "", "", "😀", " b", "👍", "🏽", " c"]  # 😀 in three byte pieces; 👍🏽 one grapheme of two tokens
+    assert [grapheme_start(tokens, i) for i in range(len(tokens))] == [0, 1, 1, 1, 4, 5, 5, 7]

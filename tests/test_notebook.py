@@ -178,6 +178,8 @@ def test_widget_notes_and_store(qwen_pair, trace, tmp_path):
     assert w.status == "note saved"
     assert [(n.start, n.text) for n in read_notes(store, trace.key)] == [(3, "look here")]
     assert w.notes[0]["text"] == "look here" and w.notes[0]["view"] == 0
+    marked = re.findall(r'class="tok[^"]*\bnote\b[^"]*" data-pos="(\d+)"', w.views[0]["data"]["html"])
+    assert marked == ["3"] and w.views[0]["data"]["hover"]["notes"][3] == "look here"  # marked, text on hover
     child = w.take_over(3)
     assert child.key in store  # branches are stored
     w.request = {"action": "note", "view": 0, "pos": 3, "text": "   ", "n": 2}

@@ -206,7 +206,7 @@ def test_score_values_apply_the_sign() -> None:
     for name in SCORES:
         expect = [-0.5, 2.0] if name == "delta_logp" else [0.5, -2.0]
         np.testing.assert_array_equal(score_values(values, name), expect)
-    assert METRICS["delta_logp"].score_label.startswith("−(")
+    assert METRICS["delta_logp"].score_label == "Log-prob loss (base − reasoner) [nats]"  # never "−(… gain …)"
 
 
 def test_cli_score_choices_are_the_metric_registry() -> None:

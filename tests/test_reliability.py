@@ -558,3 +558,17 @@ def test_a_killed_exports_temp_file_is_removed_by_the_next_export_and_verify_rep
     report = json.loads(text)
     assert code == 0 and [t["state"] for t in report["temp_files"]] == ["removed: left by a writer that died"]
     assert not [p for p in store.traces_dir.iterdir() if p.name.startswith(".")]
+
+
+def test_a_context_overrun_is_said_once_per_pair(qwen_pair, monkeypatch, caplog):
+    """Issue 22: a few minutes of the demo app logged 124 identical "exceeds the context" warnings."""
+    import logging
+
+    for side in ("base", "reason"):
+        monkeypatch.setattr(qwen_pair.model(side).config, "max_position_embeddings", 40)
+    monkeypatch.setattr(qwen_pair, "_context_warned", set(), raising=False)
+    with caplog.at_level(logging.WARNING, logger="core.pair.loading"):
+        for prompt in ("what is 2+2?", "what is 3+3?", "what is 4+4?"):
+            qwen_pair.check_context(qwen_pair.prompt_ids(prompt), 100)
+    said = [r for r in caplog.records if "exceeds" in r.getMessage() and r.levelno >= logging.WARNING]
+    assert len(said) == 2 and {"base", "reason"} == {r.args[2] for r in said}  # one per model

@@ -15,7 +15,10 @@ from core.errors import ForkpointError
 from core.scoring.comparison import compare, reasoner_name, with_reasoner
 from core.scoring.registry import score_label
 
-SELF = "the base model itself (a zero-disagreement reference)"
+SELF = "the base model itself (a reference: its KL and JSD against the base are 0)"
+# cross-entropy is H(base) + KL, so the base against itself scores its own entropy, not 0: say so where it shows
+NOT_ZERO = {"cross_entropy": "its cross-entropy against itself is the base entropy",
+            "entropy_reason": "this score is the reasoner's entropy, here the base's own"}
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
@@ -40,7 +43,11 @@ def _pick_response(ctx) -> tuple[str, list[int]] | None:
     df = df.sort_values("created", ascending=False)
     labels = {str(k): f"{p if isinstance(p, str) else '—'} · {n} tokens · {str(k)[:8]}"
               for k, p, n in zip(df["key"], df["problem"], df["n_tokens"])}
-    key = st.selectbox("Response (a stored trace)", list(labels), format_func=labels.get, key="cmp_key")
+    keys = list(labels)
+    open_key = st.session_state.get("trace_key")
+    if st.session_state.get("cmp_key") not in keys:  # first visit, or the chosen trace is gone: the open trace
+        st.session_state["cmp_key"] = open_key if open_key in keys else keys[0]
+    key = st.selectbox("Response (a stored trace)", keys, format_func=labels.get, key="cmp_key")
     trace = resources.load_trace(ctx.settings.store_path, key)
     prompt = str((trace.meta.get("problem") or {}).get("prompt") or "")
     return prompt, [int(i) for i in trace.token_ids]
@@ -75,6 +82,7 @@ def main() -> None:
                 comp = compare(pairs, picked[0], picked[1], names=names, store=ctx.store if keep else None)
                 st.session_state["cmp_result"] = (picked, comp)  # with the response it belongs to
         except ForkpointError as err:
+            st.session_state["cmp_result"] = None  # never the previous result under a new error
             st.error(md_escape(err, 400))
     made_for, comp = st.session_state.get("cmp_result") or (None, None)
     if comp is None:
@@ -94,6 +102,9 @@ def _show(ctx, comp) -> None:
     pos = c2.number_input("Token", 0, max(len(comp) - 1, 0), 0, key="cmp_pos",
                           help="The token whose top-k table is shown below (ringed in every row).")
     st.html(stacked_rows_html(comp, score, decode, selected=int(pos), mode=mode))
+    if any(n.endswith("(base itself)") for n in comp.names) and score in NOT_ZERO and mode == "score":
+        st.caption(f"The base-itself row is tinted because {NOT_ZERO[score]}, not a disagreement; a divergence "
+                   "(KL, JSD in the sidebar's score) is 0 on that row.")
     if not len(comp):
         st.info("This response has no tokens: nothing to compare.")
         return

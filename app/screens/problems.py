@@ -12,11 +12,15 @@ from app import actions, resources, state
 from app.context import get_context
 from app.filters import trace_filter
 from app.notes_panel import notes_search_tab
+from app.search_panel import apply_search_filter, search_tab
 from app.view import md_escape, trace_table
 from core.errors import ForkpointError
 from core.scoring.registry import score_label
 
 TRACE_PAGE = Path(__file__).resolve().parent / "trace.py"
+# the outcome and the numbers first: on a laptop screen "correct", "ρ" and "key" were off to the right
+TRACE_COLUMNS = ["problem", "correct", "takeovers", "rho", "max", "max spikes", "policy", "n_tokens", "key", "prompt",
+                 "top100_mean", "kind", "branch_pos", "pair", "created"]
 
 
 def _open_selected_trace(table: pd.DataFrame) -> None:
@@ -47,13 +51,13 @@ def traces_tab(ctx, bad: list) -> None:
         else:
             st.info("The store holds no traces yet: open the Trace page (it makes one) or use Generate.")
         return
-    shown = trace_filter(table, "pf")
+    shown = apply_search_filter(trace_filter(table, "pf"))
     more = f" (+{len(bad)} damaged, listed below)" if bad else ""
     st.caption(f"{len(shown)} of {len(table)} readable traces{more} · score: {score_label(s.score)} · "
                "click a column header to sort; choose a row to open it.")
     st.dataframe(
         shown, key="problems_traces", on_select=lambda: _open_selected_trace(shown), selection_mode="single-row",
-        hide_index=True, width="stretch",
+        hide_index=True, width="stretch", column_order=TRACE_COLUMNS,
         column_config={
             "prompt": st.column_config.TextColumn("prompt", width="large"),
             "max": st.column_config.NumberColumn("max score", format="%.3f"),
@@ -84,13 +88,15 @@ def problems_tab(ctx) -> None:
     table = pd.DataFrame({"id": [p.id for p in problems], "prompt": [p.prompt for p in problems],
                           "gold": [p.gold for p in problems]})
     table["traces"] = [int(counts["traces"].get(p.id, 0)) if p.id in counts.index else 0 for p in problems]
-    table["share correct"] = [counts["correct"].get(p.id) if p.id in counts.index else None for p in problems]
-    table["share correct"] = pd.to_numeric(table["share correct"], errors="coerce")
+    share = [counts["correct"].get(p.id) if p.id in counts.index else None for p in problems]
+    table["share correct"] = ["–" if v is None or pd.isna(v) else f"{float(v):.2f}" for v in share]  # never "None"
     st.caption(f"{len(table)} problems. Choose one to open its first trace (a greedy BaseOnly one is made if none).")
     st.dataframe(table, key="problems_set", on_select=lambda: _open_selected_problem(table),
                  selection_mode="single-row", hide_index=True, width="stretch",
                  column_config={"prompt": st.column_config.TextColumn("prompt", width="large"),
-                                "share correct": st.column_config.NumberColumn(format="%.2f")})
+                                "share correct": st.column_config.TextColumn(
+                                    "share correct", help="Share of this problem's graded traces that are correct "
+                                                          "(– when none is graded)")})
 
 
 def main() -> None:
@@ -111,13 +117,15 @@ def main() -> None:
     except (ForkpointError, OSError) as err:
         st.warning(f"Could not check the store for damaged traces: {md_escape(err, 400)}")
         bad = []
-    tab1, tab2, tab3 = st.tabs(["Traces", "Problem set", "Notes"])
+    tab1, tab2, tab3, tab4 = st.tabs(["Traces", "Problem set", "Notes", "Search"])
     with tab1:
         traces_tab(ctx, bad)
     with tab2:
         problems_tab(ctx)
     with tab3:
         notes_search_tab(ctx.store, ctx.store.summaries())  # app/notes_panel.py
+    with tab4:
+        search_tab(ctx)  # app/search_panel.py
     unreadable_panel(bad)
 
 

@@ -16,7 +16,7 @@ def _first_problem(ctx: Context):
     wanted = st.session_state.get("problem_id")
     found = next((p for p in resources.problem_set(ctx.settings.problems_path) if p.id == wanted), None)
     if found is None:
-        raise InvalidInputError(f"No problem {md_escape(wanted)} in the problem set")
+        raise InvalidInputError(f"No problem {wanted!r} in the problem set")  # escaped once, where it is shown
     return found
 
 

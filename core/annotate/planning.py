@@ -14,16 +14,28 @@ import hashlib
 import json
 import logging
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy
-import spacy
-from spacy.attrs import SENT_START
-from spacy.language import Language
-from spacy.matcher import Matcher, PhraseMatcher
+
+# thinc (under spaCy) imports torch only to offer it as a backend, which this tagger never uses; hiding an
+# unloaded torch for that import keeps `forkpoint export` (planning tags, no model) free of the model stack.
+# (A process that already loaded torch keeps it; spaCy there sees torch as usual.)
+_HIDE_TORCH = "torch" not in sys.modules
+if _HIDE_TORCH:
+    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` raise ImportError
+try:
+    import spacy
+    from spacy.attrs import SENT_START
+    from spacy.language import Language
+    from spacy.matcher import Matcher, PhraseMatcher
+finally:
+    if _HIDE_TORCH and sys.modules.get("torch", 0) is None:
+        del sys.modules["torch"]
 
 from core.errors import InvalidInputError, ModelLoadError
 from core.io.packaged import assets_dir

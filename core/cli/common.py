@@ -43,7 +43,8 @@ def cli_words(message: str) -> str:
     (max_new_tokens -> --max-new-tokens); one-word names (score, rate) are plain words and stay."""
     names = sorted({n for n in (*settings.SETTINGS, *policy_params()) if "_" in n}, key=len, reverse=True)
     pattern = r"(?<![\w.-])(" + "|".join(map(re.escape, names)) + r")\b"
-    return re.sub(pattern, lambda m: "--" + m.group(1).replace("_", "-"), message)
+    message = re.sub(pattern, lambda m: "--" + m.group(1).replace("_", "-"), message)
+    return re.sub(r"(?<![\w.-])(format|score|store)=(?![\w'\"])", r"--\1", message)  # "give format=" -> "give --format"
 
 
 def pair_options(fn):
@@ -375,12 +376,12 @@ def main(verbose: bool) -> None:
     handler = _TqdmLogHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
-    if not verbose:
-        try:
+    if not verbose:  # read when transformers loads: file-only commands (ls, export) never import it
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if "transformers" in sys.modules:  # already loaded (a test runner, a notebook): tell it directly
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()
             hf_logging.set_verbosity_error()
-        except ImportError:  # pragma: no cover
-            pass
 

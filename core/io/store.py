@@ -465,6 +465,8 @@ class TraceStore:
                 "branch_pos": r.get("branch_pos"),
                 "n_tokens": r.get("n_tokens"),
                 "created": r.get("created"),
+                "correct": r.get("correct"),
+                "n_takeovers": r.get("n_takeovers"),
                 "children": [node(c["key"], path | {k}) for c in ordered if c["key"] not in path | {k}],
             }
 

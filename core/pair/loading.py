@@ -129,8 +129,13 @@ class ModelPair:
                     "shorten the prompt or use a model with a longer context"
                 )
             if n + max_new_tokens > limit:
-                log.warning("prompt (%d tokens) + max_new_tokens (%d) exceeds the %s model's context of %d tokens;"
-                            " only %d new tokens fit", n, max_new_tokens, side, limit, limit - n)
+                # once per pair, side and limit: a batch of 100 prompts logged 200 identical warnings
+                warned = self.__dict__.setdefault("_context_warned", set())
+                level = logging.DEBUG if (side, max_new_tokens) in warned else logging.WARNING
+                warned.add((side, max_new_tokens))
+                log.log(level, "prompt (%d tokens) + max_new_tokens (%d) exceeds the %s model's context of %d tokens;"
+                        " only %d new tokens fit (said once per pair: later prompts stop at the context too)",
+                        n, max_new_tokens, side, limit, limit - n)
             room = min(room, limit - n)
         return room
 

@@ -28,11 +28,12 @@ class Metric:
     is_score: bool = False  # can colour the heatmap and rank spikes (higher = more disagreement)
     can_gate: bool = False  # known before the token is chosen, so a policy may gate a takeover on it
     sign: int = 1  # as a score, sign * value is used (delta_logp: its negative)
+    negated: str = ""  # the label of -value, when the score flips the sign (read better than "−(label)")
 
     @property
     def signed_label(self) -> str:
         """The label of the metric as a score (what `score_values` gives): −(label) when the sign is flipped."""
-        return self.label if self.sign > 0 else f"−({self.label})"
+        return self.label if self.sign > 0 else self.negated or f"−({self.label})"
 
     @property
     def score_label(self) -> str:
@@ -51,7 +52,8 @@ METRICS: dict[str, Metric] = {
         Metric("jsd", "Jensen-Shannon divergence", "nats", "JSD(p, q) = ½ KL(p‖m) + ½ KL(q‖m), m = ½(p + q); ≤ log 2", is_score=True, can_gate=True),
         Metric("logp_base", "Base log-prob of the token", "nats", "log p(y_t) of the emitted token"),
         Metric("logp_reason", "Reasoner log-prob of the token", "nats", "log q(y_t) of the emitted token"),
-        Metric("delta_logp", "Log-prob gain (reasoner − base)", "nats", "log q(y_t) - log p(y_t); as a score its negative is used", is_score=True, sign=-1),
+        Metric("delta_logp", "Log-prob gain (reasoner − base)", "nats", "log q(y_t) - log p(y_t); as a score its negative is used", is_score=True, sign=-1,
+               negated="Log-prob loss (base − reasoner)"),
         Metric("rank_base", "Token rank under base", "rank", "rank of y_t under p (0 = top)", integer=True),
         Metric("rank_reason", "Token rank under reasoner", "rank", "rank of y_t under q (0 = top)", integer=True),
         Metric("reason_top_rank_in_base", "Base rank of the reasoner's top token", "rank", "rank under p of argmax q", integer=True),

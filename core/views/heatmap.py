@@ -20,8 +20,12 @@ from core.annotate.rank_shift import colours as rank_shift_colours
 from core.annotate.rank_shift import legend_items
 from core.errors import InvalidInputError
 from core.scoring.registry import DEFAULT_SCORE, score_label, score_values
-from core.trace import Trace
+from core.trace import Trace, note_column
+from core.views.presentation import fmt_num, fmt_prob
 
+# Scripts whose letters join (Arabic, Syriac, Thaana, N'Ko, Mongolian, Arabic presentation forms): an empty byte
+# piece drawn with inline padding sits between two letters and Chromium shapes them apart (issue 22, defect 9).
+_JOINING = re.compile("[\u0600-\u08ff\u1800-\u18af\ufb50-\ufdff\ufe70-\ufeff]")
 SCALES = ("linear", "log", "rank", "rank_shift")  # rank_shift: categorical colours (core/annotate/rank_shift.py), not the score
 # White -> yellow -> orange -> red; dark enough at the top to see, light enough for black text.
 _STOPS = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
@@ -32,7 +36,6 @@ _LUT = [
     for x in np.linspace(0.0, 1.0, _LUT_SIZE)
 ]
 NAN_COLOUR = "transparent"
-TIP_K = 5  # top-k rows in hover text by default (the paper's "promoted token is in the base top-5")
 UNTAGGED = frozenset({"", "none", "execute", "execution", "other", "o"})  # tags that get no underline
 # core.annotate.planning's categories first; other names get a stable colour from _PALETTE.
 # "plan" green and "conclude" blue differ in hue and lightness (the old teal "conclude" read as "plan").
@@ -51,6 +54,7 @@ HEATMAP_CSS = """
 .fp-heatmap .tok.empty { padding: 1px 2px; }
 .fp-heatmap .gph { white-space: nowrap; }
 .fp-heatmap .gph .tok.empty { padding: 1px 1px; }
+.fp-heatmap .gph.join .tok.empty { padding: 1px 0; }
 .fp-heatmap .tok.tag { border-bottom: 3px solid var(--tag); }
 .fp-heatmap .tok.spike { outline: 2px solid #7c3aed; outline-offset: -1px; }
 .fp-heatmap .tok.sel { box-shadow: 0 0 0 3px #2563eb; }
@@ -60,6 +64,9 @@ HEATMAP_CSS = """
 .fp-heatmap .tok.src-forced::before { content: "◆"; font-size: 0.6em; vertical-align: super; color: #b45309; }
 .fp-heatmap .tok.sw { text-decoration: underline double #dc2626; text-underline-offset: 3px; }
 .fp-heatmap .tok.sw-base::before { content: "○"; font-size: 0.6em; vertical-align: super; color: #dc2626; }
+.fp-heatmap .tok.diff { text-decoration: underline wavy #0284c7; text-decoration-skip-ink: none; text-underline-offset: 4px; }
+.fp-heatmap .tok.note::after { content: "✎"; font-size: 0.65em; vertical-align: super; color: #2563eb; font-weight: 700; }
+.fp-heatmap .tok.note.bm::after { content: "🔖"; }
 .fp-heatmap .nl { color: #9ca3af; }
 .fp-heatmap .seg { border-left: 4px solid #9ca3af; padding: 2px 0 6px 8px; margin: 6px 0; }
 .fp-heatmap .seg-think { border-left-color: #a78bfa; background: #faf5ff; }
@@ -170,6 +177,12 @@ def grapheme_groups(tokens: Sequence[str]) -> list[int]:
     return out
 
 
+def grapheme_start(tokens: Sequence[str], pos: int) -> int:
+    """The first token of the character (grapheme) that token `pos` helps draw: `pos` itself unless it is a later
+    byte piece of one; a takeover there would keep the earlier pieces and start the branch mid-character."""
+    return grapheme_groups(tokens)[pos]
+
+
 def tag_colour(tag: str | None) -> str | None:
     """Underline colour of a planning-tag category, or None for untagged tokens."""
     if tag is None or str(tag).lower() in UNTAGGED:
@@ -194,7 +207,7 @@ def _attr(text: str) -> str:
 
 
 def _fmt(value: float) -> str:
-    return "nan" if not np.isfinite(value) else f"{value:.3f}"
+    return fmt_num(value)  # the app's format: 3 significant digits, never "0.000" for 1e-5
 
 
 def _make_decoder(decode: Callable[[int], str] | None) -> Callable[[int], str]:
@@ -211,12 +224,15 @@ def _make_decoder(decode: Callable[[int], str] | None) -> Callable[[int], str]:
 def token_tips(
     trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int], str] | None = None, k: int | None = None
 ) -> list[str]:
-    """Plain-text hover text per token (unescaped): metrics, ranks and both models' top-k (k=TIP_K)."""
+    """Plain-text hover text per token (unescaped): metrics, ranks, both models' top-k (all the trace keeps,
+    as the app lists them; probabilities in the app's format, never 1.000 / 0.000) and any note on it."""
     n = len(trace)
     show = _make_decoder(decode)
     m = {name: np.asarray(v, dtype=np.float64).tolist() for name, v in trace.metrics.items()}
     s = np.asarray(score_values(trace.metrics, score), dtype=np.float64).tolist()
-    k = min(TIP_K if k is None else k, trace.k)
+    k = min(trace.k if k is None else k, trace.k)
+    notes = trace.annotations.get("notes") or []
+    note_text = note_column(notes, n) if notes else [""] * n
     ids = {side: np.asarray(trace.topk[side][0])[:, :k].tolist() for side in ("base", "reason")}
     probs = {side: np.asarray(trace.topk[side][1], dtype=np.float64)[:, :k].tolist() for side in ("base", "reason")}
     token_ids = trace.token_ids.tolist()
@@ -237,8 +253,10 @@ def token_tips(
         if k:
             lines.append(f"{'base top-' + str(k):<26}reason top-{k}")
             for j in range(k):
-                left = f"{show(ids['base'][i][j])} {probs['base'][i][j]:.3f}"
-                lines.append(f"{left:<26}{show(ids['reason'][i][j])} {probs['reason'][i][j]:.3f}")
+                left = f"{show(ids['base'][i][j])} {fmt_prob(probs['base'][i][j])}"
+                lines.append(f"{left:<26}{show(ids['reason'][i][j])} {fmt_prob(probs['reason'][i][j])}")
+        if note_text[i]:
+            lines.append(f"✎ note: {note_text[i]}")
         tips.append("\n".join(lines))
     return tips
 
@@ -298,6 +316,7 @@ def tokens_html(
     offset: int = 0,
     reference: Any = None,
     colours: Sequence[str] | None = None,
+    marked: Iterable[int] | None = None,
 ) -> str:
     """The response as one `<span class="tok" data-pos=i data-tip=...>` per token, coloured by `score`.
 
@@ -309,6 +328,9 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
     vmin/vmax/reference fix the colour range across views (see `normalise`). `colours` (T css colours)
     replaces the score's colour scale, e.g. core.annotate.rank_shift.colours(trace) for the categorical rank-shift mode.
     css_tips adds a pure-CSS hover tooltip; turn it off when the page brings its own (JS) tooltip.
+    `marked` positions get a wavy underline (tokens that differ from another column of a comparison). Tokens
+    under a note (the trace's "notes" layer, core/io/notes.py) carry a ✎ marker (🔖 for a bookmark) and the
+    note's text in `data-note` (escaped; shown on hover, never as HTML).
     (Longer than most functions here on purpose: the per-token work stays in one loop over the tokens,
     which is the app's render budget — benchmarks/bench_render.py.)
     """
@@ -324,6 +346,10 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
         spikes = trace.spike_positions
     spike_set = _positions(spikes)
     selected_set = _positions(selected)
+    marked_set = _positions(marked)
+    notes = trace.annotations.get("notes") or []
+    note_text = note_column(notes, n) if notes else None
+    bookmarked = {p for nt in notes if nt.get("bookmark") for p in range(int(nt["start"]), int(nt["end"]) + 1)}
     switched = {int(p): w for p, w in (trace.meta.get("switches") or {}).items()}  # core.takeover's switches
     if tags is None:
         tags = trace.annotations.get("tags")
@@ -353,8 +379,10 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
                 f'<div class="seg-label">{label}</div>'
             )
         grouped = (i + 1 < n and groups[i + 1] == groups[i]) or groups[i] != i
-        if grouped and groups[i] == i:
-            parts.append('<span class="gph">')
+        if grouped and groups[i] == i:  # inline padding between pieces would break a joining script's shaping
+            end = next((j for j in range(i + 1, n) if groups[j] != i), n)
+            joins = _JOINING.search("".join(trace.tokens[i:end])) is not None
+            parts.append('<span class="gph join">' if joins else '<span class="gph">')
         text = texts[i]
         classes = ["tok"]
         style = f"background:{colours[i]}"
@@ -366,12 +394,18 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
             classes.append("sel")
         if show_source and trace.source[i] != "base":
             classes.append(f"src-{_css_name(str(trace.source[i]))}")
+        if i in marked_set:
+            classes.append("diff")
+        if note_text is not None and (note_text[i] or i in bookmarked):
+            classes += ["note", "bm"] if i in bookmarked else ["note"]
         if i in switched:  # a user's switch: double underline; a takeover switched off keeps a ○
             classes += ["sw", "sw-base"] if switched[i] == "base" else ["sw"]
         if tags is not None and (colour := tag_colour(tags[i])) is not None:
             classes.append("tag")
             style += f";--tag:{colour}"
         attrs = f' data-tag="{html.escape(str(tags[i]), quote=True)}"' if "tag" in classes else ""
+        if "note" in classes:
+            attrs += f' data-note="{_attr(note_text[i] or "🔖")}"'
         if tip_text is not None:
             attrs += f' data-tip="{_attr(tip_text[i])}"'
         cls = " ".join(classes)

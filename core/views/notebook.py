@@ -29,7 +29,7 @@ from core.decoding import branch
 from core.decoding.takeover import flipped, set_switches, switches_in_force
 from core.errors import ForkpointError, InvalidInputError
 from core.evaluation.grading import graded_put
-from core.io.notes import add_note, read_notes
+from core.io.notes import add_note, attach_notes, read_notes
 from core.scoring.registry import DEFAULT_SCORE, METRICS, SCORES, check_score
 from core.trace import Trace
 from core.views.heatmap import heatmap_css, tokens_html
@@ -238,6 +238,7 @@ class TokenWidget(anywidget.AnyWidget):
             self.store.put(trace)
         note = add_note(self.store, trace.key, int(pos), end, text, bookmark=bookmark, n_tokens=len(trace))
         self._refresh_notes()
+        self._refresh_views()
         return note
 
     # -- trait plumbing ----------------------------------------------------------------------------
@@ -300,6 +301,8 @@ class TokenWidget(anywidget.AnyWidget):
         views = []
         for i, trace in enumerate(self.shown):
             title = "original" if i == 0 else f"branch @ {trace.meta.get('branch_pos')}"
+            if self.store is not None and trace.key:  # notes are marked on their tokens, the text on hover
+                trace = attach_notes(self.store, trace)
             views.append({"title": f"{title} · {len(trace)} tokens", "key": trace.key,
                           "data": view_payload(trace, self.score, self._decode, self.k)})
         self.views = views

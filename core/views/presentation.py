@@ -14,13 +14,25 @@ import pandas as pd
 
 from core.errors import InvalidInputError
 from core.scoring.registry import DEFAULT_SCORE, METRICS, score_values
-from core.trace import SIDES, Trace
+from core.trace import SIDES, Trace, note_column
 
 # Metrics shown on hover, in order; their labels come from core.scoring.metrics' registry.
 HOVER_METRICS: tuple[str, ...] = (
     "cross_entropy", "kl_base_reason", "kl_reason_base", "jsd", "entropy_base", "entropy_reason", "delta_logp",
     "logp_base", "logp_reason", "rank_base", "rank_reason", "reason_top_rank_in_base",
 )  # fmt: skip
+
+def policy_text(policy: Any, kind: Any = None, parent: Any = None) -> str:
+    """A trace's policy as every edge names it: the policy's name; a branch "branch · then <policy>" (its
+    takeover was the user's, not the policy's); a trace with no policy (an import) its kind."""
+    name = None if policy is None or (isinstance(policy, float) and math.isnan(policy)) else str(policy)
+    name = None if name in ("", "None", "nan") else name
+    kind_text = None if kind is None or (isinstance(kind, float) and math.isnan(kind)) else str(kind)
+    has_parent = parent is not None and not (isinstance(parent, float) and math.isnan(parent)) and str(parent) != ""
+    if has_parent:
+        return f"{kind_text or 'branch'} · then {name}" if name else (kind_text or "branch")
+    return name or kind_text or "?"
+
 
 def fmt_num(value: float | None) -> str:
     """A metric for a narrow display box: 3 significant digits, scientific below 1e-3 (never "0.00…")."""
@@ -86,6 +98,7 @@ def hover_data(trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int],
         "prob_mode": prob_mode,
         "vocab": vocab,
         "tags": [str(t) if t is not None else "" for t in trace.annotations.get("tags", [""] * len(trace))],
+        "notes": note_column(trace.annotations.get("notes") or [], len(trace)),
     }
 
 # -- takeover choices -----------------------------------------------------------------------------
@@ -196,10 +209,12 @@ def branch_token_text(trace: Trace, decode: Callable[[int], str] | None = None) 
     if pos is None or not 0 <= int(pos) < len(trace):
         return ""
     pos = int(pos)
-    tok = int(trace.token_ids[pos])
-    text = decode(tok) if decode is not None else trace.tokens[pos]
     who = "forced" if str(trace.source[pos]) == "forced" else "reasoner"
-    return f"{who} {text!r}"
+    end = pos + 1
+    while who == "forced" and end < len(trace) and str(trace.source[end]) == "forced":  # a typed string: all of it
+        end += 1
+    text = "".join(decode(int(trace.token_ids[p])) if decode is not None else trace.tokens[p] for p in range(pos, end))
+    return f"{who} {text!r}" + (f" ({end - pos} tokens)" if end - pos > 1 else "")
 
 
 # -- branches: where two traces part, slices and token diffs -------------------------------------------------------------------------------------
@@ -224,7 +239,10 @@ def tail(trace: Trace, start: int, end: int | None = None) -> Trace:
     end = n if end is None else max(start, min(int(end), n))
     cut = {}
     for name, layer in trace.annotations.items():
-        if isinstance(layer, (list, tuple)) and len(layer) == n:
+        if name == "notes":  # note records, not one entry per token: keep those on the slice, shifted
+            cut[name] = [{**nt, "start": max(int(nt["start"]), start) - start, "end": min(int(nt["end"]), end - 1) - start}
+                         for nt in layer or [] if int(nt["end"]) >= start and int(nt["start"]) < end]
+        elif isinstance(layer, (list, tuple)) and len(layer) == n:
             cut[name] = list(layer[start:end])
     spikes_layer = trace.annotations.get("spikes")
     if isinstance(spikes_layer, dict):

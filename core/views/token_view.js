@@ -44,6 +44,9 @@ function buildCard(card, hover, pos, mode) {
   if (hover.tags && hover.tags[pos] && !["", "none", "execute", "execution", "other"].includes(hover.tags[pos])) {
     card.appendChild(el("div", "fp-card-tag", `tag: ${hover.tags[pos]}`));
   }
+  if (hover.notes && hover.notes[pos]) {
+    card.appendChild(el("div", "fp-card-note", `✎ ${hover.notes[pos]}`));  // textContent: never HTML
+  }
   const grid = el("div", "fp-card-metrics");
   for (const [name, values] of Object.entries(hover.metrics)) {
     grid.appendChild(el("span", "fp-m-label", hover.labels[name] || name));
