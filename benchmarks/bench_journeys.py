@@ -54,7 +54,7 @@ def _row_to_trace(page, url: str) -> float:
     box = grid.bounding_box()
     t0 = time.perf_counter()
     page.mouse.click(box["x"] + 18, box["y"] + 35 + 17)
-    page.wait_for_function(f"() => location.pathname.endsWith('/') || location.pathname.endsWith('/trace')")
+    page.wait_for_function("() => location.pathname.endsWith('/') || location.pathname.endsWith('/trace')")
     page.locator(TOKENS).first.wait_for(timeout=120_000)
     return time.perf_counter() - t0
 
