@@ -15,9 +15,11 @@ FILTER_KEY = "search_filter"  # {"pattern": str, "keys": [trace keys]}: the Trac
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def _search(path: str, stamp: tuple, pattern: str, regex: bool, case: bool, score: str, top: float) -> pd.DataFrame:
-    """One search over the store (cached until a trace is added or removed: `stamp`)."""
-    traces = [resources.load_trace(path, key) for key in resources.get_store(path).keys()]
+def _search(path: str, stamp: tuple, pattern: str, regex: bool, case: bool, score: str, top: float, rule_key: str,
+            _rule) -> pd.DataFrame:
+    """One search over the store (cached until a trace is added or removed: `stamp`), on the traces as the
+    Trace page annotates them (the sidebar's spike rule, planning tags), so a hit spikes where the view does."""
+    traces = [resources.view_trace(path, key, score, rule_key, _rule) for key in resources.get_store(path).keys()]
     return search_traces(traces, pattern, regex=regex, case=case, score=score, top=top)
 
 
@@ -36,7 +38,8 @@ def search_tab(ctx) -> None:
     store = resources.get_store(s.store_path)
     top = s.rule.top or DEFAULT_TOP  # a calibrated gate has no top: the default top-p marks spikes here
     try:
-        found = _search(s.store_path, tuple(store.keys()), pattern, regex, case, s.score, float(top))
+        found = _search(s.store_path, tuple(store.keys()), pattern, regex, case, s.score, float(top), s.rule.key(),
+                        s.rule)
     except ForkpointError as err:
         st.error(md_escape(err, 400))
         return

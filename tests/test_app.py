@@ -174,16 +174,17 @@ def test_problems_page_lists_traces_and_problems(env):
 def test_search_opens_a_hit_at_its_token_and_filters_the_traces_table(env):
     """Problems → Search: every match with its score and spike; the filter keeps the traces where it spikes
     (choosing a row opens the trace at the token: tests/test_journeys.py clicks it in a browser)."""
-    from core.analysis.search import search_store
-
     at = env.start().run()
     store = TraceStore(env.store)
     first = store.get(at.session_state["trace_key"])
-    needle = first.tokens[len(first) // 2]
+    needle = next(t for t in first.tokens if t.strip().isalpha()) or first.tokens[0]
     at.switch_page("screens/problems.py").run()
     at.text_input(key="search_pattern").input(needle).run()
     _ok(at)
-    expect = search_store(store, needle)
+    from app.view import SpikeRule, annotate_view
+    from core.analysis.search import search_traces
+
+    expect = search_traces([annotate_view(store.get(k), "cross_entropy", SpikeRule()) for k in store.keys()], needle)
     table = next(d.value for d in at.dataframe if "match" in d.value.columns)
     assert len(table) == len(expect) and list(table["pos"]) == list(expect["pos"])
     spiking = list(dict.fromkeys(expect.loc[expect["spike"], "key"]))

@@ -356,7 +356,7 @@ def test_graph_columns_notes_and_search(server, page):
     # search: Problems → Search, a hit opens its trace at the token
     _nav(page, "Problems")
     page.get_by_role("tab", name="Search").click()
-    word = store.get(parent).tokens[3]
+    word = next(t for t in store.get(parent).tokens if t.strip().isalpha() and len(t.strip()) >= 3)
     page.locator(".st-key-search_pattern input").fill(word)
     page.keyboard.press("Enter")
     _settle(page)
