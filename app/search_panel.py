@@ -7,7 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from app import resources, state
-from app.view import DEFAULT_TOP, md_code, md_escape
+from app.view import md_code, md_escape
+from core import settings
 from core.analysis.search import search_traces, spiking_keys
 from core.errors import ForkpointError
 
@@ -36,7 +37,7 @@ def search_tab(ctx) -> None:
                    f"{md_escape(s.score)} score, whether it spikes, and the trace's outcome.")
         return
     store = resources.get_store(s.store_path)
-    top = s.rule.top or DEFAULT_TOP  # a calibrated gate has no top: the default top-p marks spikes here
+    top = s.rule.top or settings.SPIKE_TOP  # a calibrated gate has no top: the default top-p marks spikes here
     try:
         found = _search(s.store_path, tuple(store.keys()), pattern, regex, case, s.score, float(top), s.rule.key(),
                         s.rule)
