@@ -253,7 +253,7 @@ def fuzz_cli(tmp: Path) -> str:
         raise AssertionError("model loaded")
 
     for mod in (common, traces, store_cli, evaluation):
-        for name in ("_pair", "_pair_or_spec"):
+        for name in ("pair_from_options", "pair_or_spec"):
             if hasattr(mod, name):
                 setattr(mod, name, loaded)
     (tmp / "cli_store").mkdir()

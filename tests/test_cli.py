@@ -170,7 +170,7 @@ def no_models(monkeypatch):
         raise AssertionError("a model pair was loaded before the options were checked")
 
     for mod in (common, traces, store_cli, evaluation):
-        for name in ("_pair", "_pair_or_spec"):
+        for name in ("pair_from_options", "pair_or_spec"):
             if hasattr(mod, name):
                 monkeypatch.setattr(mod, name, loaded)
 
@@ -288,7 +288,7 @@ def test_errors_start_on_a_clean_line_and_the_generate_bar_counts_traces(env, mo
     import core.decoding
     from core.errors import StoreError
 
-    monkeypatch.setattr(traces, "_pair_or_spec", lambda opts, executor: "PAIR")
+    monkeypatch.setattr(traces, "pair_or_spec", lambda opts, executor: "PAIR")
 
     def fails_midway(pair, problems, policy, progress=None, **kwargs):
         progress(1, len(problems))

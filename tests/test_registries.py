@@ -255,14 +255,14 @@ def test_cli_budget_rate_and_threshold_are_separate() -> None:
 
 
 def test_core_messages_name_cli_flags_at_the_edge() -> None:
-    from core.cli.common import _fail_cleanly, cli_words
+    from core.cli.common import cli_words, fail_cleanly
 
     assert cli_words("position 9 is past max_new_tokens=8; max_takeovers must be ≥ 0") == \
         "position 9 is past --max-new-tokens=8; --max-takeovers must be ≥ 0"
     assert cli_words("meta.top_p and score stay") == "meta.top_p and score stay"
 
     @click.command()
-    @_fail_cleanly
+    @fail_cleanly
     def boom() -> None:
         raise core.InvalidInputError("batch_size must be ≥ 1, got 0")
 

@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from core.cli.common import (
-    _Bar,
-    _fail_cleanly,
+    Bar,
+    fail_cleanly,
     main,
     pair_options,
     setting_option,
@@ -28,16 +28,16 @@ def demo() -> None:
 @click.option("--out", type=click.Path(file_okay=False), help="Output directory (default: assets/demo).")
 @click.option("--size", type=click.Choice(["full", "tiny"]), default="full", show_default=True)
 @setting_option("seed")
-@_fail_cleanly
+@fail_cleanly
 def demo_train(out: str | None, size: str, seed: int) -> None:
     """Train the demo base / reasoning pair on the synthetic task (CPU, minutes)."""
     from core.demo.pair import DEMO_DIR
     from core.demo.train import train_demo_pair
 
-    bars: dict[str, _Bar] = {}
+    bars: dict[str, Bar] = {}
 
     def progress(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, _Bar(f"train {stage}", unit="step"))(done, total)
+        bars.setdefault(stage, Bar(f"train {stage}", unit="step"))(done, total)
 
     train_demo_pair(out or DEMO_DIR, size=size, seed=seed, progress=progress)
     for bar in bars.values():

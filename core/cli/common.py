@@ -21,7 +21,7 @@ from core.decoding.policies import Param, list_policies
 from core.errors import ForkpointError
 
 
-def _fail_cleanly(fn):
+def fail_cleanly(fn):
     """Show ForkpointError messages as CLI errors, not tracebacks, naming CLI flags for Python arguments."""
 
     @functools.wraps(fn)
@@ -70,7 +70,7 @@ def store_option(fn):
                         help="Trace store directory (default: $FORKPOINT_STORE or ./forkpoint-store).")(fn)
 
 
-def _pair(opts: dict[str, Any]):
+def pair_from_options(opts: dict[str, Any]):
     from core.pair.loading import load_pair
 
     if not opts.get("base") and not opts.get("reason"):
@@ -103,7 +103,7 @@ def ray_option(fn):
                              "cluster (needs the ray extra; see docs/SCALE.md).")(fn)
 
 
-def _executor(ray_address: str | None, opts: dict[str, Any] | None = None):
+def make_executor(ray_address: str | None, opts: dict[str, Any] | None = None):
     """A RayExecutor for --ray (progress shows in the command's own bar), or None: in-process. Takes
     --workers and --gpus-per-worker out of `opts`."""
     opts = {} if opts is None else opts
@@ -118,10 +118,10 @@ def _executor(ray_address: str | None, opts: dict[str, Any] | None = None):
                        gpus_per_worker=1 if gpus is None else gpus)
 
 
-def _pair_or_spec(opts: dict[str, Any], executor: Any):
+def pair_or_spec(opts: dict[str, Any], executor: Any):
     """With an executor, the pair as a PairSpec (only the workers load it); else the loaded pair."""
     if executor is None:
-        return _pair(opts)
+        return pair_from_options(opts)
     from core.scale import PairSpec
 
     if not opts.get("base") and not opts.get("reason"):
@@ -134,7 +134,7 @@ def _pair_or_spec(opts: dict[str, Any], executor: Any):
                     trust_remote_code=opts.get("trust_remote_code", False))
 
 
-def _close_executor(executor: Any) -> None:
+def close_executor(executor: Any) -> None:
     """Print the Ray workers' throughput (stderr) and stop them."""
     if executor is None:
         return
@@ -144,13 +144,13 @@ def _close_executor(executor: Any) -> None:
     executor.close()
 
 
-def _store(path: str | None):
+def open_store(path: str | None):
     from core.io.store import TraceStore, default_store_path
 
     return TraceStore(path or default_store_path())
 
 
-def _problems(path: str | None, limit: int | None):
+def read_problems(path: str | None, limit: int | None):
     if path is None:
         from core.demo.pair import demo_problems
 
@@ -179,7 +179,7 @@ def open_bar(**kwargs: Any) -> Any:
     return bar
 
 
-class _Bar:
+class Bar:
     """A tqdm bar driven by core's progress(done, total) callbacks, counting `unit`s."""
 
     def __init__(self, desc: str, unit: str) -> None:

@@ -11,21 +11,21 @@ import click
 
 from core import settings
 from core.cli.common import (
-    _close_executor,
-    _executor,
-    _fail_cleanly,
-    _pair,
-    _pair_or_spec,
-    _problems,
-    _store,
     check_output,
     close_bars,
+    close_executor,
+    fail_cleanly,
     float_list,
     main,
+    make_executor,
     open_bar,
+    open_store,
+    pair_from_options,
     pair_options,
+    pair_or_spec,
     preset_setting_option,
     ray_option,
+    read_problems,
     setting_option,
     store_option,
 )
@@ -46,7 +46,7 @@ BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-toke
 @click.option("--overwrite", is_flag=True, help="Replace an existing report in --out.")
 @click.option("--only", "only", multiple=True, metavar="ANALYSIS",
               help="Run only these analyses (repeatable; names: `core.list_analyses()`, e.g. lorenz, position).")
-@_fail_cleanly
+@fail_cleanly
 def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, only: tuple[str, ...]) -> None:
     """Write a self-contained HTML report with every registered analysis, and the tables as CSV."""
     from core.analysis.registry import analysis
@@ -58,7 +58,7 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
     html = Path(out) / "report.html"
     if html.exists() and not overwrite:
         raise click.ClickException(f"{html} exists; pass --overwrite to replace it (or choose another --out)")
-    store = _store(store_path)
+    store = open_store(store_path)
     traces, unreadable = store.load_all()  # a damaged file is reported and skipped, never fatal
     from core.cli.store import warn_unreadable
 
@@ -135,7 +135,7 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 @click.option("--shard", help="i/n: run only the i-th of n deterministic shards (rerun without it to summarise).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the table as CSV, plus .md and a recovery plot .html.")
 @ray_option
-@_fail_cleanly
+@fail_cleanly
 def eval_(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
           ratios: str, budgets: str, window: int, samples: int, temperature: float, top_p: float,
           max_new_tokens: int, baseline_rho: tuple[str, ...], no_entropy_gated: bool, skip_first: int,
@@ -149,9 +149,9 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     ratio_list, budget_list, shard_at = float_list(ratios, "ratio", "--ratios"), _budgets(budgets), _shard(shard)
     if out:
         check_output(out, "--out", parents=False)  # found missing only after hours of work would lose the table
-    check_output(_store(store_path).path, "--store", folder=True)
-    executor = _executor(ray_address, opts)
-    pair = _pair_or_spec(opts, executor)
+    check_output(open_store(store_path).path, "--store", folder=True)
+    executor = make_executor(ray_address, opts)
+    pair = pair_or_spec(opts, executor)
     problems = _source(problems_path, limit)
     if calibration_path:
         calibration = _source(calibration_path, None)
@@ -163,18 +163,18 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
         calibration, problems = problems[: max(1, len(problems) // 4)], problems[max(1, len(problems) // 4):]
     if shard_at:
         problems = shard_of(problems, shard_at)
-    executor = _executor(ray_address)
-    pair = _pair_or_spec(opts, executor)
+    executor = make_executor(ray_address)
+    pair = pair_or_spec(opts, executor)
     bars = _StageBars()
     try:
         table = budget_sweep(pair, problems, calibration, ratio_list, budgets=budget_list,
-                             window=window, samples=samples, store=_store(store_path), temperature=temperature,
+                             window=window, samples=samples, store=open_store(store_path), temperature=temperature,
                              top_p=top_p, max_new_tokens=max_new_tokens, progress=bars, executor=executor,
                              baseline_rhos=_baseline_rhos(baseline_rho), entropy_gated=not no_entropy_gated,
                              skip_first=skip_first)
     finally:
         bars.close()
-        _close_executor(executor)
+        close_executor(executor)
     raw = table
     table = table.assign(policy=[p if p == c else f"{p} ({c})" for p, c in zip(table["policy"], table["config"])])
     markdown = to_markdown(table, columns=["accuracy", "ungraded", "pass@k", "rho", "mean_tokens", "recovery",
@@ -205,7 +205,7 @@ def _write_eval_outputs(raw, table, markdown: str, out: Path) -> None:
 
 def _source(source: str | None, limit: int | None):
     if source is None:
-        return _problems(None, limit)
+        return read_problems(None, limit)
     from core.evaluation.sources import load_source
 
     return load_source(source, limit=limit)
@@ -268,7 +268,7 @@ class _StageBars:
 @setting_option("seed")
 @setting_option("batch_size")
 @ray_option
-@_fail_cleanly
+@fail_cleanly
 def reproduce(store_path: str | None, thinking: str | None, thinking_revision: str | None,
               thinking_format: str | None, problems: tuple[str, ...],
               calibration: tuple[str, ...], calibration_problems: int, out: str, preset: str | None, ratios: str,
@@ -287,12 +287,12 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
         check_output(store_path, "--store", folder=True)
     if bool(opts.get("base")) != bool(opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
-    base = opts.get("base") or _pair(opts)  # neither --base nor --reason: the demo pair
+    base = opts.get("base") or pair_from_options(opts)  # neither --base nor --reason: the demo pair
     bars = _StageBars()
-    executor = _executor(ray_address, opts)
+    executor = make_executor(ray_address, opts)
     try:
         result = run(base, opts.get("reason"), list(problems), out, thinking=thinking, preset=preset,
-                     store=_store(store_path) if store_path else None, ratios=ratio_list,
+                     store=open_store(store_path) if store_path else None, ratios=ratio_list,
                      budgets=budget_list, window=window, score=score_name,
                      calibration=list(calibration) or None, calibration_problems=calibration_problems,
                      reference=ref, baselines=not no_baselines,
@@ -307,7 +307,7 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
                      trust_remote_code=opts.get("trust_remote_code", False), progress=bars, executor=executor)
     finally:
         bars.close()
-        _close_executor(executor)
+        close_executor(executor)
     shown = result.table[result.table["benchmark"] == result.table["benchmark"].iloc[-1]]
     from core.evaluation.harness import to_markdown
 
@@ -339,7 +339,7 @@ def _reference(text: str | None) -> Any:
 @click.option("--demo-dir", type=click.Path(file_okay=False), help="Demo pair directory (default: assets/demo).")
 @setting_option("demo_measure_problems", dest="n", flag="--n")
 @setting_option("demo_measure_samples", dest="samples", flag="--samples")
-@_fail_cleanly
+@fail_cleanly
 def demo_measure(demo_dir: str | None, n: int, samples: int) -> None:
     """Measure the demo pair's properties and rewrite its CARD.md and measure.json."""
     from core.demo.card import write_card

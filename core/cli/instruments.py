@@ -8,15 +8,15 @@ from typing import Any
 import click
 
 from core.cli.common import (
-    _Bar,
-    _fail_cleanly,
-    _pair,
-    _problems,
-    _store,
+    Bar,
+    fail_cleanly,
     main,
+    open_store,
+    pair_from_options,
     pair_options,
     policy_kwargs,
     policy_options,
+    read_problems,
     setting_option,
     settings_options,
     store_option,
@@ -67,7 +67,7 @@ def _stored(store: Any, keys: tuple[str, ...]) -> list[Any]:
 @click.option("--overwrite", is_flag=True, help="Replace --out (stored continuations are reused, not decoded again).")
 @policy_options
 @settings_options("ratio", "calibration_problems", "max_new_tokens", "temperature", "batch_size")
-@_fail_cleanly
+@fail_cleanly
 def effects(store_path: str | None, problems_path: str | None, limit: int | None, keys: tuple[str, ...], positions: str,
             samples: int, sample_temperature: float | None, out: str, overwrite: bool, policy_name: str, ratio: float,
             calibration_problems: int, max_new_tokens: int, temperature: float, seed: int, batch_size: int,
@@ -92,22 +92,22 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
 
     where = _positions(positions)
     path = _free(out, overwrite)
-    pair, store = _pair(opts), _store(store_path)
+    pair, store = pair_from_options(opts), open_store(store_path)
     score = opts.get("score") or DEFAULT_SCORE
     if keys:
         traces = _stored(store, keys)
     else:
-        problems = _problems(problems_path, limit)
+        problems = read_problems(problems_path, limit)
         require_gold(problems)
         sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
         policy = build_policy(pair, policy_name, policy_kwargs(policy_name, {**opts, "seed": seed}),
                               calibrate_on=problems[:calibration_problems], ratio=ratio, store=store, **sampling)
-        bar = _Bar(f"generate {policy.name}", unit="trace")
+        bar = Bar(f"generate {policy.name}", unit="trace")
         traces = generate_many(pair, problems, policy, store=store, on_trace=grade_trace, progress=bar, **sampling)
         bar.close()
     todo = [effect_positions(t, where, score) for t in traces]
     total, done, frames = sum(map(len, todo)), 0, []
-    bar = _Bar("effects", unit="pos")
+    bar = Bar("effects", unit="pos")
     try:
         for trace, these in zip(traces, todo):
             frames.append(takeover_effects(pair, trace, these, samples, temperature=sample_temperature, seed=seed,
@@ -142,14 +142,14 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
               help="Also the tokens pos ± this many (core.lens's window).")
 @click.option("--top", "k", default=3, show_default=True, type=click.IntRange(1), help="Top tokens per layer.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the full table as CSV.")
-@_fail_cleanly
+@fail_cleanly
 def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv: bool, **opts: Any) -> None:
     """The logit lens of a stored trace at token POS: each layer of each model read through its final norm and head."""
     from core.instruments.lens import lens as run_lens
 
-    store = _store(store_path)
+    store = open_store(store_path)
     trace = _stored(store, (key,))[0]
-    frame = run_lens(_pair(opts), trace, pos, window=window, k=k)
+    frame = run_lens(pair_from_options(opts), trace, pos, window=window, k=k)
     if as_csv:
         click.echo(frame.to_csv(index=False))
         return
@@ -173,18 +173,18 @@ def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv
 @click.option("--with-branches", is_flag=True, help="Count branches and effect continuations too.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the whole table as CSV.")
 @click.option("--overwrite", is_flag=True, help="Replace --out.")
-@_fail_cleanly
+@fail_cleanly
 def tokens(store_path: str | None, by: str, score_name: str, sort_by: str, top: int, effects_path: str | None,
            with_branches: bool, out: str | None, overwrite: bool) -> None:
     """Dataset token statistics over the store: count, scores, spike and takeover rates, measured effects."""
     import pandas as pd
 
-    from core.cli.store import _existing_store, warn_unreadable
+    from core.cli.store import existing_store, warn_unreadable
     from core.instruments.token_stats import token_stats
     from core.io.csvsafe import write_csv
 
     path = _free(out, overwrite) if out else None
-    store = _existing_store(store_path)
+    store = existing_store(store_path)
     traces, bad = store.load_all()
     warn_unreadable(bad)
     if not with_branches:

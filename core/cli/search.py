@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from core.cli.common import _fail_cleanly, main, store_option
-from core.cli.store import _existing_store, warn_unreadable
+from core.cli.common import fail_cleanly, main, store_option
+from core.cli.store import existing_store, warn_unreadable
 from core.scoring.registry import DEFAULT_SCORE, SCORES
 
 SHOWN = ["key", "problem", "pos", "match", "score", "spike", "tag", "source", "correct", "answer"]
@@ -22,13 +22,13 @@ SHOWN = ["key", "problem", "pos", "match", "score", "spike", "tag", "source", "c
 @click.option("--tags", is_flag=True, help="Add each match's planning tag (loads spaCy).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many rows.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (every column) instead of a table.")
-@_fail_cleanly
+@fail_cleanly
 def search(pattern: str, store_path: str | None, regex: bool, ignore_case: bool, score: str, spikes_only: bool,
            tags: bool, limit: int | None, as_csv: bool) -> None:
     """Every match of PATTERN in the stored responses: trace, token position, score, spike and tag, outcome."""
     from core.analysis.search import search_traces
 
-    store = _existing_store(store_path)
+    store = existing_store(store_path)
     traces, bad = store.load_all()
     found = search_traces(traces, pattern, regex=regex, case=not ignore_case, score=score, tags=tags,
                           spikes_only=spikes_only, limit=limit)

@@ -11,15 +11,15 @@ from typing import Any
 import click
 
 from core.cli.common import (
-    _Bar,
-    _executor,
-    _fail_cleanly,
-    _pair_or_spec,
-    _store,
+    Bar,
     check_output,
+    fail_cleanly,
     main,
+    make_executor,
     open_bar,
+    open_store,
     pair_options,
+    pair_or_spec,
     ray_option,
     store_option,
 )
@@ -29,9 +29,9 @@ from core.scoring.registry import DEFAULT_SCORE, SCORES
 from core.views.exports import FORMATS as EXPORT_FORMATS
 
 
-def _existing_store(store_path: str | None):
+def existing_store(store_path: str | None):
     """The store at --store, or a clear error when there is none (never an empty table)."""
-    store = _store(store_path)
+    store = open_store(store_path)
     if not store.exists():
         raise click.ClickException(
             f"No trace store at {store.path} (give --store or set $FORKPOINT_STORE; a store is created by "
@@ -58,10 +58,10 @@ def one_line(text: str) -> str:
 @store_option
 @click.option("--unreadable", is_flag=True, help="List only the files that could not be read, with the reason.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV instead of a table.")
-@_fail_cleanly
+@fail_cleanly
 def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
     """Summary table of the stored traces; damaged files are listed with status DAMAGED (reasons on stderr)."""
-    store = _existing_store(store_path)
+    store = existing_store(store_path)
     if unreadable:  # the deep check: every file read in full
         for path, reason in store.unreadable():
             click.echo(f"{path}\t{one_line(reason)}")
@@ -89,7 +89,7 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
               help="Score whose top tokens are marked as spikes (every format) and that colours the heatmap (html).")
 @click.option("--overwrite", is_flag=True)
 @click.option("--parents", is_flag=True, help="Create --out's folder when it does not exist.")
-@_fail_cleanly
+@fail_cleanly
 def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: str, score_name: str,
            overwrite: bool, parents: bool) -> None:
     """Export traces (all readable ones, or the given keys) as JSONL, CSV, Parquet or self-contained HTML."""
@@ -97,7 +97,7 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
     from core.views.exports import export as run_export
 
     check_output(out, "--out", parents=parents, offer_parents=True)
-    store = _existing_store(store_path)
+    store = existing_store(store_path)
     if keys:  # keys the user named must all be there: no silent drop
         traces = [store.get(k) for k in open_bar(iterable=keys, desc="read", unit="trace")]
         bad: list[tuple[Path, str]] = []
@@ -128,7 +128,7 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
               help="Append each record's outcome to this JSONL file as it happens "
                    "(default: <store>/imports/<file>.<time>.jsonl).")
 @ray_option
-@_fail_cleanly
+@fail_cleanly
 def import_(path: str, store_path: str | None, fmt: str | None, report_path: str | None, ray_address: str | None,
             **opts: Any) -> None:
     """Score records {id, prompt, response[, answer]} made elsewhere (JSONL, CSV or Parquet) into the store.
@@ -139,16 +139,16 @@ def import_(path: str, store_path: str | None, fmt: str | None, report_path: str
     from core.io.imports import detect_format, import_file
 
     detect_format(path, fmt)  # a bad suffix fails before the models load
-    store = _store(store_path)
+    store = open_store(store_path)
     check_output(store.path, "--store", folder=True)
     if report_path is None:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         report_path = str(store.path / "imports" / f"{Path(path).name}.{stamp}.jsonl")
     else:
         check_output(report_path, "--report")
-    executor = _executor(ray_address, opts)
-    pair = _pair_or_spec(opts, executor)
-    bar = _Bar("import", unit="record")
+    executor = make_executor(ray_address, opts)
+    pair = pair_or_spec(opts, executor)
+    bar = Bar("import", unit="record")
     try:  # the bar closes before the summary is printed
         if executor is None:
             result = import_file(pair, path, store, progress=bar, format=fmt, report_path=report_path)
@@ -171,13 +171,13 @@ def import_(path: str, store_path: str | None, fmt: str | None, report_path: str
 
 @main.command()
 @store_option
-@_fail_cleanly
+@fail_cleanly
 def verify(store_path: str | None) -> None:
     """Deep check: read every trace in full (page and footer checksums), the index and temp files.
 
     Prints a JSON report; exits 1 when a trace file is damaged or the index is unusable.
     """
-    check = _existing_store(store_path).verify()
+    check = existing_store(store_path).verify()
     click.echo(json.dumps(check.to_dict(), indent=1))
     if not check.ok:
         sys.exit(1)
@@ -185,11 +185,11 @@ def verify(store_path: str | None) -> None:
 
 @main.command()
 @store_option
-@_fail_cleanly
+@fail_cleanly
 def repair(store_path: str | None) -> None:
     """Set damaged trace files aside (into <store>/damaged/, never deleted), remove dead writers' temp
     files, and rebuild the index. Re-running the request that made a set-aside trace recomputes it."""
-    report = _existing_store(store_path).repair()
+    report = existing_store(store_path).repair()
     click.echo(json.dumps(report.to_dict(), indent=1))
 
 
@@ -198,10 +198,10 @@ def repair(store_path: str | None) -> None:
 @click.argument("keys", nargs=-1)
 @click.option("--damaged", is_flag=True, help="Remove every trace file that fails the deep check.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@_fail_cleanly
+@fail_cleanly
 def remove(store_path: str | None, keys: tuple[str, ...], damaged: bool, yes: bool) -> None:
     """Delete the given traces (or, with --damaged, every unreadable trace file) from the store."""
-    store = _existing_store(store_path)
+    store = existing_store(store_path)
     bad = [path for path, _ in store.unreadable()] if damaged else []
     if not keys and not bad:
         if damaged:

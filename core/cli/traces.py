@@ -9,20 +9,20 @@ from typing import Any
 import click
 
 from core.cli.common import (
-    _Bar,
-    _close_executor,
-    _executor,
-    _fail_cleanly,
-    _pair,
-    _pair_or_spec,
-    _problems,
-    _store,
+    Bar,
     check_output,
+    close_executor,
+    fail_cleanly,
     main,
+    make_executor,
+    open_store,
+    pair_from_options,
     pair_options,
+    pair_or_spec,
     policy_kwargs,
     policy_options,
     ray_option,
+    read_problems,
     setting_option,
     settings_options,
     store_option,
@@ -39,7 +39,7 @@ TOP_ROWS = 10  # rows `forkpoint score` prints by default
 @click.option("--response", required=True, help="The response text to score (or @file to read it).")
 @click.option("--top", default=TOP_ROWS, show_default=True, type=click.IntRange(1), help="Rows to print, highest score first.")
 @setting_option("score", dest="score_name")
-@_fail_cleanly
+@fail_cleanly
 def score(prompt: str, response: str, top: int, score_name: str, store_path: str | None, **opts: Any) -> None:
     """Score a response under both models and print the most disagreeing tokens."""
     from core.scoring.teacher_forced import score as run_score
@@ -55,8 +55,8 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
         raise click.BadParameter("is empty: give the response text to score (or @file)", param_hint="--response")
     if store_path:
         check_output(store_path, "--store", folder=True)
-    pair = _pair(opts)
-    trace = run_score(pair, prompt, response, store=_store(store_path) if store_path else None)
+    pair = pair_from_options(opts)
+    trace = run_score(pair, prompt, response, store=open_store(store_path) if store_path else None)
     frame = trace.frame().assign(_score=score_values(trace.metrics, score_name))  # sign applied (delta_logp)
     cols = list(dict.fromkeys(["pos", "token", score_name, "entropy_base", "rank_base", "reason_top_rank_in_base"]))
     click.echo(frame.sort_values("_score", ascending=False, kind="stable")[cols].head(top).to_string(index=False))
@@ -78,7 +78,7 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
 @policy_options
 @settings_options("ratio", "calibration_problems", "max_new_tokens", "temperature", "top_p", "samples", "batch_size")
 @ray_option
-@_fail_cleanly
+@fail_cleanly
 def generate(store_path: str | None, problems_path: str | None, prompt: str | None, limit: int | None,
              calibrate_on: str | None, policy_name: str, ratio: float, calibration_problems: int, max_new_tokens: int,
              temperature: float, top_p: float, seed: int, samples: int, batch_size: int, ray_address: str | None,
@@ -103,11 +103,11 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
                                      param_hint="--prompt")
         if problems_path or limit:
             raise click.UsageError("--prompt is one problem: it does not combine with --problems or --limit")
-    check_output(_store(store_path).path, "--store", folder=True)
-    problems = [prompt] if prompt is not None else _problems(problems_path, limit)
-    executor = _executor(ray_address, opts)
-    pair = _pair_or_spec(opts, executor)
-    store = _store(store_path)
+    check_output(open_store(store_path).path, "--store", folder=True)
+    problems = [prompt] if prompt is not None else read_problems(problems_path, limit)
+    executor = make_executor(ray_address, opts)
+    pair = pair_or_spec(opts, executor)
+    store = open_store(store_path)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
     calibration: list[Any] = []
     if policy_spec(policy_name).needs_gate and "tau" not in params:
@@ -118,12 +118,12 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
             click.echo(f"calibrating the gate on base rollouts of {len(calibration)} problems ...", err=True)
         policy = build_policy(pair, policy_name, params, calibrate_on=calibration, ratio=ratio, store=store,
                               executor=executor, **sampling)
-        bar = _Bar(f"generate {policy.name}", unit="trace")
+        bar = Bar(f"generate {policy.name}", unit="trace")
         traces = generate_many(pair, problems, policy, samples=samples, top_p=top_p, store=store,
                                on_trace=grade_trace, progress=bar, executor=executor, **sampling)
         bar.close()
     finally:
-        _close_executor(executor)
+        close_executor(executor)
     notice = policy.diagnose(traces)
     if notice:
         click.echo(f"note: {notice}", err=True)
@@ -165,7 +165,7 @@ def _calibration_split(calibrate_on: str | None, problems: list[Any], problems_p
 @setting_option("score", dest="score_name", type=click.Choice(GATE_SCORES))
 @settings_options("max_new_tokens", "temperature", "seed", "batch_size")
 @ray_option
-@_fail_cleanly
+@fail_cleanly
 def calibrate(store_path: str | None, problems_path: str | None, limit: int, ratio: float, window: int,
               score_name: str, max_new_tokens: int, temperature: float, seed: int, batch_size: int,
               ray_address: str | None, **opts: Any) -> None:
@@ -173,18 +173,18 @@ def calibrate(store_path: str | None, problems_path: str | None, limit: int, rat
     from core.decoding import calibrate as run_calibrate
 
 
-    check_output(_store(store_path).path, "--store", folder=True)
-    problems = _problems(problems_path, limit)
-    executor = _executor(ray_address, opts)
-    pair = _pair_or_spec(opts, executor)
-    bar = _Bar("calibrate", unit="trace")
+    check_output(open_store(store_path).path, "--store", folder=True)
+    problems = read_problems(problems_path, limit)
+    executor = make_executor(ray_address, opts)
+    pair = pair_or_spec(opts, executor)
+    bar = Bar("calibrate", unit="trace")
     try:
         gate = run_calibrate(pair, problems, ratio=ratio, window=window, score=score_name,
                              max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, batch_size=batch_size,
-                             store=_store(store_path), progress=bar, executor=executor)
+                             store=open_store(store_path), progress=bar, executor=executor)
     finally:
         bar.close()
-        _close_executor(executor)
+        close_executor(executor)
     click.echo(json.dumps({"tau": gate.tau, "lam": gate.lam, "window": gate.window, "ratio": ratio,
                            "score": score_name}))
 
@@ -223,7 +223,7 @@ def parse_switches(text: str) -> dict[int, Any]:
 @click.option("--then", "then", type=click.Choice(["policy", "base", "reason"]), default="policy", show_default=True,
               help="Who writes every other position after the first switch: the trace's policy, the base or the reasoner.")
 @setting_option("max_new_tokens", default=None, help="Most response tokens (default: the parent's limit).")
-@_fail_cleanly
+@fail_cleanly
 def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_tokens: int | None,
              **opts: Any) -> None:
     """Switch takeovers of the stored trace KEY on and off (core.takeover); the child is graded and stored."""
@@ -233,11 +233,11 @@ def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_
 
 
     at = parse_switches(at_text)
-    store = _store(store_path)
+    store = open_store(store_path)
     if key not in store:
         raise click.BadParameter(f"no readable trace {key!r} in {store.path} (see `forkpoint ls`)", param_hint="KEY")
     check_output(store.path, "--store", folder=True)
-    pair = _pair(opts)
+    pair = pair_from_options(opts)
     parent = store.get(key)
     at = {p: (pair.encode(w) if isinstance(w, str) and w not in ("reason", "base") else w) for p, w in at.items()}
     child = graded_put(store, run_takeover(pair, parent, at, then=then, max_new_tokens=max_new_tokens, store=store))
