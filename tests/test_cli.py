@@ -184,6 +184,7 @@ def _bad_inputs(tmp):
         (["generate", "--limit", "-3"], "--limit"), (["generate", "--top-p", "0"], "--top-p"),
         (["generate", "--top-p", "5"], "--top-p"), (["generate", "--dtype", "float8"], "--dtype"),
         (["generate", "--store", "/proc/x"], "--store"), (["generate", "--ratio", "1"], "--ratio"),
+        (["generate", "--device", "gpu7"], "--device"), (["score", "--prompt", "x", "--response", "y", "--device", "cuda:x"], "--device"),
         (["score", "--prompt", "x", "--response", ""], "--response"),
         (["score", "--prompt", "x", "--response", "y", "--dtype", "float8"], "--dtype"),
         (["calibrate", "--ratio", "0"], "--ratio"), (["calibrate", "--window", "0"], "--window"),

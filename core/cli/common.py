@@ -47,6 +47,14 @@ def cli_words(message: str) -> str:
     return re.sub(r"(?<![\w.-])(format|score|store)=(?![\w'\"])", r"--\1", message)  # "give format=" -> "give --format"
 
 
+def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--device's spelling, checked before anything loads (whether that CUDA device exists is the loader's
+    check, which needs torch)."""
+    if value is not None and not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
+        raise click.BadParameter(f"unknown device {value!r}; use auto, cpu, cuda or cuda:N", ctx, param)
+    return value
+
+
 def pair_options(fn):
     """--base/--reason/... : the model pair (the bundled demo pair when neither is given)."""
     options = [
@@ -56,7 +64,7 @@ def pair_options(fn):
         click.option("--reason-format", help="Reasoning prompt format (default: chat template if any)."),
         click.option("--base-revision", help="Pin the base model to a hub revision."),
         click.option("--reason-revision", help="Pin the reasoning model to a hub revision."),
-        setting_option("device"),
+        setting_option("device", callback=_check_device),
         setting_option("dtype"),
         click.option("--trust-remote-code", is_flag=True, help="Run model code from the hub (only if you trust it)."),
     ]
