@@ -47,7 +47,7 @@ class AppConfig:
     pair: PairChoice
     store: str | None = None  # None: core.store.default_store_path()
     problems: str | None = None  # None: the demo problems
-    max_new_tokens: int = settings.MAX_NEW_TOKENS  # default generation length (first view, Generate page, branches)
+    max_new_tokens: int | None = None  # generation length (first view, Generate page); None: what the pair allows
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true", help="Run model code from the hub (only if you trust it).")
     p.add_argument("--store", default=None, help="Trace store directory (default: $FORKPOINT_STORE or ./forkpoint-store).")
     p.add_argument("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
-    p.add_argument("--max-new-tokens", type=int, default=settings.MAX_NEW_TOKENS, help=settings.SETTINGS["max_new_tokens"].help)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=settings.SETTINGS["max_new_tokens"].help + " Default: that setting, capped to the pair's context.")
     return p
 
 
@@ -83,6 +84,6 @@ def parse_args(argv: Sequence[str]) -> AppConfig:
         reason_format=args.reason_format, device=args.device, dtype=args.dtype, base_revision=args.base_revision,
         reason_revision=args.reason_revision, trust_remote_code=args.trust_remote_code,
     )
-    if args.max_new_tokens < 1:
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise InvalidInputError(f"--max-new-tokens must be ≥ 1, got {args.max_new_tokens}")
     return AppConfig(pair=pair, store=args.store, problems=args.problems, max_new_tokens=args.max_new_tokens)

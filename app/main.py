@@ -62,7 +62,7 @@ def _make_rollouts(pair, store, settings) -> None:
         with st.spinner(f"Making {len(problems)} base rollouts of this pair …"):
             calibrate(pair, problems, ratio=float(st.session_state["gate_ratio"]),
                       window=int(st.session_state["gate_window"]), score=settings.score, store=store,
-                      max_new_tokens=st.session_state["config"].max_new_tokens)
+                      max_new_tokens=resources.max_new_tokens(pair))
         resources.calibrated_gate.clear()
         state.notice("success", f"Stored {len(problems)} base rollouts of this pair; the gate is calibrated on them.")
     except ForkpointError as err:

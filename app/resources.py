@@ -15,6 +15,7 @@ import streamlit as st
 import core
 from app.config import PairChoice
 from app.view import SpikeRule, annotate_view, as_problems
+from core import settings
 from core.annotate.spikes import Gate
 from core.evaluation.problems import Problem
 from core.io.notes import attach_notes
@@ -150,3 +151,13 @@ def has_rollouts(pair: core.ModelPair, path: str) -> bool:
     from core.decoding import has_base_rollouts
 
     return bool(has_base_rollouts(pair, get_store(path)))
+
+
+def max_new_tokens(pair: core.ModelPair | None) -> int:
+    """The app's response length: --max-new-tokens when given, else settings.MAX_NEW_TOKENS capped to the
+    pair's context (the demo pair's is 192 tokens), so the default never asks for more than fits."""
+    given = st.session_state["config"].max_new_tokens
+    if given is not None:
+        return int(given)
+    contexts = [c for c in (pair.context_length(s) for s in ("base", "reason")) if c] if pair is not None else []
+    return min([settings.MAX_NEW_TOKENS, *contexts])

@@ -41,7 +41,7 @@ from core.views.presentation import (
 
 def test_parse_args_defaults_to_demo_pair():
     cfg = parse_args([])
-    assert cfg.pair.demo and cfg.store is None and cfg.problems is None and cfg.max_new_tokens == 256
+    assert cfg.pair.demo and cfg.store is None and cfg.problems is None and cfg.max_new_tokens is None  # what the pair allows (resources.max_new_tokens)
 
 
 def test_parse_args_pair_store_and_formats():
@@ -439,3 +439,21 @@ def test_a_typed_branch_is_named_by_all_its_forced_tokens():
     typed = Trace(token_ids=trace.token_ids, tokens=trace.tokens, prompt_ids=trace.prompt_ids, metrics=trace.metrics,
                   topk=trace.topk, source=source, meta={**trace.meta, "branch_pos": 2, "parent": "x"})
     assert branch_token_text(typed) == "forced ' c d e' (3 tokens)"
+
+
+def test_the_default_length_is_what_the_pair_allows(qwen_pair, monkeypatch):
+    """Issue 22.11: without --max-new-tokens the app asks for settings.MAX_NEW_TOKENS capped to the pair's
+    context (the demo pair's 192 tokens), so its first views stop warning that 256 exceeds the context."""
+    import streamlit as st
+
+    from app import resources
+    from app.config import AppConfig, PairChoice
+    from core import settings
+
+    for side in ("base", "reason"):
+        monkeypatch.setattr(qwen_pair.model(side).config, "max_position_embeddings", 100 if side == "base" else 150)
+    monkeypatch.setitem(st.session_state, "config", AppConfig(pair=PairChoice()))
+    assert resources.max_new_tokens(qwen_pair) == 100 < settings.MAX_NEW_TOKENS
+    assert resources.max_new_tokens(None) == settings.MAX_NEW_TOKENS
+    monkeypatch.setitem(st.session_state, "config", AppConfig(pair=PairChoice(), max_new_tokens=32))
+    assert resources.max_new_tokens(qwen_pair) == 32

@@ -130,7 +130,7 @@ def main() -> None:
         return
     c = st.columns(6)
     max_new = int(_setting_input(c[0], "max_new_tokens", "max new tokens", "gen_max_new",
-                                 st.session_state["config"].max_new_tokens))
+                                 resources.max_new_tokens(ctx.pair)))
     temperature = float(_setting_input(c[1], "temperature", "temperature", "gen_temp"))
     top_p = float(_setting_input(c[2], "top_p", "top-p", "gen_top_p"))
     seed = int(_setting_input(c[3], "seed", "seed", "gen_seed"))

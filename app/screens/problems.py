@@ -151,7 +151,7 @@ def _first_trace_of(ctx, problem_id: str) -> str | None:
         return None
     try:
         with st.spinner(f"Generating a BaseOnly trace for {problem_id} …"):
-            return actions.first_trace(ctx.pair, ctx.store, problem, st.session_state["config"].max_new_tokens).key
+            return actions.first_trace(ctx.pair, ctx.store, problem, resources.max_new_tokens(ctx.pair)).key
     except ForkpointError as err:
         st.error(f"Could not generate a trace: {md_escape(err, 400)}")
         return None

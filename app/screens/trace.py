@@ -46,7 +46,7 @@ def ensure_trace(ctx: Context) -> str | None:
     ss["first_view"] = False
     if ctx.pair is None:
         return None
-    limit = ss["config"].max_new_tokens
+    limit = resources.max_new_tokens(ctx.pair)
     try:
         if ss.get("problem_id"):  # a link to a problem with no trace yet
             problem = _first_problem(ctx)

@@ -53,7 +53,8 @@ _FORWARDED = ("base", "reason", "base_format", "reason_format", "base_revision",
 @pair_options
 @store_option
 @click.option("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
-@setting_option("max_new_tokens")
+@setting_option("max_new_tokens", default=None,
+                help="Most response tokens to generate [default: 256, capped to the pair's context].")
 @click.option("--port", type=click.IntRange(1, 65535), default=8501, show_default=True, help="TCP port, 1-65535.")
 @click.option("--address", default="127.0.0.1", show_default=True, help="Bind address (localhost by default).")
 def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, **opts: Any) -> None:
@@ -67,7 +68,8 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
     for name in _FORWARDED:
         if opts.get(name):
             app_args += ["--" + name.removesuffix("_path").replace("_", "-"), str(opts[name])]
-    app_args += ["--max-new-tokens", str(max_new_tokens)] + (["--trust-remote-code"] if trust_remote_code else [])
+    app_args += (["--max-new-tokens", str(max_new_tokens)] if max_new_tokens is not None else []) + (
+        ["--trust-remote-code"] if trust_remote_code else [])
     root = Path(__file__).resolve().parents[2]
     main_py = root / "app" / "main.py"
     # app.serve is `streamlit` plus a Host check on plain HTTP (Streamlit checks the WebSocket only)
