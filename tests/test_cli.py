@@ -241,8 +241,8 @@ def test_every_command_takes_its_defaults_and_ranges_from_the_settings_table():
     for name, cmd in commands(main):
         for opt in cmd.params:
             row = settings.SETTINGS.get(opt.name or "")
-            if name in ("demo measure", "effects"):  # their --n / --samples are rows of their own
-                own = {"demo measure": "demo_measure_", "effects": "effect_"}[name]
+            if name in ("demo measure", "effects", "curve"):  # their --n / --samples are rows of their own
+                own = {"demo measure": "demo_measure_", "effects": "effect_", "curve": "effect_"}[name]
                 row = settings.SETTINGS.get(own + {"n": "problems"}.get(opt.name, opt.name))
                 if row is None:
                     continue

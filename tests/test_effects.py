@@ -218,3 +218,25 @@ def test_cli_effects_writes_the_csv_stores_the_continuations_and_resumes(tmp_pat
     pd.testing.assert_frame_equal(pd.read_csv(out), table)
     bad = CliRunner().invoke(main, ["effects", "--store", str(store), "--positions", "a,b", "--out", str(tmp_path / "x.csv")])
     assert bad.exit_code == 2 and "--positions" in bad.output
+
+
+def test_cli_curve_prints_the_success_curve_and_its_pivotal_tokens(demo, tmp_path) -> None:
+    """`forkpoint curve KEY`: the same curve as core.success_curve, continuations stored (a rerun reads them)."""
+    import io
+
+    import pandas as pd
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    pair, trace = demo
+    store = core.TraceStore(tmp_path / "store")
+    store.put(trace)
+    args = ["curve", trace.key, "--store", str(store.path), "--samples", "3", "--csv"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(io.StringIO(result.output[result.output.index("trace,"):]))
+    want = fx.success_curve(pair, trace, 3, store=store)
+    assert list(table["pos"]) == list(want["pos"]) and np.allclose(table["p"], want["p"])
+    text = CliRunner().invoke(main, ["curve", trace.key, "--store", str(store.path), "--samples", "3"])
+    assert text.exit_code == 0 and "pivotal token" in text.output

@@ -161,6 +161,39 @@ def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv
 
 
 @main.command()
+@pair_options
+@store_option
+@click.argument("key")
+@setting_option("effect_samples", dest="samples", flag="--samples")
+@click.option("--sample-temperature", type=click.FloatRange(0), default=None,
+              help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the whole curve as CSV.")
+@fail_cleanly
+def curve(store_path: str | None, key: str, samples: int, sample_temperature: float | None, as_csv: bool,
+          **opts: Any) -> None:
+    """The success curve of a stored trace: P(correct | its first t tokens) from base continuations at the
+    positions Pivotal Token Search visits; its jumps are the pivotal tokens (continuations are stored)."""
+    from core.instruments.effects import success_curve
+
+    store = open_store(store_path)
+    trace = _stored(store, (key,))[0]
+    bar = Bar("curve", unit="t")
+    try:
+        frame = success_curve(pair_from_options(opts), trace, samples, temperature=sample_temperature, store=store,
+                              progress=bar)
+    finally:
+        bar.close()
+    if as_csv:
+        click.echo(frame.to_csv(index=False))
+        return
+    click.echo(frame.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    pivots = frame[frame["pivotal"]] if "pivotal" in frame else frame.iloc[0:0]
+    click.echo(f"{len(pivots)} pivotal token(s): " + ", ".join(f"#{r.pos} {r.token!r} ({r.jump:+.2f})"
+                                                           for r in pivots.itertuples()) if len(pivots) else
+               "no pivotal token (no jump of the curve reaches the threshold)")
+
+
+@main.command()
 @store_option
 @click.option("--by", type=click.Choice(["token", "tag"]), default="token", show_default=True,
               help="Group by token string or by planning category.")
