@@ -76,13 +76,9 @@ def trace_matches(trace: Trace, pattern: re.Pattern[str], *, score: str = settin
 
 
 def _tags(trace: Trace) -> list[str]:
-    if "tags" in trace.annotations:
-        return [str(t) for t in trace.annotations["tags"]]
-    from core.annotate.planning import (
-        tag_planning,  # spaCy: heavy, only when tags are asked for
-    )
+    from core.annotate.planning import trace_tags  # spaCy: heavy, only when tags are asked for
 
-    return [str(t) for t in tag_planning(trace)]
+    return trace_tags(trace)
 
 
 def search_traces(traces: Iterable[Trace], pattern: str, *, regex: bool = False, case: bool = True,

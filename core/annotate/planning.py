@@ -368,6 +368,13 @@ def tag_planning(trace: Trace, tagger: PlanningTagger | None = None) -> list[str
     return tag_tokens(trace.tokens, tagger)
 
 
+def trace_tags(trace: Trace) -> list[str]:
+    """The trace's planning tags: its "tags" annotation layer when it has one, else the tagger's."""
+    if "tags" in trace.annotations:
+        return [str(t) for t in trace.annotations["tags"]]
+    return [str(t) for t in tag_planning(trace)]
+
+
 # -- thinking vs answer -------------------------------------------------------------------------
 
 

@@ -28,14 +28,9 @@ def _check_by(by: str) -> str:
 
 
 def _tags(trace: Trace) -> list[str]:
-    """The trace's planning tags: its annotation layer, else the tagger's (spaCy loads on first use)."""
-    if "tags" in trace.annotations:
-        return [str(t) for t in trace.annotations["tags"]]
-    from core.annotate.planning import (
-        tag_planning,  # spaCy: heavy, loaded only when grouping by tag
-    )
+    from core.annotate.planning import trace_tags  # spaCy: heavy, loaded only when grouping by tag
 
-    return [str(t) for t in tag_planning(trace)]
+    return trace_tags(trace)
 
 
 def occurrence_frame(traces: Sequence[Trace], *, score: str | None = None, by: str = "token",
