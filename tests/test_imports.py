@@ -148,17 +148,22 @@ def test_json_depth_matches_the_parsed_depth(value):
         assert json_depth_exceeds(text.encode(), limit) == (depth(value) > limit), (text, limit)
 
 
+def _read_traced(path):
+    """read_foreign_jsonl(path) and its peak traced memory in bytes."""
+    tracemalloc.start()
+    try:
+        records, errors = read_foreign_jsonl(path)
+        return records, errors, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_fifty_megabyte_line_is_rejected_in_bounded_memory(tmp_path):
     path = tmp_path / "big.jsonl"
     with open(path, "wb") as fh:
         fh.write(b'{"id": "x", "prompt": "p", "response": "' + b"a" * 50_000_000 + b'"}\n')
         fh.write(b'{"id": "y", "prompt": "p", "response": "b"}\n')
-    tracemalloc.start()
-    try:
-        records, errors = read_foreign_jsonl(path)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    records, errors, peak = _read_traced(path)
     assert peak < 32 * 2**20, f"peak {peak / 2**20:.0f} MiB"  # the 8 MiB limit plus one read, never 50 MB
     assert [r.id for r in records] == ["y"] and errors[0][0] == 1 and "longer than" in errors[0][1]
 
@@ -170,12 +175,7 @@ def test_a_csv_cell_over_the_limit_skips_its_row_and_the_rest_is_read(tmp_path):
         fh.write("id,prompt,response\r\na,p,r\r\n")
         fh.write('b,p,"' + ("x" * 1023 + "\n") * 9 * 1024 + '"\r\n')  # 9 MiB over 9217 lines, quoted
         fh.write("c,p,r\r\nd,\"q\"\"uote\",s\r\n")
-    tracemalloc.start()
-    try:
-        records, errors = read_foreign_jsonl(path)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    records, errors, peak = _read_traced(path)
     assert peak < 24 * 2**20, f"peak {peak / 2**20:.0f} MiB"
     last = 3 + 9 * 1024
     assert [(r.line, r.id) for r in records] == [(2, "a"), (last + 1, "c"), (last + 2, "d")]

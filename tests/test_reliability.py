@@ -262,18 +262,25 @@ def _write_slowly(path: str, started) -> None:
     atomic.write_atomic(atomic.Path(path), write, binary=True)
 
 
-def test_temp_files_of_killed_writers_are_removed_on_open_live_ones_kept(tmp_path, monkeypatch):
-    store = TraceStore(tmp_path)
-    key = store.put(make_trace(10, seed=1))
+def _writers_one_killed(paths: list) -> list:
+    """A slow writer per path, each started and holding its temp file; the first is killed (kill -9).
+    Returns the processes (the first dead, the others live)."""
     procs = []
-    for name in ("dead", "live"):
+    for path in paths:
         started = FORK.Event()
-        proc = FORK.Process(target=_write_slowly, args=(str(store.traces_dir / f"{name}.parquet"), started))
+        proc = FORK.Process(target=_write_slowly, args=(str(path), started))
         proc.start()
         assert started.wait(30)
         procs.append(proc)
     os.kill(procs[0].pid, signal.SIGKILL)
     procs[0].join()
+    return procs
+
+
+def test_temp_files_of_killed_writers_are_removed_on_open_live_ones_kept(tmp_path, monkeypatch):
+    store = TraceStore(tmp_path)
+    key = store.put(make_trace(10, seed=1))
+    procs = _writers_one_killed([store.traces_dir / f"{name}.parquet" for name in ("dead", "live")])
     monkeypatch.setattr(atomic, "STALE_TEMP_SECONDS", 0.0)
     try:
         fresh = TraceStore(tmp_path)
@@ -526,15 +533,7 @@ def test_a_killed_exports_temp_file_is_removed_by_the_next_export_and_verify_rep
     out = tmp_path / "out"
     out.mkdir()
     (out / ".other.parquet.abcdef12.tmp").write_bytes(b"not ours")
-    procs = []
-    for target in ("all.parquet", "all.parquet"):
-        started = FORK.Event()
-        proc = FORK.Process(target=_write_slowly, args=(str(out / target), started))
-        proc.start()
-        assert started.wait(30)
-        procs.append(proc)
-    os.kill(procs[0].pid, signal.SIGKILL)
-    procs[0].join()
+    procs = _writers_one_killed([out / "all.parquet", out / "all.parquet"])
     monkeypatch.setattr(atomic, "STALE_TEMP_SECONDS", 0.0)
     try:
         assert len([p for p in out.iterdir() if p.name.startswith(".all.parquet.")]) == 2
