@@ -4,7 +4,8 @@ Streamlit checks `server.allowedHosts` on the WebSocket only, so `/`, `/_stcore/
 and the static files answer any Host header, and a DNS-rebinding page (attacker.example re-resolved to
 127.0.0.1) can read them. `HostGuard` refuses those requests with 403 by the same rule Streamlit applies
 to the WebSocket (`server.allowedHosts`; empty, as when bound to 0.0.0.0, allows every Host). It is the
-first middleware of Streamlit's Starlette stack, installed before the server starts.
+first middleware of Streamlit's Starlette stack, installed before the server starts; the second is the
+switchboard's live route (app/live.py), so it too sits behind the Host check.
 
     python -m app.serve run app/main.py --server.allowedHosts 127.0.0.1 ... -- <app arguments>
 """
@@ -44,7 +45,8 @@ def host_allowed(scope: dict[str, Any]) -> bool:
 
 
 def install() -> None:
-    """Put HostGuard first in the middleware of every Starlette app Streamlit creates from now on."""
+    """Put HostGuard first in the middleware of every Starlette app Streamlit creates from now on, then the
+    switchboard's live route (app/live.py)."""
     from streamlit.web.server.starlette import starlette_app
 
     original = starlette_app.create_streamlit_middleware
@@ -54,7 +56,9 @@ def install() -> None:
     def with_guard() -> list[Any]:
         from starlette.middleware import Middleware
 
-        return [Middleware(HostGuard), *original()]
+        from app.live import LiveRoute
+
+        return [Middleware(HostGuard), Middleware(LiveRoute), *original()]
 
     with_guard.forkpoint_host_guard = True  # type: ignore[attr-defined]
     starlette_app.create_streamlit_middleware = with_guard

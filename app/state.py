@@ -42,7 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "sw_then": "policy",  # after a switch the rest is written by: the trace's policy, "base" or "reason"
     "sw_hist": [],  # the switch states of this visit (trace keys), for back / forward
     "sw_i": 0,  # the open state's index in sw_hist
-    "switch_job": None,  # a queued switch ({"pos", "flip"} / {"pos", "at"} / {"wanted"}) the fragment applies
+    "switch_job": None,  # a queued switch ({"pos"}: flip, {"pos", "token"}: force, {"wanted"}) the fragment applies
 }
 # URL parameter -> session key, for the view settings (written only when they differ from the default).
 VIEW_PARAMS = {"metric": "score", "scale": "scale", "range": "crange", "prob": "prob_mode", "click": "click_mode"}

@@ -6,17 +6,19 @@ list of switches in force; "which takeovers matter". Plain calls into `core.deco
 from __future__ import annotations
 
 import html
+import secrets
 import time
+from collections.abc import Callable
+from typing import Any
 
 import streamlit as st
 
-from app import resources
+from app import live, resources
 from app.context import Context
 from app.view import md_escape
-from core.decoding.takeover import flipped, set_switches, switches_in_force
+from core.decoding.takeover import switches_in_force
 from core.errors import ForkpointError
 from core.evaluation.ablation import ablate_takeovers
-from core.evaluation.grading import graded_put
 from core.trace import Trace
 from core.views.heatmap import heatmap_css
 
@@ -36,14 +38,17 @@ def on_click() -> None:
     if event.get("nav") in (-1, 1):
         _navigate(int(event["nav"]))
         return
+    if event.get("opened"):  # the live channel (app/live.py) made and stored this child and drew it already
+        _open_child(str(event["opened"]), event.get("pos"))
+        return
     if event.get("pos") is None:
         return
     pos = int(event["pos"])
     ss["sel_pos"] = pos
     if event.get("token") is not None:
-        ss["switch_job"] = {"pos": pos, "at": {pos: int(event["token"])}}
+        ss["switch_job"] = {"pos": pos, "token": int(event["token"])}
     elif ss.get("click_mode", "flip") == "flip":
-        ss["switch_job"] = {"pos": pos, "flip": True}
+        ss["switch_job"] = {"pos": pos}
 
 
 def _navigate(step: int) -> None:
@@ -69,6 +74,30 @@ def remember(key: str) -> None:
     ss["sw_hist"], ss["sw_i"] = [key], 0
 
 
+def _open_child(key: str, pos: Any = None) -> None:
+    """Make a switch's child the open trace: a new state in the history (and the URL), the selection on the
+    switched token."""
+    ss = st.session_state
+    if key != ss.get("trace_key"):
+        _push(key)
+        ss["trace_key"] = key
+        ss["compare"] = None
+    ss["sel_pos"] = int(pos) if isinstance(pos, int) else None
+
+
+def live_offer(ctx: Context, trace: Trace, render: Callable[[Trace], dict[str, Any]]) -> dict[str, Any] | None:
+    """Register this session with the live channel and return what the token view needs to use it (None when
+    this server has no live route or no pair is loaded: clicks then go through a fragment rerun)."""
+    if ctx.pair is None or not live.serving():
+        return None
+    ss = st.session_state
+    session = ss.get("live_session") or ss.setdefault("live_session", secrets.token_urlsafe(18))
+    live.SESSIONS.put(session, live.LiveView(pair=ctx.pair, store=ctx.store, then=ss.get("sw_then", "policy"),
+                                             decode=resources.decoder(ctx.pair, trace), render=render))
+    base = (st.get_option("server.baseUrlPath") or "").strip("/")
+    return {"url": f"/{base}{live.ROUTE}" if base else live.ROUTE, "session": session, "key": trace.key}
+
+
 def _push(key: str) -> None:
     ss = st.session_state
     hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
@@ -92,28 +121,21 @@ def run_switch_job(ctx: Context, slot) -> None:
     s = ctx.settings
     try:
         parent = resources.load_trace(s.store_path, ss["trace_key"])
-        if job.get("flip"):
-            wanted = flipped(parent, int(job["pos"]))
-        elif "at" in job:
-            wanted = {**switches_in_force(parent), **{int(p): w for p, w in job["at"].items()}}
-        else:
-            wanted = job["wanted"]
+        wanted = job["wanted"] if "wanted" in job else live.switch_request(parent, int(job["pos"]), job.get("token"))
         child = _stream(ctx, parent, wanted, slot)
     except ForkpointError as err:
         st.error(f"Could not switch: {md_escape(err, 400)}")
         return
     if child.key != parent.key:
-        _push(child.key)
-        ss["trace_key"] = child.key
-        ss["compare"] = None
+        _open_child(child.key, ss.get("sel_pos"))
 
 
 def _stream(ctx: Context, parent: Trace, wanted: dict, slot) -> Trace:
-    """`core`'s set_switches with each new token shown as it is decided (escaped text, at most ~20 updates/s)."""
+    """The live channel's `run_switch` with each new token shown in `slot` as it is decided (escaped text, at
+    most ~20 updates/s): the rerun path, for a server without the live route."""
     start: list[int] = []
     new: list[str] = []
     last = [0.0]
-    decode = resources.decoder(ctx.pair, parent)
 
     def show(done: bool = False) -> None:
         prefix = html.escape("".join(parent.tokens[: start[0]])) if start else ""
@@ -121,18 +143,18 @@ def _stream(ctx: Context, parent: Trace, wanted: dict, slot) -> Trace:
                   f"<span class='old'>{prefix}</span><span class='new'>{html.escape(''.join(new))}</span>"
                   f"{'' if done else '<span class=caret>▍</span>'}</div>")
 
-    def on_token(pos: int, token: int, source: str) -> None:
+    def on_text(pos: int, text: str) -> None:
         if not start:
             start.append(pos)
-        new.append(decode(token) if decode else str(token))
+        new.append(text)
         now = time.perf_counter()
         if now - last[0] > 0.05:  # the first token shows at once, then ~20 updates a second
             last[0] = now
             show()
 
-    child = set_switches(ctx.pair, parent, wanted, store=ctx.store, then=st.session_state.get("sw_then", "policy"),
-                         on_token=on_token)
-    return graded_put(ctx.store, child)
+    view = live.LiveView(pair=ctx.pair, store=ctx.store, then=st.session_state.get("sw_then", "policy"),
+                         decode=resources.decoder(ctx.pair, parent), render=lambda t: {})
+    return live.run_switch(view, parent, wanted, on_text)
 
 
 STREAM_CSS = """

@@ -3,18 +3,22 @@ comparison, branch tree, and the queued-branch runner with progress and cancel."
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
 from app import actions, resources, state
 from app.branch_panels import compare_panel, compared, graph_panel
-from app.components.token_view import token_view
+from app.components.token_view import build_view, token_view
 from app.context import Context, get_context
 from app.figures import trace_figure
 from app.instruments_panels import trace_instruments
 from app.notes_panel import trace_notes_panel
 from app.switchboard import (
     VIEW_KEY,
+    live_offer,
     matter_strip,
     on_click,
     remember,
@@ -22,10 +26,10 @@ from app.switchboard import (
     switch_controls,
     switch_list,
 )
-from app.view import md_code, md_escape
+from app.view import annotate_view, md_code, md_escape
 from core.analysis.tables import first_token_artifact
 from core.errors import ForkpointError
-from core.io.notes import notes_stamp
+from core.io.notes import attach_notes, notes_stamp
 from core.scoring.registry import METRICS, metric_label, score_label, score_values
 from core.trace import SIDES, Trace
 from core.views.heatmap import grapheme_start, heatmap_css, legend_html, value_range
@@ -33,6 +37,7 @@ from core.views.presentation import (
     PAGE_TOKENS,
     fmt_num,
     fmt_prob,
+    outcome_line,
     page_bounds,
     policy_text,
     prob_at,
@@ -42,13 +47,6 @@ from core.views.presentation import (
 
 VOCAB_MATCHES = 50  # most vocabulary matches offered by the force-a-token search
 
-
-
-def _grade_text(trace: Trace) -> str:
-    correct = trace.meta.get("correct")
-    answer = trace.meta.get("answer")
-    verdict = "✓ correct" if correct is True else "✗ wrong" if correct is False else "– ungraded"
-    return f"{verdict} · answer: {md_code(answer) if answer is not None else '(none)'}"
 
 
 def header(trace: Trace, rule_text: str) -> None:
@@ -67,11 +65,10 @@ def header(trace: Trace, rule_text: str) -> None:
     cols[2].metric("Takeovers", takeovers)
     cols[3].metric(f"Spikes ({rule_text})", len(trace.spike_positions))
     cols[4].metric("Gold", md_escape(problem.get("gold"), 40) if problem.get("gold") is not None else "–")
-    rho = takeovers / len(trace) if len(trace) else 0.0
-    switched = switch_text(trace)
-    st.caption(_grade_text(trace) + f" · {takeovers} takeovers · ρ = {rho:.3f}"
-               + (f" · {md_escape(switched, 200)}" if switched else "")
-               + (f" · from {md_code(str(trace.meta.get('parent'))[:8])}" if trace.meta.get("parent") else ""))
+    switched = switch_text(trace)  # the outcome line (answer, ✓/✗, ρ) sits above the text, in the token view
+    if switched or trace.meta.get("parent"):
+        st.caption(" · ".join(([md_escape(switched, 200)] if switched else [])
+                              + ([f"from {md_code(str(trace.meta.get('parent'))[:8])}"] if trace.meta.get("parent") else [])))
 
 
 def _plot_key(trace: Trace, score: str) -> str:
@@ -90,12 +87,12 @@ def _on_plot(plot_key: str) -> None:
             return
 
 
-def colour_range(ctx: Context, trace: Trace) -> tuple[float | None, float | None, str, str]:
-    """(vmin, vmax, what the range is, cache tag) for the main view: with a branch comparison open, the
-    range of both traces (so a token has one colour in both views); else the range the sidebar asks for."""
+def colour_range(ctx: Context, trace: Trace, others: tuple[Trace, ...] | list[Trace] = ()
+                 ) -> tuple[float | None, float | None, str, str]:
+    """(vmin, vmax, what the range is, cache tag) for the main view: with traces side by side (`others`), the
+    range of all of them (so a token has one colour in every view); else the range the sidebar asks for."""
     s = ctx.settings
     values = score_values(trace.metrics, s.score)
-    others = compared(ctx, trace)
     if others:
         lo, hi = value_range(values, *(score_values(t.metrics, s.score) for t in others))
         return lo, hi, "shared with the traces side by side", "cmp:" + ",".join(t.key for t in others)
@@ -133,7 +130,7 @@ def trace_panel(rule_text: str) -> None:
     remember(key)
     try:
         trace = resources.view_trace(s.store_path, key, s.score, s.rule.key(), s.rule)
-        lo, hi, note, tag = colour_range(ctx, trace)
+        lo, hi, note, tag = colour_range(ctx, trace, compared(ctx, trace))
         reference = _reference(ctx, trace) if s.scale == "rank" and tag.startswith("cmp:") else None
         sel = ss.get("sel_pos")
         if sel is not None and not 0 <= sel < len(trace):
@@ -160,6 +157,8 @@ def trace_panel(rule_text: str) -> None:
     data["help"] = ("Click a token to flip its takeover (the response re-flows) · hover for both models' top-k, "
                     "click an alternative there to force it · n / p: spikes · b / f: back / forward" if flip else
                     "Hover a token for both models' top-k · click to select · n / p: next / previous spike")
+    data["outcome"], data["key"] = outcome_line(trace), key
+    data["live"] = live_offer(ctx, trace, partial(live_render, ctx)) if flip and (start, end) == (0, len(trace)) else None
     with view_slot.container():
         token_view(data, selected=sel, key=VIEW_KEY, on_click=on_click, prob_mode=s.prob_mode)
     with left:
@@ -174,6 +173,18 @@ def trace_panel(rule_text: str) -> None:
     trace_notes_panel(ctx.store, trace, sel)  # notes and bookmarks (app/notes_panel.py)
     trace_instruments(ctx, trace)  # takeover effects, success curve, lens (app/instruments_panels.py)
     state.write_query_params()
+
+
+def live_render(ctx: Context, child: Trace) -> dict[str, Any]:
+    """The token view's payload for a trace the live channel (app/live.py) just made: what this fragment's
+    next run draws for it (render_data of an unpaged trace, nothing side by side), so that run changes
+    nothing on screen."""
+    s = ctx.settings
+    trace = attach_notes(s.store_path, annotate_view(child, s.score, s.rule))
+    lo, hi, _, _ = colour_range(ctx, trace)
+    view = build_view(trace, score=s.score, scale=s.scale, decode=resources.decoder(ctx.pair, trace), vmin=lo,
+                      vmax=hi)
+    return {**{k: v for k, v in view.items() if k != "legend"}, "outcome": outcome_line(trace), "key": trace.key}
 
 
 def _page(n: int, sel: int | None) -> tuple[int, int]:
@@ -361,4 +372,4 @@ def run_pending(ctx: Context) -> None:
     ss["compare"] = {"parent": parent.key, "child": child.key, "pos": job["pos"]}
     ss["sel_pos"] = job["pos"]
     slot.empty()
-    state.notice("success", f"Branch stored ({len(child)} tokens, {_grade_text(child)}).")
+    state.notice("success", f"Branch stored ({len(child)} tokens, {md_escape(outcome_line(child), 200)}).")

@@ -22,6 +22,15 @@ CHROMIUM = os.environ.get("FORKPOINT_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 START_TIMEOUT_S = 120
+# JS: `deep(selector)`, the first match in the page or inside a Streamlit component's shadow root (the token
+# view is an isolated v2 component), for timing and watching scripts run with page.evaluate
+DEEP_JS = """const deep = (sel) => {
+    for (const host of document.querySelectorAll("[data-testid^='stBidiComponent'], [data-testid^='stBidiComponent'] *")) {
+      const hit = host.shadowRoot && host.shadowRoot.querySelector(sel);
+      if (hit) return hit;
+    }
+    return document.querySelector(sel);
+  };"""
 STEP_TIMEOUT_MS = 90_000
 
 
@@ -66,10 +75,11 @@ def pair_args(tmp_path_factory) -> list[str]:
 
 @contextmanager
 def run_app(app_args: list[str], log: Path, env: Mapping[str, str] | None = None) -> Iterator[str]:
-    """`streamlit run app/main.py -- *app_args` on a free local port, output to `log`; yields the app's URL once
+    """`streamlit run app/main.py -- *app_args` on a free local port, through app/serve.py as `forkpoint app`
+    starts it (the Host check and the switchboard's live route), output to `log`; yields the app's URL once
     healthy, and stops the server on exit. `env` is added to the environment."""
     port = free_port()
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "main.py"), "--server.headless", "true",
+    cmd = [sys.executable, "-m", "app.serve", "run", str(ROOT / "app" / "main.py"), "--server.headless", "true",
            "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
            "--", *app_args]
     with open(log, "w") as fh:

@@ -501,6 +501,9 @@ def test_host_guard_refuses_plain_http_with_a_foreign_host(monkeypatch):
     install()  # once only
     stack = starlette_app.create_streamlit_middleware()
     assert stack[0].cls is HostGuard and sum(m.cls is HostGuard for m in stack) == 1
+    from app.live import LiveRoute
+
+    assert stack[1].cls is LiveRoute  # the switchboard's live route sits behind the Host check
 
 
 def _ws_status(port: int, host: str) -> int:
@@ -593,7 +596,7 @@ def test_the_switchboard_flips_in_place_and_goes_back(env):
     store = TraceStore(env.store)
     parent = store.get(root)
     pos = next(i for i, s in enumerate(parent.source) if s == "base")
-    at.session_state["switch_job"] = {"pos": pos, "flip": True}
+    at.session_state["switch_job"] = {"pos": pos}
     at.run()
     _ok(at)
     key = at.session_state["trace_key"]
@@ -618,7 +621,7 @@ def test_a_top_k_alternative_click_forces_that_token(env):
     at = env.start().run()
     parent = TraceStore(env.store).get(at.session_state["trace_key"])
     alt = int(parent.topk["reason"][0][3][1])
-    at.session_state["switch_job"] = {"pos": 3, "at": {3: alt}}
+    at.session_state["switch_job"] = {"pos": 3, "token": alt}
     at.run()
     _ok(at)
     child = TraceStore(env.store).get(at.session_state["trace_key"])

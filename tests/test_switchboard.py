@@ -1,8 +1,9 @@
 """The switchboard in a real browser: a click flips a takeover and the response re-flows in place.
 
 Flip a token to the reasoner and back off (the original text returns), force an alternative from the
-hover card, move back and forward with the keys, and check the mechanism: the new tokens reach the
-browser (websocket messages) before the re-flowed view does, and the sidebar (outside the Trace page's
+hover card, move back and forward with the keys, and check the mechanism: the switch goes over the live
+route (app/live.py, one HTTP request, no Streamlit rerun before the new text is drawn), the new tokens are
+drawn in the token view before the finished view replaces them, and the sidebar (outside the Trace page's
 fragment) never reruns.
 Screenshots go to test-output/switchboard/.
 """
@@ -13,20 +14,33 @@ import re
 
 import pytest
 
-from tests.browser import ROOT, chromium_page, pair_args, require_chromium, run_app
+from tests.browser import DEEP_JS, ROOT, chromium_page, pair_args, require_chromium, run_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 OUT = ROOT / "test-output" / "switchboard"
 
-WATCH = """() => {
-  window.__fp = { staleSidebar: 0 };
+WATCH = """(rootKey) => {
+  """ + DEEP_JS + """
+  window.__fp = { staleSidebar: 0, streamed: null, viewed: null, mainStaleBeforeView: false };
   new MutationObserver((ms) => {
     for (const m of ms) {
       if (m.type === "attributes" && m.target.getAttribute("data-stale") === "true"
           && m.target.closest('[data-testid="stSidebar"]')) window.__fp.staleSidebar += 1;
     }
   }).observe(document.body, { attributes: true, attributeFilter: ["data-stale"], subtree: true });
+  // when the streamed text and the finished view (the token view's data-key) appear, and whether any of the
+  // page went stale (a Streamlit run) before the finished view was drawn
+  const tick = () => {
+    const f = window.__fp, now = performance.now();
+    const live = deep(".fp-live");
+    if (f.streamed === null && live && live.textContent.length) f.streamed = now;
+    const scroll = deep(".fp-scroll");
+    if (f.viewed === null && scroll && scroll.dataset.key && scroll.dataset.key !== rootKey) f.viewed = now;
+    if (f.viewed === null && document.querySelector('[data-testid="stMain"] [data-stale="true"]')) f.mainStaleBeforeView = true;
+    if (f.viewed === null) requestAnimationFrame(tick);
+  };
+  requestAnimationFrame(tick);
 }"""
 
 
@@ -68,15 +82,11 @@ def test_flip_a_takeover_on_and_off_again(app):
     url, store_dir, page = app
     from core.io.store import TraceStore
 
-    frames: list[bytes] = []  # what the server sent: the stream's deltas arrive as messages of their own
-
-    def on_socket(ws) -> None:
-        ws.on("framereceived", lambda payload: frames.append(payload if isinstance(payload, bytes) else payload.encode()))
-
-    page.on("websocket", on_socket)
+    posts: list[str] = []  # requests to the live route
+    page.on("request", lambda r: posts.append(r.method) if r.url.endswith("/_forkpoint/switch") else None)
     _open(page, url)
-    page.evaluate(WATCH)
     root = _key(page)
+    page.evaluate(WATCH, root)
     trace = TraceStore(store_dir).get(root)
     original = _text(page)
     # an early base token whose reasoner favourite differs: the continuation must change
@@ -91,9 +101,11 @@ def test_flip_a_takeover_on_and_off_again(app):
     page.screenshot(path=str(OUT / "flipped.png"))
     stored = TraceStore(store_dir).get(child)
     assert stored.meta["switches"] == {str(pos): "reason"} and stored.meta["parent"] == root
-    streamed = [i for i, f in enumerate(frames) if b"fp-stream" in f]
-    assert streamed, "the new tokens never streamed to the browser"
-    assert any(b"data-pos" in f for f in frames[streamed[0] + 1:]), "the re-flowed view came before the stream"
+    assert posts == ["POST"], "the switch did not go over the live route"
+    seen = page.evaluate("() => window.__fp")
+    assert seen["streamed"] is not None, "the new tokens never streamed into the token view"
+    assert seen["streamed"] <= seen["viewed"], "the finished view came before the stream"
+    assert not seen["mainStaleBeforeView"], "a Streamlit run came before the re-flowed text"
 
     back = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{pos}"]'))  # switched off again
     assert back == root and _text(page) == original

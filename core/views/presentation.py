@@ -167,6 +167,16 @@ def tree_label(depth: int, node: dict[str, Any], what: str = "") -> str:
     return f"{'　' * depth}{'└ ' if depth else ''}{where} · {node.get('n_tokens')} tokens · {str(node['key'])[:8]}"
 
 
+def outcome_line(trace: Trace) -> str:
+    """The trace's outcome in one plain line: verdict, answer, takeovers and their rate ρ (the token view
+    shows it above the text; the switchboard redraws it when a switch completes)."""
+    correct, answer = trace.meta.get("correct"), trace.meta.get("answer")
+    verdict = "✓ correct" if correct is True else "✗ wrong" if correct is False else "– ungraded"
+    shown = "(none)" if answer is None else str(answer) if len(str(answer)) <= 60 else str(answer)[:59] + "…"
+    n, takeovers = len(trace), trace.n_takeovers
+    return f"{verdict} · answer: {shown} · {takeovers} takeovers · ρ = {takeovers / n if n else 0.0:.3f}"
+
+
 def switch_text(trace: Trace, decode: Callable[[int], str] | None = None) -> str:
     """What a child's switches did, e.g. "⇄ #40 off · ⇄ #12 reasoner ' Wait'" ("" for a root). A typed
     string shows as one switch with all its tokens."""

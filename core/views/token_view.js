@@ -1,4 +1,6 @@
-// forkpoint token view: heatmap text with hover cards, click-to-select and n/p spike keys.
+// forkpoint token view: heatmap text with hover cards, click-to-select and n/p spike keys, and the
+// switchboard's live re-flow: with `data.live` a click posts the switch to the app's live route
+// (app/live.py) and the new continuation streams into the text in place, then the finished view.
 // Streamlit calls this function on mount and again whenever `data` changes; state lives on the
 // parent element so listeners are attached once. Model text is only ever set via textContent.
 
@@ -99,13 +101,16 @@ export default function (component) {
     s = { version: null, sel: null };
     const wrap = el("div", "fp-view");
     const help = el("div", "fp-help", "");
+    const outcome = el("div", "fp-outcome", "");
     const scroller = el("div", "fp-scroll");
     scroller.setAttribute("tabindex", "0");
     const card = el("div", "fp-card");
     card.hidden = true;
     card.setAttribute("role", "tooltip");
-    wrap.append(help, scroller);
+    wrap.append(help, outcome, scroller);
     parentElement.append(wrap, card);
+    s.help = help;
+    s.outcome = outcome;
     s.scroller = scroller;
     s.card = card;
 
@@ -122,6 +127,76 @@ export default function (component) {
     s.select = (pos) => {
       s.mark(pos, true);
       s.setTrigger("click", { pos });
+    };
+    // a switch over the live route: the text from `start` on is replaced by the streamed tokens, then by
+    // the finished trace's view; Streamlit hears of the stored child last (its fragment run updates the
+    // rest of the page). Without the route, or on any failure, the click goes the rerun way.
+    s.reflow = (start) => {
+      s.card.hidden = true;
+      s.scroller.querySelectorAll("[data-pos]").forEach((node) => {
+        if (Number(node.dataset.pos) >= start) node.remove();
+      });
+      const host = s.scroller.querySelector(".fp-heatmap") || s.scroller;
+      const stream = el("span", "fp-live");
+      host.append(stream);
+      s.outcome.textContent = "…";
+      s.outcome.hidden = false;
+      return stream;
+    };
+    s.finish = (view, pos) => {
+      s.data = { ...s.data, ...view, live: { ...s.data.live, key: view.key } };
+      s.scroller.innerHTML = view.html; // escaped server-side by core.views.heatmap.tokens_html
+      s.version = view.version;
+      s.outcome.textContent = view.outcome || "";
+      s.outcome.hidden = !view.outcome;
+      s.scroller.dataset.key = view.key;
+      s.sel = null;
+      s.mark(pos, false);
+    };
+    s.liveSwitch = async (pos, token) => {
+      if (s.busy) return;
+      const live = s.data.live;
+      const rerun = () => s.setTrigger("click", token === null ? { pos } : { pos, token });
+      s.busy = true;
+      s.mark(pos, false);
+      let stream = null, drawn = false;
+      try {
+        const res = await fetch(live.url, {
+          method: "POST", headers: { "Content-Type": "application/json" },
+          body: JSON.stringify({ session: live.session, key: live.key, pos, token }),
+        });
+        if (!res.ok || !res.body) { rerun(); return; }
+        const reader = res.body.getReader();
+        const decoder = new TextDecoder();
+        let buf = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += decoder.decode(value, { stream: true });
+          let nl;
+          while ((nl = buf.indexOf("\n")) >= 0) {
+            const msg = JSON.parse(buf.slice(0, nl));
+            buf = buf.slice(nl + 1);
+            if ("start" in msg) stream = s.reflow(msg.start);
+            else if ("text" in msg && stream) stream.append(document.createTextNode(msg.text));
+            else if ("done" in msg) {
+              // the streamed text is drawn at least once, even when it arrived with the finished view
+              if (stream) await new Promise((go) => { requestAnimationFrame(() => go()); setTimeout(go, 50); });
+              s.finish(msg.view, pos);
+              drawn = true;
+            }
+            else if ("stored" in msg) s.setTrigger("click", { opened: msg.stored, pos });
+            else if ("error" in msg) {
+              if (!drawn) { s.scroller.innerHTML = s.data.html; s.sel = null; s.mark(pos, false); }
+              s.outcome.textContent = `Could not switch: ${msg.error}`;
+            }
+          }
+        }
+      } catch (err) {
+        if (!drawn) { s.scroller.innerHTML = s.data.html; rerun(); }
+      } finally {
+        s.busy = false;
+      }
     };
     // the card stays while the pointer moves into it, so an alternative in its top-k can be clicked
     s.hideSoon = () => { clearTimeout(s.hideTimer); s.hideTimer = setTimeout(() => { s.card.hidden = true; }, 250); };
@@ -140,6 +215,7 @@ export default function (component) {
       const row = e.target.closest ? e.target.closest("tr[data-token]") : null;
       if (!row || row.classList.contains("emitted") || s.cardPos === undefined) return;
       s.card.hidden = true;
+      if (s.data.live) { s.liveSwitch(s.cardPos, Number(row.dataset.token)); return; }
       s.mark(s.cardPos, false);
       s.setTrigger("click", { pos: s.cardPos, token: Number(row.dataset.token) });
     });
@@ -148,6 +224,7 @@ export default function (component) {
       const target = e.target.closest ? e.target.closest("[data-pos]") : null;
       if (!target) return;
       s.card.hidden = true; // the response may re-flow under the pointer
+      if (s.data.live) { s.liveSwitch(Number(target.dataset.pos), null); return; }
       s.select(Number(target.dataset.pos));
     });
     // several views in one page (a notebook, a branch beside its original): n / p go to the view the
@@ -186,7 +263,11 @@ export default function (component) {
   }
   s.data = data;
   s.setTrigger = setTriggerValue;
-  s.scroller.previousSibling.textContent = data.help || "Hover a token for both models' top-k · click to select · n / p: next / previous spike";
+  s.help.textContent = data.help || "Hover a token for both models' top-k · click to select · n / p: next / previous spike";
+  if (s.busy) return s.cleanup; // a live switch is drawing: its own finish puts the new view in place
+  s.outcome.textContent = data.outcome || "";
+  s.outcome.hidden = !data.outcome;
+  s.scroller.dataset.key = data.key || "";
   if (data.height) s.scroller.style.maxHeight = `${data.height}px`;
   if (s.version !== data.version) {
     s.scroller.innerHTML = data.html; // escaped server-side by core.views.heatmap.tokens_html

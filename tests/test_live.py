@@ -1,0 +1,122 @@
+"""The switchboard's live route (app/live.py), driven as the ASGI server drives it: the request's checks,
+and a switch streamed line by line — the start, each new token's text, the finished view, then "stored" —
+whose child is the trace `core`'s set_switches makes, graded and stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+from test_decoding import PROMPTS
+
+import core
+from app import live
+from core.decoding.takeover import flipped, set_switches
+from core.io.store import TraceStore
+
+
+def _call(app, method: str = "POST", path: str = live.ROUTE, body: bytes = b"",
+          content_type: bytes = b"application/json", on_send=None) -> tuple[int, list[bytes], list[str]]:
+    """One HTTP request through the ASGI app: (status, body chunks, what reached the inner app); `on_send`
+    sees each message as the server sends it."""
+    sent: list[dict] = []
+    chunks = [{"type": "http.request", "body": body[:7], "more_body": True},
+              {"type": "http.request", "body": body[7:], "more_body": False}]
+
+    async def receive():
+        return chunks.pop(0)
+
+    async def send(message):
+        sent.append(message)
+        if on_send is not None:
+            on_send(message)
+
+    scope = {"type": "http", "method": method, "path": path, "headers": [(b"content-type", content_type)]}
+    asyncio.run(app(scope, receive, send))
+    status = next((m["status"] for m in sent if m["type"] == "http.response.start"), None)
+    return status, [m["body"] for m in sent if m["type"] == "http.response.body"], inner_calls
+
+
+inner_calls: list[str] = []
+
+
+async def _inner(scope, receive, send):
+    inner_calls.append(scope["path"])
+    await send({"type": "http.response.start", "status": 204, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+@pytest.fixture(scope="module")
+def setup(qwen_pair, tmp_path_factory):
+    store = TraceStore(tmp_path_factory.mktemp("live_store"))
+    root = core.generate(qwen_pair, PROMPTS[1], core.make_policy("base_only"), max_new_tokens=20, store=store)
+    drawn: list[str] = []
+    text_sent = threading.Event()
+
+    def render(trace):
+        # the finished view is made after generation ends: a token's text must have left the server by then
+        drawn.append((trace.key, text_sent.wait(timeout=30)))
+        return {"key": trace.key, "n": len(trace)}
+
+    view = live.LiveView(pair=qwen_pair, store=store, then="policy", decode=qwen_pair.token_text, render=render)
+    live.SESSIONS.put("s3cret", view)
+    return store, root, drawn, text_sent
+
+
+def _request(**fields) -> bytes:
+    return json.dumps({"session": "s3cret", **fields}).encode()
+
+
+def test_other_requests_pass_through_and_bad_ones_are_refused(setup) -> None:
+    store, root, _, _ = setup
+    app = live.LiveRoute(_inner)
+    assert live.serving()
+    inner_calls.clear()
+    assert _call(app, "GET", "/_stcore/health")[0] == 204 and inner_calls == ["/_stcore/health"]
+    inner_calls.clear()
+    assert _call(app, "GET", body=b"")[0] == 405  # a link or an <img> cannot switch
+    assert _call(app, body=_request(key=root.key, pos=1, token=None), content_type=b"text/plain")[0] == 405
+    assert _call(app, body=b"{not json")[0] == 400
+    assert _call(app, body=_request(key=root.key, pos="1", token=None))[0] == 400
+    assert _call(app, body=_request(key=root.key, pos=True, token=None))[0] == 400
+    assert _call(app, body=b'{"session": "' + b"x" * 5000 + b'"}')[0] == 413
+    assert _call(app, body=json.dumps({"session": "guess", "key": root.key, "pos": 1, "token": None}).encode())[0] == 403
+    assert inner_calls == []  # none of these reached Streamlit
+    before = sorted(store.keys())
+    status, chunks, _ = _call(app, body=_request(key=root.key, pos=len(root) + 5, token=None))
+    messages = [json.loads(line) for line in b"".join(chunks).decode().splitlines()]
+    assert status == 200 and "outside this trace" in messages[0]["error"] and len(messages) == 1
+    assert sorted(store.keys()) == before  # nothing stored
+    status, chunks, _ = _call(app, body=_request(key="0" * 32, pos=1, token=None))
+    assert "error" in json.loads(b"".join(chunks).decode().splitlines()[0])
+
+
+@pytest.mark.parametrize("token", [None, "alternative"])
+def test_a_switch_streams_its_tokens_then_the_view_then_stored(setup, qwen_pair, token) -> None:
+    store, root, drawn, text_sent = setup
+    text_sent.clear()
+    pos = 4
+    if token == "alternative":
+        token = next(int(t) for t in root.topk["base"][0][pos] if int(t) != int(root.token_ids[pos]))
+        wanted = {pos: token}
+    else:
+        wanted = flipped(root, pos)
+    status, chunks, _ = _call(live.LiveRoute(_inner), body=_request(key=root.key, pos=pos, token=token),
+                              on_send=lambda m: text_sent.set() if b'"text"' in m.get("body", b"") else None)
+    messages = [json.loads(line) for line in b"".join(chunks).decode().splitlines()]
+    assert status == 200
+    kinds = [next(iter(m)) for m in messages]
+    assert kinds[0] == "start" and messages[0]["start"] == pos
+    assert kinds[-2:] == ["done", "stored"] and set(kinds[1:-2]) == {"text"}
+    expected = set_switches(qwen_pair, root, wanted)
+    key = messages[-1]["stored"]
+    assert key == messages[-2]["done"] == expected.key
+    assert drawn[-1] == (key, True), "no token was sent before generation ended: nothing streamed"
+    child = store.get(key)
+    assert child.token_ids.tolist() == expected.token_ids.tolist()
+    assert [m["text"] for m in messages[1:-2]] == [qwen_pair.token_text(int(t)) for t in child.token_ids[pos:]]
+    assert child.meta["parent"] == root.key and "correct" in child.meta  # graded before it was stored
+    assert messages[-2]["view"] == {"key": key, "n": len(child)}
