@@ -153,6 +153,7 @@ export default function (component) {
       s.sel = null;
       s.mark(pos, false);
     };
+    s.frame = () => new Promise((go) => { requestAnimationFrame(() => go()); setTimeout(go, 50); });
     s.liveSwitch = async (pos, token) => {
       if (s.busy) return;
       const live = s.data.live;
@@ -181,11 +182,14 @@ export default function (component) {
             else if ("text" in msg && stream) stream.append(document.createTextNode(msg.text));
             else if ("done" in msg) {
               // the streamed text is drawn at least once, even when it arrived with the finished view
-              if (stream) await new Promise((go) => { requestAnimationFrame(() => go()); setTimeout(go, 50); });
+              if (stream) await s.frame();
               s.finish(msg.view, pos);
               drawn = true;
             }
-            else if ("stored" in msg) s.setTrigger("click", { opened: msg.stored, pos });
+            else if ("stored" in msg) {
+              await s.frame(); // the new view is painted before Streamlit's run for the rest of the page starts
+              s.setTrigger("click", { opened: msg.stored, pos });
+            }
             else if ("error" in msg) {
               if (!drawn) { s.scroller.innerHTML = s.data.html; s.sel = null; s.mark(pos, false); }
               s.outcome.textContent = `Could not switch: ${msg.error}`;
