@@ -31,7 +31,7 @@ def simulate(problems: int, tokens: int, samples: int = SAMPLES, policies: int =
     import hashlib
 
     from core.decoding.policies import BaseOnly, RandomPositions, ReasonOnly
-    from core.evaluation.harness import policy_table, run_records
+    from core.evaluation.harness import policy_table, stream_records
     from core.scale.executors import _Executor, drive
 
     class Synthetic:
@@ -61,13 +61,14 @@ def simulate(problems: int, tokens: int, samples: int = SAMPLES, policies: int =
 
     class SyntheticExecutor(_Executor):
         def run_jobs(self, pair, jobs, *, store=None, on_trace=None, progress=None, should_stop=None,
-                     keep="traces", recheck=None):
-            return drive(Backend(), jobs, store, on_trace, progress, should_stop, keep=keep, recheck=recheck)
+                     keep="traces", recheck=None, on_rows=None):
+            return drive(Backend(), jobs, store, on_trace, progress, should_stop, keep=keep, recheck=recheck,
+                         on_rows=on_rows)
 
     def grade(trace) -> None:  # what grade_trace does to a trace's meta, without parsing text
         trace.meta["correct"] = hash(trace.key) % 3 == 0
 
-    import core.evaluation.harness as harness
+    from core.evaluation import harness
 
     harness.grade_trace = grade  # the run_records path calls it on every trace
     items = [{"id": f"p{i}", "prompt": "", "gold": "1"} for i in range(problems)]
@@ -75,10 +76,11 @@ def simulate(problems: int, tokens: int, samples: int = SAMPLES, policies: int =
              "random2": RandomPositions(rate=0.2, seed=0)}
     named = dict(list(named.items())[:policies])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    records = run_records(None, items, named, samples=samples, batch_size=8, executor=SyntheticExecutor())
-    table = policy_table(records)
+    with stream_records(None, items, named, samples=samples, batch_size=8, executor=SyntheticExecutor()) as records:
+        table = policy_table(records)
+        rows = len(records)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"problems": problems, "tokens": tokens, "rows": len(records), "peak_rss": peak, "start_rss": before,
+    return {"problems": problems, "tokens": tokens, "rows": rows, "peak_rss": peak, "start_rss": before,
             "policies": len(table)}
 
 
