@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import core
@@ -160,6 +161,37 @@ def test_drive_keeps_summaries_and_resumes_from_the_index(demo, problems, tmp_pa
     assert fresh.reads == 0  # graded rows are now summarised from the index alone
     with pytest.raises(InvalidInputError, match="keep"):
         ex.generate_many(demo, problems[:1], keep="everything")
+
+
+def test_in_process_path_resumes_from_the_index(demo, problems, tmp_path):
+    """Without an executor too, keep="summaries" resumes from the store's index with the driver's rule
+    (`RowSummary.resumed`): zero full-trace reads for stored rows, the summaries the executor gives; in a
+    batch with stored and new rows only the new ones are made. The harness's resume reads nothing either."""
+    from core.decoding import generate_many
+    from core.evaluation import harness as ev
+
+    opts = {"batch_size": 2, "max_new_tokens": 6}
+    store = _ReadCountingStore(tmp_path / "s")
+    first = generate_many(demo, problems[:4], core.BaseOnly(), store=store, keep="summaries", samples=2, **opts)
+    fresh = _ReadCountingStore(tmp_path / "s")
+    again = generate_many(demo, problems[:4], core.BaseOnly(), store=fresh, keep="summaries", samples=2, **opts)
+    assert again == first and fresh.reads == 0
+    driver = InProcessExecutor().generate_many(demo, problems[:4], core.BaseOnly(), store=fresh, keep="summaries",
+                                               samples=2, **opts)
+    assert driver == first and fresh.reads == 0
+    more = generate_many(demo, problems[:4], core.BaseOnly(), store=fresh, keep="summaries", samples=3, **opts)
+    assert fresh.reads == 0 and len(fresh.keys()) == 12  # sample 2 of each problem made, 0 and 1 from the index
+    assert [r for j, r in enumerate(more) if j % 3 < 2] == first
+    made = {t.key: t for t in [fresh.get(r.key) for r in more]}
+    assert all((r.length, r.takeovers) == (len(made[r.key]), made[r.key].n_takeovers) for r in more)
+    fresh.reads = 0
+    common = {"samples": 2, "store": fresh, "max_new_tokens": 6, "batch_size": 2}
+    graded = ev.run_records(demo, problems[:4], {"base": core.BaseOnly()}, **common)
+    assert fresh.reads == 8  # stored ungraded: read once, graded, rewritten
+    fresh.reads = 0
+    resumed = ev.run_records(demo, problems[:4], {"base": core.BaseOnly()}, **common)
+    assert fresh.reads == 0
+    pd.testing.assert_frame_equal(resumed, graded)
 
 
 def test_pair_spec_round_trip(demo):
