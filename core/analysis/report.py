@@ -175,7 +175,7 @@ def benchmark_tables(groups: dict[str, Sequence[Trace]], outdir: str | None = No
     n, median_u, peak_u of the top-`top` tokens). Written as `<outdir>/<name>.csv` when `outdir` is given."""
     runs = {name: as_list(ts) for name, ts in groups.items() if len(ts)}
     if len(runs) > 1:
-        runs[ALL_BENCHMARKS] = _pooled(list(runs.values()))
+        runs[ALL_BENCHMARKS] = pooled(list(runs.values()))
     parts: dict[str, list[pd.DataFrame]] = {}
     summary = []
     for bench, items in runs.items():
@@ -193,9 +193,10 @@ def benchmark_tables(groups: dict[str, Sequence[Trace]], outdir: str | None = No
     return tables
 
 
-def _pooled(parts: list[Sequence[Trace]]) -> Sequence[Trace]:
+def pooled(parts: Sequence[Sequence[Trace]]) -> Sequence[Trace]:
     """Every part's traces in one sequence: StoredTraces of one store stay keys (read one at a time)."""
-    if all(isinstance(p, StoredTraces) and p.store is parts[0].store for p in parts):
+    parts = [p for p in parts if len(p)]
+    if parts and all(isinstance(p, StoredTraces) and p.store is parts[0].store for p in parts):
         return StoredTraces(parts[0].store, [k for p in parts for k in p.keys])  # type: ignore[attr-defined]
     return [t for p in parts for t in p]
 

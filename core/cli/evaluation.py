@@ -67,7 +67,8 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
     warn_unreadable(unreadable)
     readable = set(listed["key"])
     # keys in the store's order; each analysis reads the traces one at a time, never all at once
-    traces = StoredTraces(store, [k for k in store.keys() if k in readable])
+    ordered = store.keys()  # a listing of files, not a dict
+    traces = StoredTraces(store, [k for k in ordered if k in readable])
     if not traces:
         raise click.ClickException(f"The store {store.path} has no traces; generate some first")
     Path(out).mkdir(parents=True, exist_ok=True)
