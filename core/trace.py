@@ -246,6 +246,16 @@ class RowSummary(NamedTuple):
                    meta.get("correct"), int(trace.n_takeovers), len(trace), answer_rule_of(meta))
 
     @classmethod
+    def resumed(cls, store: Any, key: str, recheck: Any = None) -> RowSummary | None:
+        """A stored row's summary from the store's index alone (its trace file is not read), or None: not
+        stored (or a store without an index), or `recheck(index row)` asks for the trace to be read again.
+        The one resume rule of every driver (in-process `generate_many`, the executors' `drive`)."""
+        row = store.summary(key) if hasattr(store, "summary") else None
+        if row is None or (recheck is not None and recheck(row)):
+            return None
+        return cls.of_index(row)
+
+    @classmethod
     def of_index(cls, row: dict[str, Any]) -> RowSummary:
         """From a store summary row (`TraceStore.summary`, the index): no trace file is read."""
         return cls(row["key"], row.get("problem"), row.get("policy"), row.get("correct"), int(row.get("n_takeovers") or 0),

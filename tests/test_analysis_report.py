@@ -98,3 +98,76 @@ def test_report_skips_enrichment_without_tagger(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "core.annotate.planning", None)  # import fails -> enrichment skipped
     tables = R.report_tables(_traces(tags=False))
     assert "enrichment" not in tables and "gini" in tables
+
+
+class _AliveCountingStore:
+    """Wraps TraceStore.get: counts the traces read and the most alive at once (a finalizer per trace)."""
+
+    def __init__(self, monkeypatch):
+        import weakref
+
+        from core.io.store import TraceStore
+
+        self.reads = self.alive = self.peak = 0
+        original = TraceStore.get
+
+        def get(store, key):
+            trace = original(store, key)
+            self.reads += 1
+            self.alive += 1
+            self.peak = max(self.peak, self.alive)
+            weakref.finalize(trace, self._gone)
+            return trace
+
+        monkeypatch.setattr(TraceStore, "get", get)
+
+    def _gone(self):
+        self.alive -= 1
+
+
+def _stored(tmp_path, n=12):
+    from core.io.store import TraceStore
+
+    store = TraceStore(tmp_path / "store")
+    for s in range(n):
+        store.put(make_trace(60, s, annotate=True, meta={"correct": s % 3 == 0, "answer": "1"}))
+    return store
+
+
+def test_report_reads_stored_traces_one_at_a_time(tmp_path, monkeypatch):
+    """Analyses over a store's traces (`StoredTraces`, as `forkpoint analyze` passes them) never hold them
+    all: every registered analysis reads each trace in a pass of its own, at most two alive at once, on a
+    store of 12 traces; the tables equal those of the same traces held in a list."""
+    from core.io.store import StoredTraces
+
+    store = _stored(tmp_path)
+    keys = store.keys()
+    held = [store.get(k) for k in keys]
+    expected = R.report_tables(held)
+    expected_bench = R.benchmark_tables({"a": held[:6], "b": held[6:]})
+    del held
+    counter = _AliveCountingStore(monkeypatch)
+    lazy = StoredTraces(store, keys)
+    tables = R.report_tables(lazy)
+    assert counter.reads >= 2 * len(keys) and counter.peak <= 2, (counter.reads, counter.peak)
+    assert tables.keys() == expected.keys() and len(tables) >= 8
+    for name in tables:
+        pd.testing.assert_frame_equal(tables[name], expected[name])
+    bench = R.benchmark_tables({"a": StoredTraces(store, keys[:6]), "b": StoredTraces(store, keys[6:])})
+    for name in bench:
+        pd.testing.assert_frame_equal(bench[name], expected_bench[name])
+    R.report_html(lazy, str(tmp_path / "r.html"))
+    assert counter.peak <= 2 and counter.alive == 0
+
+
+def test_cli_analyze_reads_the_store_one_trace_at_a_time(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    store = _stored(tmp_path)
+    counter = _AliveCountingStore(monkeypatch)
+    result = CliRunner().invoke(main, ["analyze", "--store", str(store.path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert counter.reads >= 12 and counter.peak <= 2, (counter.reads, counter.peak)
+    assert (tmp_path / "out" / "report.html").exists()

@@ -91,8 +91,8 @@ def analysis(name: str) -> Analysis:
 
 def run_analysis(name: str, traces: Sequence[Trace], score: str = DEFAULT_SCORE, top: float = settings.SPIKE_TOP,
                  segment: str | None = None) -> Tables:
-    """The named tables of one analysis over `traces`."""
-    return analysis(name).run(list(traces), score, top, segment)
+    """The named tables of one analysis over `traces` (a lazy sequence such as `StoredTraces` stays lazy)."""
+    return analysis(name).run(traces if isinstance(traces, Sequence) else list(traces), score, top, segment)
 
 
 def figure_table_names(spec: Analysis, **choices: Any) -> list[str]:

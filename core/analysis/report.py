@@ -18,9 +18,11 @@ import plotly.graph_objects as go
 from core import settings
 from core.analysis import tables as A
 from core.analysis.registry import figure_table_names, list_analyses
+from core.analysis.views import as_list
 from core.errors import ForkpointError, InvalidInputError, OutputExistsError
 from core.io.atomic import write_atomic
 from core.io.csvsafe import write_csv
+from core.io.store import StoredTraces
 from core.scoring.registry import DEFAULT_SCORE
 from core.trace import Trace
 
@@ -128,8 +130,10 @@ def report_tables(
 ) -> dict[str, pd.DataFrame]:
     """Every table of every registered analysis (core/analysis/registry.py), by name; written as
     `<outdir>/<name>.csv` when `outdir` is given. An analysis that cannot run on these traces (e.g.
-    enrichment without tags and no tagger) is skipped with a logged warning. `only`: these analyses' names."""
-    items = list(traces)
+    enrichment without tags and no tagger) is skipped with a logged warning. `only`: these analyses' names.
+    A lazy sequence (`StoredTraces`) stays lazy: each analysis reads the traces one at a time, in a pass of
+    its own, so no more than one or two traces of the store are in memory at once."""
+    items = as_list(traces)
     tables: dict[str, pd.DataFrame] = {}
     for spec in list_analyses():
         if only is not None and spec.name not in only:
@@ -137,7 +141,7 @@ def report_tables(
         try:
             tables.update(spec.run(items, score, top, segment))
         except (ForkpointError, ImportError, OSError) as exc:
-            log.warning("%s skipped: %s", spec.name, exc)
+            log.warning("%s skipped: %s", spec.name, str(exc))  # not exc: its traceback holds a trace
     if outdir is not None:
         os.makedirs(outdir, exist_ok=True)
         for name, df in tables.items():
@@ -169,9 +173,9 @@ def benchmark_tables(groups: dict[str, Sequence[Trace]], outdir: str | None = No
     """`report_tables` per benchmark ({benchmark: traces}) and, with several, pooled over all of them
     (benchmark "all"): every table gains a leading `benchmark` column, plus "position_summary" (benchmark,
     n, median_u, peak_u of the top-`top` tokens). Written as `<outdir>/<name>.csv` when `outdir` is given."""
-    runs = {name: list(ts) for name, ts in groups.items() if len(ts)}
+    runs = {name: as_list(ts) for name, ts in groups.items() if len(ts)}
     if len(runs) > 1:
-        runs[ALL_BENCHMARKS] = [t for ts in runs.values() for t in ts]
+        runs[ALL_BENCHMARKS] = pooled(list(runs.values()))
     parts: dict[str, list[pd.DataFrame]] = {}
     summary = []
     for bench, items in runs.items():
@@ -187,6 +191,14 @@ def benchmark_tables(groups: dict[str, Sequence[Trace]], outdir: str | None = No
         for name, df in tables.items():
             write_csv(df, os.path.join(outdir, f"{name}.csv"))
     return tables
+
+
+def pooled(parts: Sequence[Sequence[Trace]]) -> Sequence[Trace]:
+    """Every part's traces in one sequence: StoredTraces of one store stay keys (read one at a time)."""
+    parts = [p for p in parts if len(p)]
+    if parts and all(isinstance(p, StoredTraces) and p.store is parts[0].store for p in parts):
+        return StoredTraces(parts[0].store, [k for p in parts for k in p.keys])  # type: ignore[attr-defined]
+    return [t for p in parts for t in p]
 
 
 def main_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -219,7 +231,7 @@ def report_html(
     With `outdir`, the same tables are also written there as CSV (see `report_tables`)."""
     if os.path.exists(path) and not overwrite:
         raise OutputExistsError(f"{path} exists; overwrite=True (CLI: --overwrite) replaces it")
-    items = list(traces)
+    items = as_list(traces)
     tables = report_tables(items, outdir, score=score, top=top, segment=segment, only=only)
     parts = []
     for i, (heading, fig) in enumerate(figures(tables)):

@@ -59,8 +59,8 @@ def first_token_artifact(trace: Trace, score: str = DEFAULT_SCORE) -> bool:
 
 def first_token_artifact_share(traces: Sequence[Trace], score: str = DEFAULT_SCORE) -> float:
     """Share of traces (of ≥ 2 tokens) whose largest spike is at t = 0 (see `first_token_artifact`)."""
-    items = [t for t in _as_list(traces) if len(t) >= 2]
-    return float(np.mean([first_token_artifact(t, score) for t in items])) if items else float("nan")
+    found = [first_token_artifact(t, score) for t in _as_list(traces) if len(t) >= 2]  # one trace at a time
+    return float(np.mean(found)) if found else float("nan")
 
 
 # -- sparsity: Lorenz curve, Gini, mass fraction ------------------------------------------------

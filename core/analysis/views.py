@@ -23,9 +23,12 @@ def check_segment(segment: str | None) -> None:
         raise InvalidInputError(f"Unknown segment {segment!r}; choose one of: None, think, answer")
 
 
-def as_list(traces: Trace | Sequence[Trace]) -> list[Trace]:
-    """One trace or many, as a list."""
-    return [traces] if isinstance(traces, Trace) else list(traces)
+def as_list(traces: Trace | Sequence[Trace]) -> Sequence[Trace]:
+    """One trace or many, as a sequence. A sequence is kept as it is, so a lazy one (`StoredTraces`: keys,
+    each trace read from the store when used) stays lazy: an analysis holds one trace at a time, never all."""
+    if isinstance(traces, Trace):
+        return [traces]
+    return traces if isinstance(traces, Sequence) else list(traces)
 
 
 def label(trace: Trace, i: int) -> str:
@@ -48,8 +51,8 @@ def values(trace: Trace, score: str, segment: str | None) -> tuple[np.ndarray, n
     return pos, vals[pos]
 
 
-def prepare(traces: Trace | Sequence[Trace], score: str, segment: str | None) -> list[Trace]:
-    """Validate `score` and `segment`; the traces as a list."""
+def prepare(traces: Trace | Sequence[Trace], score: str, segment: str | None) -> Sequence[Trace]:
+    """Validate `score` and `segment`; the traces as a sequence (`as_list`)."""
     check_score(score)
     check_segment(segment)
     return as_list(traces)

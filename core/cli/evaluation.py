@@ -58,11 +58,17 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
     html = Path(out) / "report.html"
     if html.exists() and not overwrite:
         raise click.ClickException(f"{html} exists; pass --overwrite to replace it (or choose another --out)")
+    from core.io.store import StoredTraces
+
     store = open_store(store_path)
-    traces, unreadable = store.load_all()  # a damaged file is reported and skipped, never fatal
+    listed, unreadable = store.listing()  # a damaged file is reported and skipped, never fatal
     from core.cli.store import warn_unreadable
 
     warn_unreadable(unreadable)
+    readable = set(listed["key"])
+    # keys in the store's order; each analysis reads the traces one at a time, never all at once
+    ordered = store.keys()  # a listing of files, not a dict
+    traces = StoredTraces(store, [k for k in ordered if k in readable])
     if not traces:
         raise click.ClickException(f"The store {store.path} has no traces; generate some first")
     Path(out).mkdir(parents=True, exist_ok=True)

@@ -92,15 +92,33 @@ def generate(pair: ModelPair, prompt: Any | Sequence[Any], policy: Policy | None
     return traces[0] if single and samples == 1 else traces  # type: ignore[return-value]
 
 
-def _stored(store: Any, key: str, on_trace: Callable[[Trace], Any] | None) -> Trace:
-    """A stored trace, passed through `on_trace`; re-written only when the hook changed its meta."""
+def _stored(store: Any, key: str, on_trace: Callable[[Trace], Any] | None) -> Trace | None:
+    """A stored trace, passed through `on_trace`; re-written only when the hook changed its meta. None
+    when the store stands in for rows kept elsewhere (`_Resumed`, a worker's skip list)."""
     trace = store.get(key)
-    if on_trace is not None:
+    if trace is not None and on_trace is not None:
         before = dict(trace.meta)
         on_trace(trace)
         if trace.meta != before:
             store.put(trace, overwrite=True)
     return trace
+
+
+class _Resumed:
+    """`store`, except that `resumed` keys count as stored and read as None: their summaries came from the
+    store's index, so `generate` neither makes nor reads them."""
+
+    def __init__(self, store: Any, resumed: set[str]) -> None:
+        self.store, self.resumed = store, resumed
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.resumed or key in self.store
+
+    def get(self, key: str) -> Trace | None:
+        return None if key in self.resumed else self.store.get(key)
+
+    def put(self, trace: Trace, overwrite: bool = False) -> Any:
+        return self.store.put(trace, overwrite=overwrite)
 
 
 def generate_many(pair: ModelPair, problems: Sequence[Any], policy: Policy | None = None, *,
@@ -110,15 +128,18 @@ def generate_many(pair: ModelPair, problems: Sequence[Any], policy: Policy | Non
                   k: int = settings.K, lookahead: int | None = None, store: Any = None,
                   on_trace: Callable[[Trace], Any] | None = None, progress: Progress | None = None,
                   should_stop: Callable[[], bool] | None = None, executor: Any = None, keep: str = "traces",
-                  recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[Any]:
+                  recheck: Callable[[dict[str, Any]], bool] | None = None,
+                  on_rows: Callable[[int, list[Any]], None] | None = None) -> list[Any]:
     """Run `policy` on `problems` x `samples` in batches of `batch_size` problems; problem-major traces.
 
     `on_trace(trace)` runs on every trace (fresh or from the store) before it is written (e.g. grading);
     a stored trace whose meta it changed is re-written. `progress(rows done, rows total)` is called
     during each batch too. Without a store nothing is written. `executor` (e.g. `core.RayExecutor()`)
     runs the same batches elsewhere, with the same results (docs/SCALE.md); None: in this process.
-    keep="summaries": a `RowSummary` per row instead of the trace (memory bounded by one batch; with an
-    executor, stored rows come from the store's index, and are re-read only where `recheck(row)` says).
+    keep="summaries": a `RowSummary` per row instead of the trace (memory bounded by one batch); stored rows
+    come from the store's index (`RowSummary.resumed`, as the executors' driver does), and are read in full
+    only where `recheck(row)` says (with an `on_trace` to run on them). `on_rows(batch number, rows)`: each
+    batch's rows are handed over as it finishes instead of being collected (the result is then empty).
     """
     if keep not in ("traces", "summaries"):
         raise InvalidInputError(f"keep must be 'traces' or 'summaries', got {keep!r}")
@@ -126,25 +147,43 @@ def generate_many(pair: ModelPair, problems: Sequence[Any], policy: Policy | Non
         return executor.generate_many(pair, problems, policy, samples=samples, batch_size=batch_size,
                                       max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                       stop=stop, k=k, lookahead=lookahead, store=store, on_trace=on_trace,
-                                      progress=progress, should_stop=should_stop, keep=keep, recheck=recheck)
+                                      progress=progress, should_stop=should_stop, keep=keep, recheck=recheck,
+                                      on_rows=on_rows)
     problems = list(problems)
     if batch_size < 1:
         raise InvalidInputError(f"batch_size must be ≥ 1, got {batch_size}")
-    total = len(problems) * samples
+    total, done = len(problems) * samples, 0
     out: list[Any] = []
-    for start in range(0, len(problems), batch_size):
+    sampling = Sampling(temperature, top_p, seed, max_new_tokens, stop)
+    for batch, start in enumerate(range(0, len(problems), batch_size)):
         chunk = problems[start:start + batch_size]
-        before, rows = len(out), len(chunk) * samples
+        before, rows = done, len(chunk) * samples
 
         def step(t: int, limit: int, _before: int = before, _rows: int = rows) -> None:
             if progress is not None:
                 progress(_before + int(_rows * t / max(limit, 1)), total)
 
-        traces = generate(pair, chunk, policy, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                          seed=seed, stop=stop, samples=samples, k=k, lookahead=lookahead, store=store,
-                          progress=step, should_stop=should_stop, on_trace=on_trace)
-        traces = [traces] if isinstance(traces, Trace) else traces
-        out += traces if keep == "traces" else [RowSummary.of_trace(t) for t in traces]
+        resumed: dict[int, RowSummary] = {}
+        if keep == "summaries" and store is not None:
+            keys = [r.meta["key"] for r in make_rows(pair, chunk, samples, policy or BaseOnly(), sampling, k)]
+            for j, key in enumerate(keys):
+                found = RowSummary.resumed(store, key, recheck if on_trace is not None else None)
+                if found is not None:
+                    resumed[j] = found
+        traces: Any = [None] * rows
+        if len(resumed) < rows:
+            view = _Resumed(store, {keys[j] for j in resumed}) if resumed else store
+            traces = generate(pair, chunk, policy, max_new_tokens=max_new_tokens, temperature=temperature,
+                              top_p=top_p, seed=seed, stop=stop, samples=samples, k=k, lookahead=lookahead,
+                              store=view, progress=step, should_stop=should_stop, on_trace=on_trace)
+            traces = [traces] if isinstance(traces, Trace) else traces
+        got = [resumed[j] if j in resumed else t if keep == "traces" else RowSummary.of_trace(t)
+               for j, t in enumerate(traces)]
+        done += len(got)
+        if on_rows is not None:
+            on_rows(batch, got)
+        else:
+            out += got
         if progress is not None:
-            progress(len(out), total)
+            progress(done, total)
     return out

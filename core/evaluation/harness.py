@@ -25,6 +25,7 @@ from core.decoding.policies import BaseOnly, Policy, ReasonOnly, policy_spec
 from core.errors import ForkpointError, InvalidInputError
 from core.evaluation.grading import GRADER, gold_text, grade_trace
 from core.evaluation.problems import ANSWER_FIELDS
+from core.evaluation.records import RECORD_COLUMNS, RecordTable, record_groups  # noqa: F401  RECORD_COLUMNS: re-exported
 from core.evaluation.thinking import Solo
 from core.io.store import StoredTraces
 from core.scoring.teacher_forced import problem_record
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 
 BASE, GUIDE, THINKING = "base", "reason", "thinking"
 REFERENCE = GUIDE  # evaluate()'s default reference when no thinking model is given (not the paper's)
-RECORD_COLUMNS = ("benchmark", "policy", "problem", "index", "sample", "correct", "tokens", "taken", "key",
-                  "answer_rule")
 # accuracy + wrong + ungraded = 1: "ungraded" is the share of samples from which no answer was extracted
 POLICY_TABLE_COLUMNS = ("benchmark", "policy", "problems", "samples", "accuracy", "wrong", "ungraded", "pass@k", "k",
                         "rho", "mean_tokens", "recovery", "recovery@k", "reference")
@@ -127,12 +126,27 @@ def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Itera
                 batch_size: int = settings.BATCH_SIZE, progress: Callable[[int, int], None] | None = None,
                 keep: dict[str, Any] | None = None, executor: Any = None) -> pd.DataFrame:
     """One row per generated trace (RECORD_COLUMNS): benchmark, policy, problem, index, sample, correct,
-    tokens, taken, key. `problems` is a list (one benchmark) or {benchmark: list}. Rows come from the
-    store when present. With `keep` (a dict), traces are also collected, keep[policy label] -> traces
-    (with a TraceStore: a `StoredTraces`, keys read back one trace at a time; without: a list).
-    `executor` (e.g. `core.RayExecutor()`) makes the traces elsewhere; grading and the table stay here.
-    Only summaries (`RowSummary`) of the traces are held here, never their token arrays (with a store,
-    or without `keep`), and a resume reads stored rows from the store's index."""
+    tokens, taken, key, as a DataFrame (`stream_records` gives the same rows in a `RecordTable` on disk)."""
+    with stream_records(pair, problems, policies, samples=samples, store=store, temperature=temperature, top_p=top_p,
+                        seed=seed, max_new_tokens=max_new_tokens, shard=shard, batch_size=batch_size,
+                        progress=progress, keep=keep, executor=executor) as table:
+        return table.frame()
+
+
+def stream_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Iterable[Policy], *,
+                   samples: int = settings.SAMPLES, store: Any = None, temperature: float = settings.TEMPERATURE,
+                   top_p: float = settings.TOP_P, seed: int = settings.SEED,
+                   max_new_tokens: int = settings.MAX_NEW_TOKENS, shard: tuple[int, int] | None = None,
+                   batch_size: int = settings.BATCH_SIZE, progress: Callable[[int, int], None] | None = None,
+                   keep: dict[str, Any] | None = None, executor: Any = None,
+                   into: RecordTable | None = None) -> RecordTable:
+    """The records of problems x policies x samples (RECORD_COLUMNS), written batch by batch into a
+    `RecordTable` (`into`, or a new temporary one) as batches finish. `problems` is a list (one benchmark)
+    or {benchmark: list}. Rows come from the store when present. With `keep` (a dict), traces are also
+    collected, keep[policy label] -> traces (with a TraceStore: a `StoredTraces`, keys read back one trace
+    at a time; without: a list). `executor` (e.g. `core.RayExecutor()`) makes the traces elsewhere; grading
+    and the table stay here. Without `keep` the driver holds one batch's summaries (`RowSummary`) at a
+    time, never token arrays, and a resume reads stored rows from the store's index."""
 
     if samples < 1:
         raise InvalidInputError(f"samples must be ≥ 1, got {samples}")
@@ -143,7 +157,7 @@ def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Itera
     benches = {name: shard_of(list(enumerate(ps)), shard) for name, ps in benchmarks_of(problems).items()}
     total = sum(len(ps) for ps in benches.values()) * len(named)
     mode = "summaries" if keep is None or keeps_in_store(store) else "traces"
-    cols = _Columns()
+    table = RecordTable() if into is None else into
     done = 0
     for bench, ps in benches.items():
         for label, policy in named.items():
@@ -151,54 +165,24 @@ def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Itera
                 if progress is not None:
                     progress(_done + rows_done // samples, total)
 
+            start = table.next_seq()
+
+            def add(batch: int, rows: Sequence[Any], _start: int = start, _bench: str = bench, _label: str = label,
+                    _ps: Sequence[tuple[int, Any]] = ps) -> None:
+                first = batch * batch_size * samples  # the batch's first row in this stage
+                table.add(_start + first, _bench, _label,
+                          [(_ps[(first + j) // samples][0], (first + j) % samples,
+                            r if isinstance(r, RowSummary) else RowSummary.of_trace(r)) for j, r in enumerate(rows)])
+
             made = generate_many(pair, [p for _, p in ps], policy, samples=samples, batch_size=batch_size,
                                  max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                  store=store, on_trace=grade_trace, progress=step, executor=executor, keep=mode,
-                                 recheck=_ungraded)
+                                 recheck=_ungraded, on_rows=add if keep is None else None)
             if keep is not None:
                 keep_traces(keep, label, [r.key for r in made] if mode == "summaries" else made, store)
-            if mode == "traces":
-                made = [RowSummary.of_trace(t) for t in made]
-            cols.add(bench, label, ps, samples, made)
+                add(0, made)
             done += len(ps)
-    return cols.frame()
-
-
-class _Columns:
-    """RECORD_COLUMNS grown column by column (ints in arrays, repeated strings shared): the per-row cost of
-    a run's records is a few dozen bytes plus the key."""
-
-    def __init__(self) -> None:
-        from array import array
-
-        self.text: dict[str, list[Any]] = {"benchmark": [], "policy": [], "problem": [], "key": [], "answer_rule": []}
-        self.ints = {"index": array("q"), "sample": array("q"), "tokens": array("q"), "taken": array("q")}
-        self.correct = array("b")
-
-    def add(self, bench: str, label: str, ps: Sequence[tuple[int, Any]], samples: int,
-            rows: Sequence[RowSummary]) -> None:
-        import sys
-
-        for j, row in enumerate(rows):
-            problem = sys.intern(row.problem) if isinstance(row.problem, str) else row.problem
-            self.text["benchmark"].append(bench)
-            self.text["policy"].append(label)
-            self.text["problem"].append(problem)
-            self.text["key"].append(row.key)
-            self.text["answer_rule"].append(row.answer_rule)
-            self.ints["index"].append(ps[j // samples][0])
-            self.ints["sample"].append(j % samples)
-            self.ints["tokens"].append(row.length)
-            self.ints["taken"].append(row.takeovers)
-            self.correct.append(bool(row.correct))
-
-    def frame(self) -> pd.DataFrame:
-        data: dict[str, Any] = {name: np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
-                                for name, a in self.ints.items()}
-        data["correct"] = np.frombuffer(self.correct, dtype=np.int8).astype(bool) if len(self.correct) else \
-            np.zeros(0, bool)
-        data.update(self.text)
-        return pd.DataFrame({name: data[name] for name in RECORD_COLUMNS}, columns=list(RECORD_COLUMNS))
+    return table
 
 
 def require_gold(problems: Any) -> None:
@@ -272,35 +256,27 @@ def reference_values(table: pd.DataFrame, bench: str, reference: Reference) -> t
     return float("nan"), float(value), "given Pass@k"
 
 
-def verdict_shares(records: pd.DataFrame) -> tuple[float, float]:
-    """(wrong, ungraded): shares of records answered wrong and with no answer extracted (answer_rule
-    None); both NaN when the records do not say which rule graded them."""
-    if "answer_rule" not in records or records.empty:
-        return float("nan"), float("nan")
-    none = records["answer_rule"].isna()
-    return float((~records["correct"].astype(bool) & ~none).mean()), float(none.mean())
-
-
-def policy_table(records: pd.DataFrame, k: int | None = None, base: str = BASE,
+def policy_table(records: pd.DataFrame | RecordTable, k: int | None = None, base: str = BASE,
                  reference: Reference = REFERENCE) -> pd.DataFrame:
     """Per benchmark and policy (POLICY_TABLE_COLUMNS): accuracy, the shares answered wrong and ungraded
     (no answer extracted; NaN when the records lack "answer_rule"), unbiased pass@k, realised ρ
     (token-weighted), mean tokens, and recovery of the gap between the `base` row and the `reference`
-    (a policy label or numbers, see `reference_values`) on accuracy and on pass@k ("recovery@k")."""
+    (a policy label or numbers, see `reference_values`) on accuracy and on pass@k ("recovery@k").
+    `records`: a DataFrame, or a `RecordTable` on disk (aggregated by SQLite: the same numbers, in memory
+    bounded by the number of problems of one group)."""
     out = []
-    for (bench, label), g in records.groupby(["benchmark", "policy"], sort=False):
-        per = g.groupby("index")["correct"].agg(["size", "sum"])
-        n_min = int(per["size"].min())
+    for g in record_groups(records):
+        n_min = int(g.sizes.min())
         kk = n_min if k is None else k
         if kk > n_min:
-            raise InvalidInputError(f"pass@{kk} needs ≥ {kk} samples per problem; policy {label!r} has {n_min}")
-        wrong, ungraded = verdict_shares(g)
+            raise InvalidInputError(f"pass@{kk} needs ≥ {kk} samples per problem; policy {g.policy!r} has {n_min}")
+        wrong, ungraded = ((float("nan"), float("nan")) if g.wrong is None or not g.rows else
+                           (g.wrong / g.rows, g.ungraded / g.rows))
         out.append({
-            "benchmark": bench, "policy": label, "problems": len(per), "samples": n_min,
-            "accuracy": float(g["correct"].astype(bool).mean()), "wrong": wrong, "ungraded": ungraded,
-            "pass@k": float(np.mean([pass_at_k(int(n), int(c), kk) for n, c in zip(per["size"], per["sum"])])),
-            "k": kk, "rho": float(g["taken"].sum() / max(1, g["tokens"].sum())),
-            "mean_tokens": float(g["tokens"].mean()),
+            "benchmark": g.benchmark, "policy": g.policy, "problems": len(g.sizes), "samples": n_min,
+            "accuracy": g.correct / g.rows, "wrong": wrong, "ungraded": ungraded,
+            "pass@k": float(np.mean([pass_at_k(int(n), int(c), kk) for n, c in zip(g.sizes, g.sums)])),
+            "k": kk, "rho": float(g.taken / max(1, g.tokens)), "mean_tokens": g.tokens / g.rows,
         })
     frame = pd.DataFrame(out, columns=list(POLICY_TABLE_COLUMNS[:-3]))
     return add_recovery(frame, base=base, reference=reference)
@@ -348,13 +324,14 @@ def evaluate(pair: Any, problems: Any, policies: Mapping[str, Policy] | Iterable
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
                   max_new_tokens=max_new_tokens, shard=shard, batch_size=batch_size, executor=executor)
     require_gold(problems)
-    records = run_records(pair, problems, named, progress=progress, **common)
-    if thinking is not None:
-        records = pd.concat([records, thinking_records(thinking, problems, **common)], ignore_index=True)
-    if isinstance(reference, str) and reference not in set(records["policy"]):
-        raise InvalidInputError(f"reference {reference!r} is not a policy label; choose one of: "
-                                f"{', '.join(dict.fromkeys(records['policy']))}, or give numbers")
-    return policy_table(records, k=k, base=base_label, reference=reference)
+    with stream_records(pair, problems, named, progress=progress, **common) as records:
+        if thinking is not None:
+            stream_records(thinking, problems, {THINKING: Solo()}, into=records, **common)
+        labels = records.policies()
+        if isinstance(reference, str) and reference not in labels:
+            raise InvalidInputError(f"reference {reference!r} is not a policy label; choose one of: "
+                                    f"{', '.join(map(str, labels))}, or give numbers")
+        return policy_table(records, k=k, base=base_label, reference=reference)
 
 
 def thinking_records(thinking: Any, problems: Any, **common: Any) -> pd.DataFrame:

@@ -30,7 +30,7 @@ from core.evaluation.sweep import DEFAULT_BASELINE_RHOS, DEFAULT_RATIOS, budget_
 from core.evaluation.thinking import DEFAULT_THINKING_FORMAT, load_thinking
 from core.io.atomic import write_atomic
 from core.io.csvsafe import write_csv
-from core.io.store import TraceStore
+from core.io.store import StoredTraces, TraceStore
 from core.pair.loading import ModelPair, PromptFormat, format_spec, load_pair
 from core.scoring.teacher_forced import problem_record
 from core.settings import StageProgress
@@ -139,17 +139,17 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
     problems by benchmark) says which benchmark each trace is from; `pair` lets the t = 0 warning suggest
     the fix that fits it."""
     from core.analysis.paper import paper_table, reproduce_html
-    from core.analysis.report import benchmark_tables
+    from core.analysis.report import benchmark_tables, pooled
 
     if not isinstance(reference, str):
         sweep.attrs["reference_numbers"] = reference
-    base_traces = list(keep.get("base", []))
-    guided = [t for label, ts in keep.items() if label.startswith("r=") for t in ts]
+    base_traces = keep.get("base", [])  # StoredTraces with a store: read one at a time, never all at once
+    guided = pooled([ts for label, ts in keep.items() if label.startswith("r=")])
     by_bench = split_by_benchmark(base_traces, benches)
     analyses = benchmark_tables(by_bench, str(out / "analysis"), score=score)
     try:
         guided_by = split_by_benchmark(guided, benches)
-        frames = [enrichment(ts + guided_by.get(name, []), score).assign(benchmark=name)
+        frames = [enrichment(pooled([ts, guided_by.get(name, [])]), score).assign(benchmark=name)
                   for name, ts in _with_all(by_bench).items()]
         table = pd.concat(frames, ignore_index=True)
         analyses["enrichment"] = table[["benchmark", *[c for c in table.columns if c != "benchmark"]]]
@@ -181,19 +181,21 @@ def split_by_benchmark(traces: Sequence[Any], benches: Mapping[str, list[Any]] |
             rec = problem_record(p)
             where.setdefault((str(rec["id"]), rec["prompt"]), name)
     out: dict[str, list[Any]] = {name: [] for name in (benches or {})}
+    store = traces.store if isinstance(traces, StoredTraces) else None  # then keys are kept, not traces
     for t in traces:
         problem = t.meta.get("problem") or {}
-        out.setdefault(where.get((str(problem.get("id")), problem.get("prompt")), "problems"), []).append(t)
-    return {name: ts for name, ts in out.items() if ts}
+        name = where.get((str(problem.get("id")), problem.get("prompt")), "problems")
+        out.setdefault(name, []).append(t.key if store is not None else t)
+    return {name: StoredTraces(store, ts) if store is not None else ts for name, ts in out.items() if ts}
 
 
 def _with_all(groups: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
     """The groups plus, with several, all of them pooled (as `benchmark_tables` does)."""
-    from core.analysis.report import ALL_BENCHMARKS
+    from core.analysis.report import ALL_BENCHMARKS, pooled
 
     out = dict(groups)
     if len(groups) > 1:
-        out[ALL_BENCHMARKS] = [t for ts in groups.values() for t in ts]
+        out[ALL_BENCHMARKS] = pooled(list(groups.values()))
     return out
 
 

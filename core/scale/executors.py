@@ -44,24 +44,25 @@ class _Driver:
         self.total, self.done = total, 0
         self.keep, self.recheck = keep, recheck
 
-    def lookup(self, key: str) -> dict[str, Any] | bool | None:
-        """Whether `key` is stored (readable): its index summary row when summaries are kept (the trace file
-        is not read), else True; None when it is not stored."""
+    def lookup(self, key: str) -> bool:
+        """Whether `key` is stored (readable; from the store's index when it has one)."""
         if self.keep == "summaries" and hasattr(self.store, "summary"):
-            return self.store.summary(key)
-        return True if key in self.store else None
+            return self.store.summary(key) is not None
+        return key in self.store
 
     def finish(self, traces: list[Any], keys: list[str] | None) -> list[Any]:
         """Fill rows the worker skipped from the store, run on_trace, write; returns the traces (or their
         summaries)."""
         out = []
+        recheck = self.recheck if self.on_trace is not None else None
         for j, trace in enumerate(traces):
             new = trace is not None
             if not new:
-                row = self.lookup(keys[j]) if self.keep == "summaries" else None
-                if isinstance(row, dict) and (self.on_trace is None or self.recheck is None or not self.recheck(row)):
-                    out.append(RowSummary.of_index(row))  # a resume: the index says all we keep
-                    continue
+                if self.keep == "summaries":
+                    found = RowSummary.resumed(self.store, keys[j], recheck)
+                    if found is not None:  # a resume: the index says all we keep
+                        out.append(found)
+                        continue
                 trace = self.store.get(keys[j])
             before = None if new else _meta_blob(trace)
             if self.on_trace is not None:
@@ -81,7 +82,8 @@ class _Driver:
 def drive(backend: Any, jobs: Sequence[GenerateJob], store: Any = None,
           on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
           should_stop: Callable[[], bool] | None = None, *, keep: str = "traces",
-          recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[list[Any]]:
+          recheck: Callable[[dict[str, Any]], bool] | None = None,
+          on_rows: Callable[[int, list[Any]], None] | None = None) -> list[list[Any]]:
     """Run `jobs` on `backend` (keys(jobs), run(pending) -> iterator of (i, traces, info)); per job, its
     traces in row order. Rows whose key is in `store` are read from it instead of being made; each batch
     is written as it returns. `should_stop()` is asked between batches; True raises GenerationCancelled
@@ -90,27 +92,36 @@ def drive(backend: Any, jobs: Sequence[GenerateJob], store: Any = None,
     keep="summaries": per row a `RowSummary` instead of the trace, so the driver holds no token arrays: a
     new trace is dropped once written, and a stored row is summarised from the store's index without
     reading its file, unless `recheck(summary row)` is true (then it is read and passed through on_trace,
-    e.g. to grade a row stored ungraded)."""
+    e.g. to grade a row stored ungraded). `on_rows(job index, rows)`: each job's rows are handed over as
+    the job finishes (in any order) instead of being collected; the result is then empty."""
     if keep not in KEEP:
         raise InvalidInputError(f"keep must be one of {', '.join(KEEP)}, got {keep!r}")
     jobs = list(jobs)
     driver = _Driver(store, on_trace, progress, sum(j.units for j in jobs), keep, recheck)
     keys = backend.keys(jobs) if store is not None and jobs else [None] * len(jobs)
     results: list[list[Any] | None] = [None] * len(jobs)
+
+    def deliver(i: int, rows: list[Any]) -> None:
+        keys[i] = None  # done with: a job's keys are held only while it is pending
+        if on_rows is None:
+            results[i] = rows
+        else:
+            on_rows(i, rows)
+
     pending: list[tuple[int, list[str]]] = []
     for i, job_keys in enumerate(keys):
-        stored = [k for k in job_keys if driver.lookup(k) is not None] if job_keys is not None else []
+        stored = [k for k in job_keys if driver.lookup(k)] if job_keys is not None else []
         if job_keys is not None and len(stored) == len(job_keys):
-            results[i] = driver.finish([None] * len(job_keys), job_keys)
+            deliver(i, driver.finish([None] * len(job_keys), job_keys))
         else:
             pending.append((i, stored))
     for i, traces, _info in backend.run([(jobs[i], skip) for i, skip in pending], [i for i, _ in pending]):
-        results[i] = driver.finish(traces, keys[i])  # a finished batch is stored before any stop
+        deliver(i, driver.finish(traces, keys[i]))  # a finished batch is stored before any stop
         made = sum(t is not None for t in traces)
         log.debug("job %d: %d rows made, %d read from the store", i, made, len(traces) - made)
         if should_stop is not None and should_stop():
             raise GenerationCancelled("generation cancelled; the batches finished so far are stored")
-    return results  # type: ignore[return-value]
+    return [] if on_rows is not None else results  # type: ignore[return-value]
 
 
 class _Executor:
@@ -120,7 +131,8 @@ class _Executor:
     def run_jobs(self, pair: Any, jobs: Sequence[GenerateJob], *, store: Any = None,
                  on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
                  should_stop: Callable[[], bool] | None = None, keep: str = "traces",
-                 recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[list[Any]]:
+                 recheck: Callable[[dict[str, Any]], bool] | None = None,
+                 on_rows: Callable[[int, list[Any]], None] | None = None) -> list[list[Any]]:
         raise NotImplementedError
 
     def generate_many(self, pair: Any, problems: Sequence[Any], policy: Any = None, *,
@@ -130,13 +142,14 @@ class _Executor:
                       k: int = settings.K, lookahead: int | None = None, store: Any = None,
                       on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
                       should_stop: Callable[[], bool] | None = None, keep: str = "traces",
-                      recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[Any]:
+                      recheck: Callable[[dict[str, Any]], bool] | None = None,
+                      on_rows: Callable[[int, list[Any]], None] | None = None) -> list[Any]:
         """Problems x samples under `policy`, in batches of `batch_size` problems; traces (or `RowSummary`
-        records, keep="summaries": see `drive`) problem-major."""
+        records, keep="summaries": see `drive`) problem-major; with `on_rows`, handed over per batch."""
         jobs = make_jobs(problems, policy, batch_size=batch_size, samples=samples, max_new_tokens=max_new_tokens,
                          temperature=temperature, top_p=top_p, seed=seed, stop=stop, k=k, lookahead=lookahead)
         out = self.run_jobs(pair, jobs, store=store, on_trace=on_trace, progress=progress, should_stop=should_stop,
-                            keep=keep, recheck=recheck)
+                            keep=keep, recheck=recheck, on_rows=on_rows)
         return [t for traces in out for t in traces]
 
 
@@ -174,10 +187,12 @@ class InProcessExecutor(_Executor):
     def run_jobs(self, pair: Any, jobs: Sequence[GenerateJob], *, store: Any = None,
                  on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
                  should_stop: Callable[[], bool] | None = None, keep: str = "traces",
-                 recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[list[Any]]:
+                 recheck: Callable[[dict[str, Any]], bool] | None = None,
+                 on_rows: Callable[[int, list[Any]], None] | None = None) -> list[list[Any]]:
         """Per job, its traces (row order; summaries with keep="summaries"), made in this process."""
         backend = _LocalBackend(Worker(None, pair=self._pair(pair)))
-        out = drive(backend, jobs, store, on_trace, progress, should_stop, keep=keep, recheck=recheck)
+        out = drive(backend, jobs, store, on_trace, progress, should_stop, keep=keep, recheck=recheck,
+                    on_rows=on_rows)
         self.stats = [backend.stats]
         return out
 

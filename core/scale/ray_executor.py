@@ -324,14 +324,16 @@ class RayExecutor(_Executor):
     def run_jobs(self, pair: Any, jobs: Sequence[GenerateJob], *, store: Any = None,
                  on_trace: Callable[[Any], None] | None = None, progress: Progress | None = None,
                  should_stop: Callable[[], bool] | None = None, keep: str = "traces",
-                 recheck: Callable[[dict[str, Any]], bool] | None = None) -> list[list[Any]]:
+                 recheck: Callable[[dict[str, Any]], bool] | None = None,
+                 on_rows: Callable[[int, list[Any]], None] | None = None) -> list[list[Any]]:
         """Per job, its traces (or summaries, keep="summaries"), made on the Ray workers, written here."""
         self.start(pair)
         t0 = time.perf_counter()
         path = getattr(store, "path", None)
         self._remote = {"store_path": str(path), "on_trace": on_trace} if self.workers_write and path else {}
         try:
-            return drive(self, jobs, store, on_trace, progress, should_stop, keep=keep, recheck=recheck)
+            return drive(self, jobs, store, on_trace, progress, should_stop, keep=keep, recheck=recheck,
+                         on_rows=on_rows)
         finally:
             self.wall_s += time.perf_counter() - t0
             self._remote = {}
