@@ -1,6 +1,7 @@
 """The Trace page's switchboard: a click flips a takeover (or forces a hover-card alternative) and the
-response re-flows in place, streamed token by token; back / forward through the switch states; the
-list of switches in force; "which takeovers matter". Plain calls into `core.decoding.takeover`.
+response re-flows in place, streamed token by token (over the live route, app/live.py, when the server has
+it; else inside this fragment's rerun); back / forward through the switch states; the list of switches in
+force; "which takeovers matter". Plain calls into `core.decoding.takeover`.
 """
 
 from __future__ import annotations
