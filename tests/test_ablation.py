@@ -16,7 +16,12 @@ from test_decoding import PROMPTS
 import core
 import core.decoding.takeover as tk
 from core.decoding import CACHES
-from core.decoding.takeover import flipped, set_switches, set_switches_many, switches_in_force
+from core.decoding.takeover import (
+    flipped,
+    set_switches,
+    set_switches_many,
+    switches_in_force,
+)
 from core.evaluation.ablation import ablate_takeovers, ablation_switches
 
 GUIDED = {"tau": 2.0, "lam": 1.0, "window": 4}  # fires a few times on the tiny pair's prompts
