@@ -365,6 +365,27 @@ def test_file_only_commands_start_without_the_model_stack(env):
     assert len(read_jsonl(env["tmp"] / "one.jsonl")) == 1
 
 
+def test_exporting_a_generated_trace_loads_no_tagger(env):
+    """A generated trace is stored with its planning tags (graded and tagged), so `export` to HTML or JSONL
+    reads them back: spaCy (≈0.5 s of a one-trace export) never loads, and the tags are the tagger's."""
+    import subprocess
+    import sys
+
+    from core.annotate.planning import tag_planning
+
+    run("generate", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--limit", "1",
+        "--max-new-tokens", "12")
+    store = TraceStore(env["store"])
+    trace = store.get(store.keys()[0])
+    assert trace.annotations["tags"] == tag_planning(trace) and trace.annotations["tags_by"]
+    snippet = _MODULES_AFTER.replace("{'torch', 'transformers'}", "{'spacy', 'torch', 'thinc'}")
+    for name in ("one.html", "one.jsonl"):
+        out = subprocess.run([sys.executable, "-c", snippet, "export", "--store", env["store"], "--out",
+                              str(env["tmp"] / name)], capture_output=True, text=True, timeout=300, check=True)
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == [], (name, out.stdout[-500:])
+    assert read_jsonl(env["tmp"] / "one.jsonl")[0].annotations["tags"] == trace.annotations["tags"]
+
+
 def test_export_token_strings_match_the_tokenizer(env, tiny_dirs):
     """Without transformers the export decodes top-k ids exactly as AutoTokenizer does."""
     from transformers import AutoTokenizer

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from spacy.lookups import Lookups
 
-from core.annotate import planning
+from core.annotate import planning, tag_layer
 from core.annotate.planning import (
     CATEGORIES,
     PlanningTagger,
@@ -322,6 +322,8 @@ def test_lemma_patterns_active_with_a_lemmatizer(lemma_pipeline: str, tagger: Pl
 def test_auto_prefers_installed_trained_pipeline(monkeypatch, lemma_pipeline: str) -> None:
     real_load = spacy.load
     monkeypatch.setattr(planning.spacy.util, "is_package", lambda name: name == "en_core_web_sm")
+    installed = tag_layer._version  # "is the trained pipeline installed" is read from package metadata
+    monkeypatch.setattr(tag_layer, "_version", lambda name: "3.8.0" if name == "en_core_web_sm" else installed(name))
     monkeypatch.setattr(planning.spacy, "load", lambda name, **kw: real_load(lemma_pipeline, **kw))
     try:
         t = PlanningTagger()

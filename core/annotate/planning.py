@@ -37,8 +37,14 @@ finally:
     if _HIDE_TORCH and sys.modules.get("torch", 0) is None:
         del sys.modules["torch"]
 
+from core.annotate.tag_layer import (
+    DEFAULT_LEXICON,
+    TAGS_BY,
+    current_tags,
+    resolve_pipeline,
+    tagger_identity,
+)
 from core.errors import InvalidInputError, ModelLoadError
-from core.io.packaged import assets_dir
 from core.trace import Trace
 
 logger = logging.getLogger(__name__)
@@ -47,8 +53,6 @@ CATEGORIES: tuple[str, ...] = ("plan", "reflect", "verify", "conclude", "execute
 DEFAULT = "execute"
 MATCHED = CATEGORIES[:-1]  # categories a lexicon may list; earlier wins a tie between equal spans
 PLANNING_CATEGORIES = MATCHED  # the paper's "planning" side of the planning/execution split
-DEFAULT_LEXICON = assets_dir() / "planning_lexicon.json"  # checkout or wheel (core/io/packaged.py)
-DEFAULT_PIPELINE = "en_core_web_sm"
 SEGMENTS = ("think", "answer")
 
 # Token-pattern attributes -> what a pipeline must assign for them to mean anything.
@@ -151,15 +155,6 @@ if not Language.has_factory(_STARTS):
     Language.component(_STARTS, assigns=["token.is_sent_start"])(_mark_sentence_starts)
 
 
-def _resolve_pipeline(pipeline: str | None) -> str:
-    """'auto' choice: the default trained pipeline when installed, else a blank English one."""
-    if pipeline is None:
-        return DEFAULT_PIPELINE if spacy.util.is_package(DEFAULT_PIPELINE) else "blank:en"
-    if pipeline == "blank":
-        return "blank:en"
-    return pipeline
-
-
 def _build_nlp(pipeline: str) -> Language:
     if pipeline.startswith("blank:"):
         lang = pipeline.split(":", 1)[1]
@@ -257,7 +252,7 @@ class PlanningTagger:
     """
 
     def __init__(self, pipeline: str | None = None, lexicon: str | Path = DEFAULT_LEXICON) -> None:
-        self.pipeline = _resolve_pipeline(pipeline)
+        self.pipeline = resolve_pipeline(pipeline)
         self.lexicon_path = Path(lexicon).resolve()
         self._loaded()  # fail now, not on first use
 
@@ -287,6 +282,10 @@ class PlanningTagger:
             "lexicon_sha256": loaded.lexicon.sha256,
             "skipped_patterns": loaded.skipped,
         }
+
+    def identity(self) -> str:
+        """Who writes these tags (`tag_layer.tagger_identity`), as stored in a trace's `tags_by` layer."""
+        return tagger_identity(self.pipeline, self.lexicon_path)
 
     def tag_text(self, text: str) -> list[tuple[int, int, str]]:
         """(start, end, category) character spans for every non-space word of `text`, in order."""
@@ -369,10 +368,20 @@ def tag_planning(trace: Trace, tagger: PlanningTagger | None = None) -> list[str
 
 
 def trace_tags(trace: Trace) -> list[str]:
-    """The trace's planning tags: its "tags" annotation layer when it has one, else the tagger's."""
-    if "tags" in trace.annotations:
-        return [str(t) for t in trace.annotations["tags"]]
-    return [str(t) for t in tag_planning(trace)]
+    """The trace's planning tags: its "tags" layer when the default tagger would write them again
+    (`tag_layer.current_tags`), else the tagger's."""
+    stored = current_tags(trace)
+    return stored if stored is not None else [str(t) for t in tag_planning(trace)]
+
+
+def store_tags(trace: Trace, tagger: PlanningTagger | None = None) -> Trace:
+    """Give `trace` in place its "tags", "segments" and `tags_by` layers (what a stored trace carries, so
+    that its views and exports need no tagger), unless it has the default tagger's tags already."""
+    tagger = tagger or default_tagger()
+    if trace.annotations.get(TAGS_BY) != tagger.identity() or "segments" not in trace.annotations:
+        trace.annotations.update(tags=tag_planning(trace, tagger), segments=segment_tokens(trace.tokens),
+                                 **{TAGS_BY: tagger.identity()})
+    return trace
 
 
 # -- thinking vs answer -------------------------------------------------------------------------

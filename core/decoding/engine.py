@@ -9,13 +9,17 @@ both caches are cropped back to it and the next block starts there. Draws are ke
 output is the lock-step output (up to float rounding, see `BlockSizer`). n adapts to the recent rate of
 such changes (`lookahead=1` is lock-step). Lazy policies (gating on base entropy alone) draft until they fire and let the reasoner
 catch up only then; their metrics are filled from logged hidden states in batched passes.
+
+Rows may join late: a row whose known tokens reach past the current position replays them (its own
+tokens, sources and gate values, as a parent's prefix) and is decided by the policy only from its first
+unknown position on, so children that leave one parent at different positions share one batch.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,7 +137,7 @@ class Decoder:
         self.pad = pair.tokenizer.pad_token_id or 0
         self.lookahead = check_lookahead(lookahead)
         self.progress, self.should_stop = progress, should_stop
-        self.taken = np.array([sum(s != "base" for s in r.source) for r in rows], dtype=np.int64)
+        self.taken = np.array([sum(s != "base" for s in r.source[:start]) for r in rows], dtype=np.int64)
         self.identities = np.array([r.identity for r in rows], dtype=np.uint64)
         self.record = TokenRecord(len(rows), start)
         self.fed = np.zeros((len(rows), 64), dtype=np.int64)  # emitted ids (pads for finished rows), column p - start
@@ -164,6 +168,10 @@ class Decoder:
 
     def _live(self) -> np.ndarray:
         return np.array([not r.done for r in self.rows])
+
+    def _replaying(self, p: int) -> np.ndarray:
+        """(B,) rows that already know their token at p (a late-joining row's prefix)."""
+        return np.array([p < len(r.tokens) for r in self.rows])
 
     def _ids(self, first: int, stop: int) -> torch.Tensor:
         """(B, stop - first) emitted ids of positions first .. stop - 1."""
@@ -254,7 +262,7 @@ class Decoder:
         h_base = entropy(a).cpu().numpy()
         step = Step(t=p, score=None, entropy_base=h_base, history=[r.history for r in self.rows], taken=self.taken,
                     limit=self.limit, rows=self.identities)
-        fire = np.asarray(self.policy.takeover(step), dtype=bool) & live
+        fire = np.asarray(self.policy.takeover(step), dtype=bool) & live & ~self._replaying(p)
         forced = self.policy.forced_token(p)
         b = None
         if fire.any() or forced is not None:
@@ -299,15 +307,19 @@ class Decoder:
         out[torch.from_numpy(~live)] = self.pad
         return out
 
-    def _choose(self, p: int, draft: np.ndarray, b: torch.Tensor | None, fire: np.ndarray, forced: int | None,
-                live: np.ndarray) -> tuple[np.ndarray, list[str]]:
-        """Per row, the token emitted at p and who emitted it: the user's, the reasoner's draw, or the draft."""
+    def _choose(self, p: int, draft: np.ndarray, b: torch.Tensor | None, fire: np.ndarray,
+                forced: int | Sequence[int | None] | None, live: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """Per row, the token emitted at p and who emitted it: a replayed known token, the user's (`forced`:
+        one id for every row, or one per row), the reasoner's draw, or the draft."""
         tokens, sources = draft.copy(), ["base"] * len(self.rows)
         for i, r in enumerate(self.rows):
+            own = forced[i] if isinstance(forced, (list, tuple)) else forced
             if not live[i]:
                 tokens[i] = self.pad
-            elif forced is not None:
-                tokens[i], sources[i] = forced, "forced"
+            elif p < len(r.tokens):
+                tokens[i], sources[i] = r.tokens[p], r.source[p]
+            elif own is not None:
+                tokens[i], sources[i] = own, "forced"
             elif fire[i]:
                 tokens[i] = sample_token(b[i], self.sampling.temperature, self.sampling.top_p,
                                          position_generator(r.seed, p))
@@ -327,6 +339,9 @@ class Decoder:
             self.record.write(p, metrics)
         for i, r in enumerate(self.rows):
             if not live[i]:
+                continue
+            if p < len(r.tokens):  # replayed: the row holds this token, its source and gate value already
+                self.taken[i] += sources[i] != "base"
                 continue
             tok = int(tokens[i])
             r.tokens.append(tok)

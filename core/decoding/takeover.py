@@ -44,7 +44,7 @@ THEN = ("policy", "base", "reason")  # who decides every other position of the n
 @dataclass
 class SwitchPolicy(Policy):
     """At each switched position: the reasoner (`"reason"`), the base (`"base"`) or a given token; at every
-    other position `then` decides (the parent's policy, BaseOnly or ReasonOnly)."""
+    other position `then` decides (the parent's policy, BaseOnly or ReasonOnly). What a child records."""
 
     then: Policy = field(default_factory=BaseOnly)
     at: dict[int, int | str] = field(default_factory=dict)  # position -> "reason" | "base" | token id
@@ -58,16 +58,37 @@ class SwitchPolicy(Policy):
         return {**self.then.record(), "switches": {str(p): w for p, w in sorted(self.at.items())}}
 
     def takeover(self, step: Step) -> np.ndarray:
-        what = self.at.get(step.t)
-        if what is None:
-            return self.then.takeover(step)
-        return np.full(len(step.taken), what == REASON)
+        return SwitchRows(self.then, [self.at]).takeover(step)
 
     def forced_token(self, t: int) -> int | None:
-        what = self.at.get(t)
-        if what is None:
-            return self.then.forced_token(t)
-        return what if isinstance(what, int) else None
+        return SwitchRows(self.then, [self.at]).forced_token(t)  # type: ignore[return-value]
+
+
+@dataclass
+class SwitchRows(Policy):
+    """Row i of a batch follows the switches `ats[i]`; `then` (shared) decides wherever a row has none."""
+
+    then: Policy = field(default_factory=BaseOnly)
+    ats: list[dict[int, int | str]] = field(default_factory=list)
+    name = "switch"
+
+    def __post_init__(self) -> None:
+        self.score = self.then.score
+        self.lazy = self.then.lazy  # type: ignore[misc]
+
+    def takeover(self, step: Step) -> np.ndarray:
+        fire = np.array(self.then.takeover(step), dtype=bool)  # the shared policy once for all rows
+        for i, at in enumerate(self.ats):
+            what = at.get(step.t)
+            if what is not None:
+                fire[i] = what == REASON
+        return fire
+
+    def forced_token(self, t: int) -> int | list[int | None] | None:  # type: ignore[override]
+        """The token forced at t: one id (or None) for every row, else one per row (the engine takes both)."""
+        default = self.then.forced_token(t)
+        own = [default if t not in at else at[t] if isinstance(at[t], int) else None for at in self.ats]
+        return own[0] if all(o == own[0] for o in own) else own
 
 
 def switches(at: dict[Any, Any], vocab_size: int) -> dict[int, int | str]:
@@ -162,12 +183,35 @@ def takeover(pair: ModelPair, trace: Trace, at: dict[Any, Any], *, then: str | P
                        should_stop=should_stop)
 
 
+@dataclass
+class _Child:
+    """One child to decode: its row (request key, meta, the parent's prefix and gate values), its switches
+    and the first position it writes anew."""
+
+    row: Row
+    plan: SwitchPolicy
+    first: int
+
+
 def _regenerate(pair: ModelPair, trace: Trace, first: int, at: dict[int, int | str], then: str | Policy, *,
                 max_new_tokens: int | None, temperature: float | None, seed: int | None,
                 on_token: Callable[[int, int, str], None] | None, store: Any, lookahead: int | None,
                 progress: Progress | None, should_stop: Callable[[], bool] | None) -> Trace:
     """Keep `trace`'s tokens before `first`, generate the rest with the trace's switches before `first`
     and `at` (all at or after `first`) in force."""
+    plan = _then(trace, then)
+    child, sampling = _prepare(pair, trace, first, at, plan, max_new_tokens=max_new_tokens,
+                               temperature=temperature, seed=seed)
+    if store is not None and child.row.meta["key"] in store:
+        return store.get(child.row.meta["key"])
+    return _decode(pair, trace, [child], sampling, store=store, lookahead=lookahead, progress=progress,
+                   should_stop=should_stop, on_token=on_token)[0]
+
+
+def _prepare(pair: ModelPair, trace: Trace, first: int, at: dict[int, int | str], then: Policy, *,
+             max_new_tokens: int | None, temperature: float | None, seed: int | None) -> tuple[_Child, Sampling]:
+    """The row of the child with `trace`'s switches before `first` and `at` in force (its store key and
+    meta), under the sampling settings it is decoded with."""
     _check(pair, trace, first)
     sampling = _sampling(trace, max_new_tokens, first)
     if temperature is not None or seed is not None:
@@ -177,7 +221,7 @@ def _regenerate(pair: ModelPair, trace: Trace, first: int, at: dict[int, int | s
                            seed=sampling.seed if seed is None else int(seed))
     root, inherited = _lineage(trace, first)
     in_force = {**inherited, **at}
-    plan = SwitchPolicy(_then(trace, then), in_force)
+    plan = SwitchPolicy(then, in_force)
     parent_sources = [str(s) for s in trace.source]
     record = [{"pos": p, "to": "forced" if isinstance(w, int) else w, "token": w if isinstance(w, int) else None,
                "from": parent_sources[p] if p < len(parent_sources) else None} for p, w in sorted(at.items())]
@@ -190,28 +234,45 @@ def _regenerate(pair: ModelPair, trace: Trace, first: int, at: dict[int, int | s
     row.meta.update(parent=trace.key, root=root, branch_pos=int(first), policy=plan.record(),
                     switches={str(p): w for p, w in sorted(in_force.items())}, switched=record,
                     then=extra["then"])
-    if store is not None and row.meta["key"] in store:
-        return store.get(row.meta["key"])
-    if row.prompt_ids != trace.prompt_ids:
-        raise PairMismatchError("The pair formats this problem differently from the trace's recorded prompt")
-    prefix_ids = [int(x) for x in trace.token_ids[:first]]
-    row.tokens, row.source = list(prefix_ids), parent_sources[:first]
+    row.tokens, row.source = [int(x) for x in trace.token_ids[:first]], parent_sources[:first]
     # the gate's running mean looks back over the shared prefix, exactly as if the child had written it
     gate_values = trace.metrics["entropy_base"] if plan.lazy else score_values(trace.metrics, plan.score)
     row.history = [float(x) for x in np.asarray(gate_values)[:first]]
+    return _Child(row, plan, int(first)), sampling
+
+
+def _decode(pair: ModelPair, trace: Trace, children: list[_Child], sampling: Sampling, *, store: Any,
+            lookahead: int | None, progress: Progress | None, should_stop: Callable[[], bool] | None,
+            on_token: Callable[[int, int, str], None] | None = None) -> list[Trace]:
+    """Decode children of `trace` (one `then`, one sampling) in one batch from the smallest first position:
+    a row replays the parent's tokens until its own first position (one read of the shared prefix)."""
+    if any(c.row.prompt_ids != trace.prompt_ids for c in children):
+        raise PairMismatchError("The pair formats this problem differently from the trace's recorded prompt")
+    start = min(c.first for c in children)
+    states = resume(pair, trace, children[0].row, [int(x) for x in trace.token_ids[:start]])
+    if len(children) > 1:
+        for state in states.values():
+            state.repeat(len(children))
+    policy = SwitchRows(children[0].plan.then, [c.plan.at for c in children])
     t0 = time.perf_counter()
-    decoder = Decoder(pair, [row], plan, sampling, k, lookahead=lookahead,
-                      states=resume(pair, trace, row, prefix_ids), start=first, progress=progress,
-                      should_stop=should_stop, on_token=on_token)
-    arrays = decoder.run()[0]
-    row.meta["timings"] = {"generate_s": round(time.perf_counter() - t0, 4), "batch": 1}
-    # only the new rows: the prefix's rows (metrics, top-k, display strings) are the parent's, so
-    # assembling the child costs the same at any switch position
-    child = assemble(pair, row.tokens, row.prompt_ids, arrays, row.source, row.meta, parent=trace, keep=first)
-    hold(child, decoder.states)
-    if store is not None:
-        store.put(child)
-    return child
+    decoder = Decoder(pair, [c.row for c in children], policy, sampling, trace.k or settings.K, lookahead=lookahead,
+                      states=states, start=start, progress=progress, should_stop=should_stop, on_token=on_token)
+    arrays = decoder.run()
+    timings = {"generate_s": round(time.perf_counter() - t0, 4), "batch": len(children)}
+    out = []
+    for c, rows in zip(children, arrays):
+        c.row.meta["timings"] = dict(timings)
+        # only the new rows: the prefix's rows (metrics, top-k, display strings) are the parent's, so
+        # assembling the child costs the same at any switch position
+        new = {name: v[c.first - start:] for name, v in rows.items()}
+        child = assemble(pair, c.row.tokens, c.row.prompt_ids, new, c.row.source, c.row.meta, parent=trace,
+                         keep=c.first)
+        if len(children) == 1:
+            hold(child, decoder.states)
+        if store is not None:
+            store.put(child)
+        out.append(child)
+    return out
 
 
 def switches_in_force(trace: Trace) -> dict[int, int | str]:
@@ -240,20 +301,50 @@ def set_switches(pair: ModelPair, trace: Trace, wanted: dict[int, int | str], *,
     trace's prefix (a removed switch lets the policy decide there again); it returns the lineage root
     (`root` when given, else from `store`) when every switch is undone.
     """
+    return set_switches_many(pair, trace, [wanted], store=store, root=root, then=then, max_new_tokens=max_new_tokens,
+                             on_token=on_token, progress=progress, should_stop=should_stop)[0]
+
+
+def set_switches_many(pair: ModelPair, trace: Trace, wanted: list[dict[int, int | str]], *, store: Any = None,
+                      root: Trace | None = None, then: str | Policy = "policy", max_new_tokens: int | None = None,
+                      on_token: Callable[[int, int, str], None] | None = None, progress: Progress | None = None,
+                      should_stop: Callable[[], bool] | None = None) -> list[Trace]:
+    """`set_switches` for each switch set in `wanted`, the new children decoded together in one batch (the
+    same traces and store keys as one call each; stored ones are read back). `on_token` streams a lone one."""
+    plan: Policy | None = None
     current = switches_in_force(trace)
-    wanted = {int(p): w for p, w in wanted.items()}
-    if wanted == current:
-        return trace
-    first = min(p for p in set(current) | set(wanted) if current.get(p) != wanted.get(p))
-    root_key = trace.meta.get("root")
-    if not wanted and root is not None and root.key == root_key:
-        return root  # every switch undone: the root itself
-    if not wanted and store is not None and root_key is not None and root_key in store:
-        return store.get(root_key)
-    later = {p: w for p, w in wanted.items() if p >= first}
-    return _regenerate(pair, trace, first, switches(later, pair.vocab_size) if later else {}, then,
-                       max_new_tokens=max_new_tokens, temperature=None, seed=None, on_token=on_token, store=store,
-                       lookahead=None, progress=progress, should_stop=should_stop)
+    out: list[Trace | None] = [None] * len(wanted)
+    keys: list[str | None] = [None] * len(wanted)
+    todo: dict[str, _Child] = {}  # store key -> the child to decode (a switch set asked twice is decoded once)
+    sampling = None
+    for i, one in enumerate(wanted):
+        one = {int(p): w for p, w in one.items()}
+        if one == current:
+            out[i] = trace
+            continue
+        first = min(p for p in set(current) | set(one) if current.get(p) != one.get(p))
+        root_key = trace.meta.get("root")
+        if not one and root is not None and root.key == root_key:
+            out[i] = root  # every switch undone: the root itself
+            continue
+        if not one and store is not None and root_key is not None and root_key in store:
+            out[i] = store.get(root_key)
+            continue
+        later = {p: w for p, w in one.items() if p >= first}
+        plan = plan or _then(trace, then)
+        child, sampling = _prepare(pair, trace, first, switches(later, pair.vocab_size) if later else {}, plan,
+                                   max_new_tokens=max_new_tokens, temperature=None, seed=None)
+        keys[i] = key = child.row.meta["key"]
+        if store is not None and key in store:
+            out[i] = store.get(key)
+        else:
+            todo.setdefault(key, child)
+    if todo:
+        made = _decode(pair, trace, list(todo.values()), sampling, store=store, lookahead=None,  # type: ignore[arg-type]
+                       progress=progress, should_stop=should_stop, on_token=on_token)
+        by_key = dict(zip(todo, made))
+        out = [by_key[key] if got is None else got for got, key in zip(out, keys)]  # type: ignore[index]
+    return out  # type: ignore[return-value]
 
 
 def branch(pair: ModelPair, trace: Trace, pos: int, token: int | None = None, policy: Policy | None = None, *,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from core.decoding.takeover import set_switches, switches_in_force
+from core.decoding.takeover import set_switches_many, switches_in_force
 from core.evaluation.grading import graded_put
 from core.pair.loading import ModelPair
 from core.trace import Trace
@@ -15,21 +15,35 @@ from core.trace import Trace
 COLUMNS = ["pos", "token", "answer", "correct", "same_answer", "n_tokens", "key"]
 
 
+def ablation_switches(trace: Trace) -> list[tuple[int, dict[int, int | str]]]:
+    """Per takeover of `trace` (a token not written by the base): its position and the switches with it
+    switched off (the base writes there; every other switch kept, the trace's policy deciding after it)."""
+    kept = switches_in_force(trace)
+    return [(i, {**kept, i: "base"}) for i, s in enumerate(trace.source) if str(s) != "base"]
+
+
 def ablate_takeovers(pair: ModelPair, trace: Trace, *, store: Any = None,
                      progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """One row per takeover of `trace` (a token not written by the base): the trace with that takeover switched
-    off (every other switch kept, the trace's policy deciding after it), its graded answer, and whether the
-    answer is the original's. Each child is stored when `store` is given, so a rerun reuses it."""
+    """One row per takeover of `trace`: the trace with that takeover switched off (`ablation_switches`),
+    its graded answer, and whether the answer is the original's. All the variants are decoded together in
+    one batch; each child is stored when `store` is given, so a rerun reuses it."""
     graded_put(None, trace)
-    positions = [i for i, s in enumerate(trace.source) if str(s) != "base"]
-    kept = switches_in_force(trace)
+    wanted = ablation_switches(trace)
+    if not wanted:
+        return pd.DataFrame([], columns=COLUMNS)
+    n = len(wanted)
+
+    def step(t: int, limit: int) -> None:  # the batch's decoding position, as a share of the takeovers
+        if progress is not None:
+            progress(min(n - 1, n * t // max(limit, 1)), n)
+
+    children = set_switches_many(pair, trace, [w for _, w in wanted], store=store, progress=step)
     rows = []
-    for done, pos in enumerate(positions):
-        child = set_switches(pair, trace, {**kept, pos: "base"}, store=store)
+    for (pos, _), child in zip(wanted, children):
         child = graded_put(store, child)
         answer = child.meta.get("answer")
         rows.append({"pos": pos, "token": trace.tokens[pos], "answer": answer, "correct": child.meta.get("correct"),
                      "same_answer": answer == trace.meta.get("answer"), "n_tokens": len(child), "key": child.key})
-        if progress is not None:
-            progress(done + 1, len(positions))
+    if progress is not None:
+        progress(n, n)
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -37,7 +37,7 @@ from core.evaluation.answers import (  # noqa: F401
     last_boxed,
     strip_special,
 )
-from core.trace import answer_rule_of  # noqa: F401  (graded traces are read by it)
+from core.trace import Trace, answer_rule_of  # noqa: F401  (graded traces are read by it)
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,13 @@ def grade_trace(trace: Any) -> bool | None:
     has no gold: meta "answer", "answer_rule" (one of RULES, None when nothing was extracted: ungraded,
     counted as wrong by accuracy and apart by the tables), "correct" and "grader". The last-number fallback
     is off for a trace cut at its token limit. Returns meta["correct"] (None when ungradable). The one rule
-    every edge uses (CLI, harness, app)."""
+    every edge uses (CLI, harness, app), which also gives the trace its planning tags (`store_tags`), so
+    a stored trace carries them and its views and exports load no tagger."""
+    # spaCy: heavy, loaded when a trace is graded (the tagger is kept for the process)
+    from core.annotate.planning import store_tags
+
+    if isinstance(trace, Trace):
+        store_tags(trace)
     gold = gold_of(trace)
     if gold is None or (trace.meta.get("correct") is not None and trace.meta.get("grader") == GRADER):
         return trace.meta.get("correct")

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from core import settings
 from core.annotate.rank_shift import rank_shift
 from core.annotate.spikes import spikes
+from core.annotate.tag_layer import TAGS_BY, current_tags
 from core.errors import InvalidInputError, OutputExistsError
 from core.io.atomic import clean_temp_files, write_atomic
 from core.io.csvsafe import write_csv
@@ -45,17 +46,23 @@ Decoder = Callable[[int], str]
 
 def annotated(trace: Trace, score: str = DEFAULT_SCORE, top: float | None = None, gate: Any = None) -> Trace:
     """The trace with what the user sees: spikes (under `top` or `gate`; else the trace's own layer; else
-    the top settings.SPIKE_TOP) and planning tags / think-answer segments (computed when missing)."""
-    from core.annotate.planning import annotate_tags
-
+    the top settings.SPIKE_TOP) and planning tags / think-answer segments (computed when missing, or when
+    the stored tags are another tagger's: `tag_layer.current_tags`; spaCy loads only then)."""
     out = trace
     if gate is not None:
         out = spikes(out, score=score, gate=gate)
     elif top is not None or "spikes" not in out.annotations:
         out = spikes(out, score=score, top=settings.SPIKE_TOP if top is None else top)
-    if "tags" not in out.annotations or "segments" not in out.annotations:
+    stale = "tags" in out.annotations and current_tags(out) is None
+    if stale or "tags" not in out.annotations or "segments" not in out.annotations:
+        # spaCy: heavy, loaded only when tags must be computed
+        from core.annotate.planning import annotate_tags
+
         tagged = annotate_tags(out)
-        out = out.annotate(**{k: tagged.annotations[k] for k in ("tags", "segments") if k not in out.annotations})
+        out = out.annotate(**{k: tagged.annotations[k] for k in ("tags", "segments")
+                              if k not in out.annotations or (stale and k == "tags")})
+        if stale:
+            out.annotations.pop(TAGS_BY, None)  # the tags are the default tagger's now, not the stored ones'
     return out
 
 
