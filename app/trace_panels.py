@@ -25,6 +25,7 @@ from app.switchboard import (
 from app.view import md_code, md_escape
 from core.analysis.tables import first_token_artifact
 from core.errors import ForkpointError
+from core.instruments.effects import effects_stamp
 from core.io.notes import notes_stamp
 from core.scoring.registry import METRICS, metric_label, score_label, score_values
 from core.trace import SIDES, Trace
@@ -140,7 +141,8 @@ def trace_panel(rule_text: str) -> None:
             sel = ss["sel_pos"] = None
         start, end = _page(len(trace), sel)
         data = resources.render_data(s.store_path, key, s.score, s.scale, s.rule.key(), _pair_tag(ctx), s.rule,
-                                     ctx.pair, lo, hi, tag, reference, start, end, notes_stamp(s.store_path, [key]))
+                                     ctx.pair, lo, hi, tag, reference, start, end, notes_stamp(s.store_path, [key]),
+                                     effects_stamp(ctx.store, key))
     except ForkpointError as err:
         st.error(md_escape(err, 400))
         return
@@ -152,7 +154,7 @@ def trace_panel(rule_text: str) -> None:
     with controls:
         switch_controls(ctx, trace)
     legend = legend_html(trace.annotations.get("tags"), score=s.score, vmin=lo, vmax=hi, scale=s.scale,
-                         spike_rule=s.rule.describe(), range_note=note)
+                         spike_rule=s.rule.describe(), range_note=note, effects=bool(data["hover"]["effects"]))
     with legend_slot:
         st.html(f"<style>{heatmap_css()}</style>{legend}")
         matter_strip(trace)
