@@ -1,11 +1,14 @@
-"""The trace filter row (search, policy, kind, correct) that the Problems and Export pages share."""
+"""The trace filter row (search, policy, kind, correct) that the Problems and Export pages share, and the
+Problems table's subset chip (the traces of a bar clicked on the Dataset page's histogram)."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from app.view import CORRECT_FILTERS, filter_table
+from app.view import CORRECT_FILTERS, filter_table, md_escape
+
+SUBSET_KEY = "pf_subset"  # session: {"label": "ρ in [0.1, 0.2)", "keys": [...]} or None
 
 
 def trace_filter(table: pd.DataFrame, prefix: str) -> pd.DataFrame:
@@ -17,3 +20,16 @@ def trace_filter(table: pd.DataFrame, prefix: str) -> pd.DataFrame:
     kinds = c3.multiselect("Kind", sorted(table["kind"].dropna().unique()), key=f"{prefix}_kind")
     correct = c4.selectbox("Correct", CORRECT_FILTERS, key=f"{prefix}_correct")
     return filter_table(table, text, policies, kinds, correct)
+
+
+def subset_filter(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `table` among the traces a Dataset histogram bar chose, under a removable chip saying
+    which ("ρ in [0.1, 0.2): 14 traces ×"); `table` itself when no bar is chosen."""
+    subset = st.session_state.get(SUBSET_KEY)
+    if not subset:
+        return table
+    keys = set(subset["keys"])
+    st.button(f"{md_escape(subset['label'])}: {len(keys)} traces  ✕", key="pf_subset_clear", type="primary",
+              icon=":material/filter_alt:", help="Chosen on the Dataset page's histogram; click to remove the filter",
+              on_click=lambda: st.session_state.update({SUBSET_KEY: None}))
+    return table[table["key"].astype(str).isin(keys)]

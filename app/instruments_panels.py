@@ -1,10 +1,12 @@
-"""The research instruments in the app (core/instruments/): on a trace, measured takeover effects, the
+"""The research instruments in the app (core/instruments/): on a trace, measured takeover effects (marked on
+the token view itself: core.instruments.effects.attach_effects, drawn by core/views/heatmap.py), the
 success curve and the logit lens of the selected token; on the Dataset page, token statistics, effect
-against disagreement, and a per-trace histogram that filters the traces. Two hooks: `trace_instruments`
+against disagreement, and a per-trace histogram whose bars filter the Problems table. Two hooks: `trace_instruments`
 (app/screens/trace.py) and `dataset_instruments` (app/screens/dataset.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +15,7 @@ import streamlit as st
 
 from app import resources, state
 from app.context import Context
+from app.filters import SUBSET_KEY
 from app.view import md_escape
 from core.errors import ForkpointError
 from core.instruments.effects import (
@@ -29,24 +32,12 @@ from core.scoring.registry import score_label
 from core.trace import Trace
 
 TRACE_PAGE = Path(__file__).resolve().parent / "screens" / "trace.py"
-HIST_STATS = ("n_tokens", "max_score", "top100_mean", "n_takeovers", "rho", "n_spikes")
+PROBLEMS_PAGE = Path(__file__).resolve().parent / "screens" / "problems.py"
+HIST_STATS = {"n_tokens": "tokens", "max_score": "max score", "top100_mean": "top-100 mean",
+              "n_takeovers": "takeovers", "rho": "ρ", "n_spikes": "spikes"}  # per-trace statistic -> its label
 
 
 # -- figures (plain functions of frames) --------------------------------------------------------
-
-
-def effect_strip(effects: pd.DataFrame, n_tokens: int) -> go.Figure:
-    """Markers along the response (x = token position), colour = effect, hover = numbers and interval."""
-    text = [f"#{r.pos} {r.token!r}<br>base {r.base_token!r} · reasoner {r.reason_token!r}<br>acc with {r.acc_with:.2f}"
-            f" · without {r.acc_without:.2f} (n = {r.n} each)<br>effect {r.effect:+.2f} [{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
-            for r in effects.itertuples()]
-    fig = go.Figure(go.Scatter(
-        x=effects["pos"], y=[0] * len(effects), mode="markers", hovertext=text, hoverinfo="text",
-        marker={"size": 14, "symbol": "square", "color": effects["effect"], "colorscale": "RdBu", "cmin": -1, "cmax": 1,
-                "colorbar": {"title": "effect", "thickness": 10}, "line": {"width": 1, "color": "#444"}}))
-    fig.update_layout(height=130, margin={"l": 10, "r": 10, "t": 10, "b": 30}, yaxis={"visible": False},
-                      xaxis={"range": [-1, max(n_tokens, 1)], "title": "token position"})
-    return fig
 
 
 def curve_figure(curve: pd.DataFrame) -> go.Figure:
@@ -114,15 +105,17 @@ def _effects_panel(ctx: Context, trace: Trace) -> None:
                              progress=lambda d, t: bar.progress(d / max(t, 1), text=f"position {d} of {t}"))
         except ForkpointError as err:
             st.error(md_escape(err, 400))
+        else:
+            st.rerun()  # the token view above is drawn before this panel: redraw it with the new markers
     frame = stored_effects(ctx.store, trace, score=ctx.settings.score)  # everything measured so far, from the store
     if frame.empty:
         st.caption("No effects measured on this trace yet. Each continuation is stored as a branch, so "
                    "measuring again reuses them.")
         return
-    st.plotly_chart(effect_strip(frame, len(trace)), key="fx_strip", width="stretch")
-    st.caption(f"Effect = accuracy with the reasoner writing the token − with the base writing it; 95% Newcombe "
-               f"interval (Wilson for each accuracy). Spearman ρ with {score_label(ctx.settings.score)}: "
-               f"{effect_correlation(frame):.2f} over {len(frame)} positions.")
+    st.caption(f"Each measured token carries a bar over it in the view above (teal: the reasoner's token helps, "
+               f"brown: it hurts; hover for the numbers). Effect = accuracy with the reasoner writing the token − "
+               f"with the base writing it; 95% Newcombe interval (Wilson for each accuracy). Spearman ρ with "
+               f"{score_label(ctx.settings.score)}: {effect_correlation(frame):.2f} over {len(frame)} positions.")
     cols = ["pos", "token", "base_token", "reason_token", "acc_with", "acc_without", "effect", "ci_low", "ci_high", "n"]
     st.dataframe(frame[cols], hide_index=True, width="stretch", key="fx_table")
     options = [(k, f"#{r.pos} {arm}") for r in frame.itertuples() for arm, keys in
@@ -229,8 +222,23 @@ def dataset_instruments(ctx: Context, keys: tuple[str, ...]) -> None:
         _histogram(ctx, keys)
 
 
+def bars_label(name: str, edges: Sequence[float], bins: Sequence[int]) -> str:
+    """The selected histogram bars in words, "ρ in [0.1, 0.2)": neighbouring bars merged, numpy's bins
+    half-open except the last (closed)."""
+    runs: list[list[int]] = []
+    for i in sorted(set(bins)):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    last = len(edges) - 2
+    return f"{name} in " + " or ".join(f"[{edges[a]:.3g}, {edges[b + 1]:.3g}{']' if b == last else ')'}"
+                                       for a, b in runs)
+
+
 def _histogram(ctx: Context, keys: tuple[str, ...]) -> None:
-    """A per-trace statistic's histogram; a clicked bar lists its traces (select one to open it)."""
+    """A per-trace statistic's histogram; a clicked bar filters the Problems table to its traces (LMdiff's
+    triage) and opens it there."""
     import numpy as np
 
     df = ctx.store.summaries()
@@ -239,34 +247,31 @@ def _histogram(ctx: Context, keys: tuple[str, ...]) -> None:
     if df.empty or not stats:
         st.caption("No per-trace statistics for these traces.")
         return
-    stat = st.selectbox("Statistic", stats, key="hist_stat")
+    stat = st.selectbox("Statistic", stats, key="hist_stat", format_func=lambda c: HIST_STATS[c])
     values = pd.to_numeric(df[stat], errors="coerce").to_numpy(dtype=float)
     finite = values[np.isfinite(values)]
     if not len(finite):
-        st.caption(f"No values of {stat}.")
+        st.caption(f"No values of {HIST_STATS[stat]}.")
         return
     counts, edges = np.histogram(finite, bins=min(20, max(1, len(np.unique(finite)))))
     fig = go.Figure(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=counts, width=np.diff(edges) * 0.95,
                            hovertext=[f"{a:.3g} – {b:.3g}: {c} traces" for a, b, c in zip(edges[:-1], edges[1:], counts)],
                            hoverinfo="text"))
-    fig.update_layout(height=260, margin={"l": 10, "r": 10, "t": 10, "b": 10}, xaxis_title=stat, yaxis_title="traces")
+    fig.update_layout(height=260, margin={"l": 10, "r": 10, "t": 10, "b": 10}, xaxis_title=HIST_STATS[stat],
+                      yaxis_title="traces")
     event = st.plotly_chart(fig, key="hist_fig", on_select="rerun", selection_mode=("points",), width="stretch")
     points = getattr(getattr(event, "selection", None), "points", None) or []
     bins = sorted({int(p["point_index"]) for p in points if "point_index" in p})
     if not bins:
-        st.caption("Click a bar to list its traces.")
+        st.caption("Click a bar to filter the Problems table to its traces.")
         return
     inside = np.zeros(len(values), dtype=bool)
     for i in bins:  # numpy's bins are half-open except the last
         high = values <= edges[i + 1] if i == len(counts) - 1 else values < edges[i + 1]
         inside |= (values >= edges[i]) & high
-    chosen = df[inside]
-    st.caption(f"{len(chosen)} trace(s) with {stat} in the selected bar(s); select a row to open it")
-    cols = [c for c in ("problem", "policy", "correct", stat, "key") if c in chosen.columns]
-    pick = st.dataframe(chosen[cols], hide_index=True, width="stretch", key="hist_traces", on_select="rerun",
-                        selection_mode="single-row")
-    rows = pick.selection.rows if pick is not None else []
-    if rows:
-        row = chosen.iloc[rows[0]]
-        state.open_trace(str(row["key"]), None if pd.isna(row.get("problem")) else str(row["problem"]))
-        st.switch_page(TRACE_PAGE, query_params=state.trace_link_params())
+    subset = {"label": bars_label(HIST_STATS[stat], edges, bins), "keys": df.loc[inside, "key"].astype(str).tolist()}
+    if st.session_state.get(SUBSET_KEY) != subset:  # a new bar: filter the Problems table and go there
+        st.session_state[SUBSET_KEY] = subset
+        st.switch_page(PROBLEMS_PAGE)
+    st.page_link(PROBLEMS_PAGE, label=f"Problems table filtered to {md_escape(subset['label'])} ({len(subset['keys'])} traces)",
+                 icon=":material/filter_alt:")

@@ -18,6 +18,7 @@ from app.view import SpikeRule, annotate_view, as_problems
 from core import settings
 from core.annotate.spikes import Gate
 from core.evaluation.problems import Problem
+from core.instruments.effects import attach_effects
 from core.io.notes import attach_notes
 from core.io.store import TraceStore, default_store_path
 from core.trace import Trace
@@ -90,15 +91,27 @@ def decoder(pair: core.ModelPair | None, trace: Trace | None = None) -> Callable
 def render_data(path: str, key: str, score: str, scale: str, rule_key: str, pair_label: str,
                 _rule: SpikeRule, _pair: Any, vmin: float | None = None, vmax: float | None = None,
                 range_tag: str = "trace", _reference: Any = None, start: int = 0,
-                end: int | None = None, notes_tag: str = "") -> dict[str, Any]:
+                end: int | None = None, notes_tag: str = "", effects_tag: str = "") -> dict[str, Any]:
     """The token component's payload for a stored trace (see components.token_view.build_view), coloured
     on [vmin, vmax] (`range_tag` names that range for the cache; `_reference` pools rank-scale values), with
-    its notes marked (`notes_tag`: core.io.notes.notes_stamp, so a new note makes a new payload)."""
+    its notes marked (`notes_tag`: core.io.notes.notes_stamp, so a new note makes a new payload) and its
+    measured takeover effects (`effects_tag`: core.instruments.effects.effects_stamp; "" when none)."""
+    return view_payload(path, view_trace(path, key, score, rule_key, _rule), score, scale, _pair, vmin, vmax,
+                        _reference, start, end, effects=bool(effects_tag))
+
+
+def view_payload(path: str, trace: Trace, score: str, scale: str, pair: Any, vmin: float | None,
+                 vmax: float | None, reference: Any = None, start: int = 0, end: int | None = None,
+                 effects: bool = True) -> dict[str, Any]:
+    """`render_data` uncached, for an annotated trace: its notes and (with `effects`) measured effects
+    marked, then components.token_view.build_view (also the live channel's view of a new child)."""
     from app.components.token_view import build_view
 
-    trace = attach_notes(path, view_trace(path, key, score, rule_key, _rule))
-    return build_view(trace, score=score, scale=scale, decode=decoder(_pair, trace), vmin=vmin, vmax=vmax,
-                      reference=_reference, start=start, end=end)
+    trace = attach_notes(path, trace)
+    if effects:
+        trace = attach_effects(get_store(path), trace, score=score)
+    return build_view(trace, score=score, scale=scale, decode=decoder(pair, trace), vmin=vmin, vmax=vmax,
+                      reference=reference, start=start, end=end)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

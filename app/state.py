@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "sw_hist": [],  # the switch states of this visit (trace keys), for back / forward
     "sw_i": 0,  # the open state's index in sw_hist
     "switch_job": None,  # a queued switch ({"pos"}: flip, {"pos", "token"}: force, {"wanted"}) the fragment applies
+    "pf_subset": None,  # {"label", "keys"}: the traces of a Dataset histogram bar, filtering the Problems table
 }
 # URL parameter -> session key, for the view settings (written only when they differ from the default).
 VIEW_PARAMS = {"metric": "score", "scale": "scale", "range": "crange", "prob": "prob_mode", "click": "click_mode"}

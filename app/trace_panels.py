@@ -11,7 +11,7 @@ import streamlit as st
 
 from app import actions, resources, state
 from app.branch_panels import compare_panel, compared, graph_panel
-from app.components.token_view import build_view, token_view
+from app.components.token_view import token_view
 from app.context import Context, get_context
 from app.figures import trace_figure
 from app.instruments_panels import trace_instruments
@@ -29,7 +29,8 @@ from app.switchboard import (
 from app.view import annotate_view, md_code, md_escape
 from core.analysis.tables import first_token_artifact
 from core.errors import ForkpointError
-from core.io.notes import attach_notes, notes_stamp
+from core.instruments.effects import effects_stamp
+from core.io.notes import notes_stamp
 from core.scoring.registry import METRICS, metric_label, score_label, score_values
 from core.trace import SIDES, Trace
 from core.views.heatmap import grapheme_start, heatmap_css, legend_html, value_range
@@ -137,7 +138,8 @@ def trace_panel(rule_text: str) -> None:
             sel = ss["sel_pos"] = None
         start, end = _page(len(trace), sel)
         data = resources.render_data(s.store_path, key, s.score, s.scale, s.rule.key(), _pair_tag(ctx), s.rule,
-                                     ctx.pair, lo, hi, tag, reference, start, end, notes_stamp(s.store_path, [key]))
+                                     ctx.pair, lo, hi, tag, reference, start, end, notes_stamp(s.store_path, [key]),
+                                     effects_stamp(ctx.store, key))
     except ForkpointError as err:
         st.error(md_escape(err, 400))
         return
@@ -149,7 +151,7 @@ def trace_panel(rule_text: str) -> None:
     with controls:
         switch_controls(ctx, trace)
     legend = legend_html(trace.annotations.get("tags"), score=s.score, vmin=lo, vmax=hi, scale=s.scale,
-                         spike_rule=s.rule.describe(), range_note=note)
+                         spike_rule=s.rule.describe(), range_note=note, effects=bool(data["hover"]["effects"]))
     with legend_slot:
         st.html(f"<style>{heatmap_css()}</style>{legend}")
         matter_strip(trace)
@@ -180,10 +182,10 @@ def live_render(ctx: Context, child: Trace) -> dict[str, Any]:
     next run draws for it (render_data of an unpaged trace, nothing side by side), so that run changes
     nothing on screen."""
     s = ctx.settings
-    trace = attach_notes(s.store_path, annotate_view(child, s.score, s.rule))
+    trace = annotate_view(child, s.score, s.rule)
     lo, hi, _, _ = colour_range(ctx, trace)
-    view = build_view(trace, score=s.score, scale=s.scale, decode=resources.decoder(ctx.pair, trace), vmin=lo,
-                      vmax=hi)
+    view = resources.view_payload(s.store_path, trace, s.score, s.scale, ctx.pair, lo, hi,
+                                  effects=bool(effects_stamp(ctx.store, trace.key)))
     return {**{k: v for k, v in view.items() if k != "legend"}, "outcome": outcome_line(trace), "key": trace.key}
 
 

@@ -58,7 +58,8 @@ def _same(a: core.Trace, b: core.Trace) -> None:
     assert a.token_ids.tolist() == b.token_ids.tolist()
     assert [str(s) for s in a.source] == [str(s) for s in b.source]
     assert a.key == b.key and a.meta["switches"] == b.meta["switches"] and a.meta["parent"] == b.meta["parent"]
-    np.testing.assert_allclose(a.metrics["cross_entropy"], b.metrics["cross_entropy"], atol=1e-5)
+    # float32 rows decoded in a batch of several vs alone: the same sums in another order (~1e-6 relative)
+    np.testing.assert_allclose(a.metrics["cross_entropy"], b.metrics["cross_entropy"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(a.topk["base"][1], b.topk["base"][1], atol=1e-5)
 
 

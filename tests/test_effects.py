@@ -240,3 +240,77 @@ def test_cli_curve_prints_the_success_curve_and_its_pivotal_tokens(demo, tmp_pat
     assert list(table["pos"]) == list(want["pos"]) and np.allclose(table["p"], want["p"])
     text = CliRunner().invoke(main, ["curve", trace.key, "--store", str(store.path), "--samples", "3"])
     assert text.exit_code == 0 and "pivotal token" in text.output
+
+
+# -- spread over an executor (the Ray test is in test_scale.py, on the session's Ray) ---------------
+
+
+def test_an_executor_gives_the_in_process_table_and_stores_the_same_continuations(demo, tmp_path) -> None:
+    import pandas as pd
+
+    from core.scale import InProcessExecutor, PairSpec
+
+    pair, trace = demo
+    where = [_agreement(trace), _decision(trace)]
+    ref_store, store = core.TraceStore(tmp_path / "a"), core.TraceStore(tmp_path / "b")
+    ref = fx.takeover_effects(pair, trace, where, samples=3, store=ref_store)
+    seen = []
+    executor = InProcessExecutor()
+    got = fx.takeover_effects(pair, trace, where, samples=3, store=store, executor=executor,
+                              progress=lambda d, t: seen.append((d, t)))
+    pd.testing.assert_frame_equal(got, ref)
+    assert sorted(store.keys()) == sorted(ref_store.keys()) and seen == [(1, 2), (2, 2)]
+    assert executor.summary()["units"].sum() == 12  # 2 positions x 2 arms x 3 samples, made by the worker
+    assert all(store.get(k).meta["correct"] is not None for k in store.keys())  # noqa: SIM118  (a store, not a dict)
+    # a rerun reads everything back: nothing reaches the worker
+    again = fx.measure_effects(pair, [trace, trace], where, 3, store=store, executor=executor)
+    assert executor.summary()["units"].sum() == 0
+    pd.testing.assert_frame_equal(again, pd.concat([ref, ref], ignore_index=True))
+    # a driver that only ships the pair names tokens from the tokenizer alone, as the loaded pair does
+    spec = PairSpec.from_pair(pair)
+    ids = [int(trace.topk[side][0][p, 0]) for side in ("base", "reason") for p in where]
+    assert [spec.token_text(i) for i in ids] == [pair.token_text(i) for i in ids]
+
+
+def test_cli_effects_ray_spreads_over_the_executor_and_writes_the_same_csv(tmp_path, monkeypatch) -> None:
+    """`--ray` builds the executor from the shared options and hands every position to it (here an
+    in-process stand-in for Ray, so the test needs no cluster); the CSV equals the in-process one."""
+    import pandas as pd
+    from click.testing import CliRunner
+
+    import core.scale
+    from core.cli import main
+
+    made, kinds = [], []
+
+    class FakeRay(core.scale.InProcessExecutor):
+        def __init__(self, address=None, workers=None, gpus_per_worker=1):
+            super().__init__()
+            made.append((address, workers))
+            self.jobs = []
+            kinds.append(self.jobs)
+
+        def run_jobs(self, pair, jobs, **kwargs):
+            self.jobs += list(jobs)
+            return super().run_jobs(pair, jobs, **kwargs)
+
+        def close(self):
+            made.append("closed")
+
+    monkeypatch.setattr(core.scale, "RayExecutor", FakeRay)
+    args = ["effects", "--limit", "2", "--samples", "2", "--max-new-tokens", "60", "--positions", "spikes"]
+    plain = CliRunner().invoke(main, [*args, "--store", str(tmp_path / "a"), "--out", str(tmp_path / "a.csv")],
+                               catch_exceptions=False)
+    assert plain.exit_code == 0, plain.output
+    spread = CliRunner().invoke(main, [*args, "--store", str(tmp_path / "b"), "--out", str(tmp_path / "b.csv"),
+                                       "--ray", "--workers", "2"], catch_exceptions=False)
+    assert spread.exit_code == 0, spread.output
+    assert made[0] == (None, 2) and made[-1] == "closed"
+    table = pd.read_csv(tmp_path / "a.csv")
+    spread_jobs = [j for j in kinds[0] if type(j).__name__ == "ContinueJob"]
+    assert sorted((j.trace.key, j.pos) for j in spread_jobs) == sorted(zip(table["trace"], table["pos"]))
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "b.csv"), pd.read_csv(tmp_path / "a.csv"))
+    assert sorted(core.TraceStore(tmp_path / "b").keys()) == sorted(core.TraceStore(tmp_path / "a").keys())
+    bad = CliRunner().invoke(main, [*args, "--store", str(tmp_path / "c"), "--out", str(tmp_path / "c.csv"),
+                                    "--workers", "2"])
+    assert bad.exit_code == 2 and "need --ray" in bad.output

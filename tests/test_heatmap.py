@@ -331,3 +331,37 @@ def test_grapheme_start_points_a_byte_piece_at_its_characters_first_token():
 
     tokens = [" a", "", "", "😀", " b", "👍", "🏽", " c"]  # 😀 in three byte pieces; 👍🏽 one grapheme of two tokens
     assert [grapheme_start(tokens, i) for i in range(len(tokens))] == [0, 1, 1, 1, 4, 5, 5, 7]
+
+
+def test_measured_effects_are_marked_on_exactly_their_tokens_with_the_sign_in_the_colour():
+    """The "effects" layer (core.instruments.effects.attach_effects): a bar over each measured token, teal for
+    an effect above 0 and brown below (the diverging scale), the numbers on hover, shifted with a page."""
+    from core.views.colours import effect_colour
+    from core.views.presentation import hover_data
+
+    layer = [{"pos": 2, "effect": 0.5, "ci_low": 0.1, "ci_high": 0.8, "acc_with": 0.75, "acc_without": 0.25, "n": 8},
+             {"pos": 9, "effect": -0.25, "ci_low": -0.6, "ci_high": 0.2, "acc_with": 0.25, "acc_without": 0.5, "n": 4},
+             {"pos": 9, "effect": 1.0, "ci_low": 0.2, "ci_high": 1.0, "acc_with": 1.0, "acc_without": 0.0, "n": 1}]
+    trace = make_trace(12, seed=6).annotate(effects=layer)
+    spans = parse(tokens_html(trace, tips=False)).spans
+    marked = {i: s for i, s in enumerate(spans) if "fx" in s["class"].split()}
+    assert sorted(marked) == [2, 9]
+    assert float(marked[2]["data-fx"]) == 0.5 and float(marked[9]["data-fx"]) == -0.25  # the n = 4 row wins at 9
+
+    def rgb(span):
+        colour = re.search(r"--fx:#([0-9a-f]{6})", span["style"]).group(1)
+        return [int(colour[k:k + 2], 16) for k in (0, 2, 4)]
+
+    (r1, g1, b1), (r2, g2, b2) = rgb(marked[2]), rgb(marked[9])
+    assert g1 > r1 and b1 > r1  # teal: the reasoner's token helps
+    assert r2 > b2 and r2 > g2  # brown: it hurts
+    assert effect_colour(0.0) == "#e5e7eb" and effect_colour(5) == effect_colour(1) != effect_colour(-1)
+    assert "effect +0.50 [+0.10, +0.80] · acc with 0.75 / without 0.25 · n = 8 per arm" in token_tips(trace)[2]
+    assert "effect" not in token_tips(trace)[3]
+    hover = hover_data(trace)
+    assert set(hover["effects"]) == {"2", "9"} and hover["effects"]["9"]["effect"] == -0.25
+    assert all(isinstance(v, float) for rec in hover["effects"].values() for v in rec.values())
+    page = tail(trace, 3, 12)
+    assert [i for i, s in enumerate(parse(tokens_html(page, tips=False)).spans) if "fx" in s["class"].split()] == [6]
+    assert ".tok.fx" in heatmap_css() and "effect" in legend_html(effects=True) and "effect" not in legend_html()
+    assert "fx" not in tokens_html(make_trace(12, seed=6), tips=False)

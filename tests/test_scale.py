@@ -504,6 +504,29 @@ def test_ray_data_import_matches_in_process(ray_executor, demo, problems, tmp_pa
         assert same(x, y) and x.meta["import"] == y.meta["import"]
 
 
+def test_ray_takeover_effects_match_in_process(ray_executor, demo, problems, tmp_path):
+    """core.takeover_effects(executor=RayExecutor): the positions of two traces spread over the workers (the
+    driver holds only a PairSpec) give the in-process table and store the same continuations."""
+    import pandas.testing
+
+    from core.instruments.effects import measure_effects, takeover_effects
+
+    traces = core.generate(demo, problems[:2], max_new_tokens=30)
+    where, opts = [3, 6], {"samples": 2, "max_new_tokens": 24}
+    local, remote = core.TraceStore(tmp_path / "a"), core.TraceStore(tmp_path / "b")
+    ref = pandas.concat([takeover_effects(demo, t, where, store=local, **opts) for t in traces], ignore_index=True)
+    ray_executor.start(demo)  # (a test before may have closed the workers; a fresh start resets their counts)
+    before = ray_executor.summary()["units"].sum()
+    got = measure_effects(core.scale.PairSpec.from_pair(demo), traces, where, store=remote, executor=ray_executor,
+                          **opts)
+    pandas.testing.assert_frame_equal(got, ref)
+    assert sorted(remote.keys()) == sorted(local.keys()) and len(local.keys()) == 2 * 2 * 2 * 2
+    assert ray_executor.summary()["units"].sum() - before == 16  # every continuation was made on a worker
+    again = takeover_effects(demo, traces[1], where, store=remote, executor=ray_executor, **opts)
+    pandas.testing.assert_frame_equal(again, ref.iloc[2:].reset_index(drop=True))
+    assert ray_executor.summary()["units"].sum() - before == 16  # the rerun read them back
+
+
 @pytest.mark.slow
 def test_one_worker_gives_what_two_give(ray_executor, demo, problems):
     """The number of workers changes nothing: batches are cut by batch_size, never by worker count."""

@@ -55,7 +55,8 @@ def build_view(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear",
         "n": len(trace),
         "vmin": lo,
         "vmax": hi,
-        "legend": legend_html(trace.annotations.get("tags"), score=score, scale=scale, vmin=lo, vmax=hi),
+        "legend": legend_html(trace.annotations.get("tags"), score=score, scale=scale, vmin=lo, vmax=hi,
+                              effects=bool(trace.annotations.get("effects"))),
     }
 
 

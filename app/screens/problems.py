@@ -10,7 +10,7 @@ import streamlit as st
 
 from app import actions, resources, state
 from app.context import get_context
-from app.filters import trace_filter
+from app.filters import subset_filter, trace_filter
 from app.notes_panel import notes_search_tab
 from app.search_panel import apply_search_filter, search_tab
 from app.view import md_escape, trace_table
@@ -51,7 +51,7 @@ def traces_tab(ctx, bad: list) -> None:
         else:
             st.info("The store holds no traces yet: open the Trace page (it makes one) or use Generate.")
         return
-    shown = apply_search_filter(trace_filter(table, "pf"))
+    shown = subset_filter(apply_search_filter(trace_filter(table, "pf"))).reset_index(drop=True)
     more = f" (+{len(bad)} damaged, listed below)" if bad else ""
     st.caption(f"{len(shown)} of {len(table)} readable traces{more} · score: {score_label(s.score)} · "
                "click a column header to sort; choose a row to open it.")

@@ -9,13 +9,17 @@ import click
 
 from core.cli.common import (
     Bar,
+    close_executor,
     fail_cleanly,
     main,
+    make_executor,
     open_store,
     pair_from_options,
     pair_options,
+    pair_or_spec,
     policy_kwargs,
     policy_options,
+    ray_option,
     read_problems,
     setting_option,
     settings_options,
@@ -67,61 +71,38 @@ def _stored(store: Any, keys: tuple[str, ...]) -> list[Any]:
 @click.option("--overwrite", is_flag=True, help="Replace --out (stored continuations are reused, not decoded again).")
 @policy_options
 @settings_options("ratio", "calibration_problems", "max_new_tokens", "temperature", "batch_size")
+@ray_option
 @fail_cleanly
 def effects(store_path: str | None, problems_path: str | None, limit: int | None, keys: tuple[str, ...], positions: str,
             samples: int, sample_temperature: float | None, out: str, overwrite: bool, policy_name: str, ratio: float,
             calibration_problems: int, max_new_tokens: int, temperature: float, seed: int, batch_size: int,
-            **opts: Any) -> None:
+            ray_address: str | None, **opts: Any) -> None:
     """Causal effect of each takeover: accuracy with the reasoner vs the base writing a token, Wilson /
     Newcombe 95% intervals, one CSV row per (trace, position); continuations go to the store.
 
     Resumable (a re-run with --overwrite reads every stored continuation back) and cancellable (Ctrl-C
-    writes the rows measured so far)."""
-    import pandas as pd
-
-    from core.decoding import generate_many
-    from core.decoding.calibration import build_policy
-    from core.evaluation.grading import grade_trace
-    from core.evaluation.harness import require_gold
-    from core.instruments.effects import (
-        effect_correlation,
-        effect_positions,
-        takeover_effects,
-    )
-    from core.io.csvsafe import write_csv
-
+    writes the rows measured so far). With --ray, the positions of every trace are spread over Ray workers
+    (one batch per position, the same rows as in-process)."""
     where = _positions(positions)
     path = _free(out, overwrite)
-    pair, store = pair_from_options(opts), open_store(store_path)
-    score = opts.get("score") or DEFAULT_SCORE
-    if keys:
-        traces = _stored(store, keys)
-    else:
-        problems = read_problems(problems_path, limit)
-        require_gold(problems)
-        sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
-        policy = build_policy(pair, policy_name, policy_kwargs(policy_name, {**opts, "seed": seed}),
-                              calibrate_on=problems[:calibration_problems], ratio=ratio, store=store, **sampling)
-        bar = Bar(f"generate {policy.name}", unit="trace")
-        traces = generate_many(pair, problems, policy, store=store, on_trace=grade_trace, progress=bar, **sampling)
-        bar.close()
-    todo = [effect_positions(t, where, score) for t in traces]
-    total, done, frames = sum(map(len, todo)), 0, []
-    bar = Bar("effects", unit="pos")
+    executor = make_executor(ray_address, opts)
     try:
-        for trace, these in zip(traces, todo):
-            frames.append(takeover_effects(pair, trace, these, samples, temperature=sample_temperature, seed=seed,
-                                           score=score, store=store, max_new_tokens=max_new_tokens,
-                                           progress=lambda d, _t, _done=done: bar(_done + d, total)))
-            done += len(these)
-    except KeyboardInterrupt:
-        click.echo(f"\nstopped after {done} of {total} positions; the rows so far are in {path}, and a re-run "
-                   "with --overwrite reuses every stored continuation", err=True)
-        raise SystemExit(130) from None
+        pair, store = pair_or_spec(opts, executor), open_store(store_path)
+        score = opts.get("score") or DEFAULT_SCORE
+        if keys:
+            traces = _stored(store, keys)
+        else:
+            traces = _effect_traces(pair, store, problems_path, limit, policy_name, opts, executor, ratio=ratio,
+                                    calibration_problems=calibration_problems, max_new_tokens=max_new_tokens,
+                                    temperature=temperature, seed=seed, batch_size=batch_size)
+        frames, total = _measure(pair, store, traces, where, samples, path, executor, score=score, seed=seed,
+                                 sample_temperature=sample_temperature, max_new_tokens=max_new_tokens)
     finally:
-        bar.close()
-        if frames:
-            write_csv(pd.concat(frames, ignore_index=True), path, what="effects table")
+        close_executor(executor)
+    import pandas as pd
+
+    from core.instruments.effects import effect_correlation
+
     if not frames or not total:
         click.echo(f"no positions to measure in {len(traces)} trace(s)")
         return
@@ -131,6 +112,65 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
                .to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     click.echo(f"{len(table)} positions of {len(traces)} traces -> {path} (Spearman ρ of effect and score: "
                f"{effect_correlation(table):.3f}; intervals: Wilson / Newcombe 95%)")
+
+
+def _effect_traces(pair: Any, store: Any, problems_path: str | None, limit: int | None, policy_name: str,
+                   opts: dict[str, Any], executor: Any, *, ratio: float, calibration_problems: int,
+                   **sampling: Any) -> list[Any]:
+    """The graded traces of the problems under the policy (generated, or read back from the store)."""
+    from core.decoding import generate_many
+    from core.decoding.calibration import build_policy
+    from core.evaluation.grading import grade_trace
+    from core.evaluation.harness import require_gold
+
+    problems = read_problems(problems_path, limit)
+    require_gold(problems)
+    policy = build_policy(pair, policy_name, policy_kwargs(policy_name, {**opts, "seed": sampling["seed"]}),
+                          calibrate_on=problems[:calibration_problems], ratio=ratio, store=store, executor=executor,
+                          **sampling)
+    bar = Bar(f"generate {policy.name}", unit="trace")
+    traces = generate_many(pair, problems, policy, store=store, on_trace=grade_trace, progress=bar, executor=executor,
+                           **sampling)
+    bar.close()
+    return traces
+
+
+def _measure(pair: Any, store: Any, traces: list[Any], where: str | list[int], samples: int, path: Path, executor: Any,
+             *, score: str, seed: int, sample_temperature: float | None, max_new_tokens: int) -> tuple[list[Any], int]:
+    """(effects frames, positions asked): per trace in-process, or every position at once on the executor;
+    the rows measured so far are written to `path` even when Ctrl-C stops it."""
+    import pandas as pd
+
+    from core.instruments.effects import (
+        effect_positions,
+        measure_effects,
+        takeover_effects,
+    )
+    from core.io.csvsafe import write_csv
+
+    todo = [effect_positions(t, where, score) for t in traces]
+    total, done, frames = sum(map(len, todo)), 0, []
+    bar = Bar("effects", unit="pos")
+    options = {"temperature": sample_temperature, "seed": seed, "score": score, "store": store,
+               "max_new_tokens": max_new_tokens}
+    try:
+        if executor is not None:  # every batch in flight at once; a stop keeps the finished ones stored
+            frames.append(measure_effects(pair, traces, where, samples, progress=bar, executor=executor, **options))
+            done = total
+        else:
+            for trace, these in zip(traces, todo):
+                frames.append(takeover_effects(pair, trace, these, samples,
+                                               progress=lambda d, _t, _done=done: bar(_done + d, total), **options))
+                done += len(these)
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped after {done} of {total} positions; the rows so far are in {path}, and a re-run "
+                   "with --overwrite reuses every stored continuation", err=True)
+        raise SystemExit(130) from None
+    finally:
+        bar.close()
+        if frames:
+            write_csv(pd.concat(frames, ignore_index=True), path, what="effects table")
+    return frames, total
 
 
 @main.command()

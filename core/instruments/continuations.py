@@ -82,10 +82,9 @@ def continuation_sampling(trace: Trace, temperature: float, max_new_tokens: int 
                     stop=tuple(parent.get("stop", ())))
 
 
-def continue_batch(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], seeds: Sequence[int], *,
-                   then: str = "policy", temperature: float, max_new_tokens: int | None = None, store: Any = None,
-                   lookahead: int | None = None, should_stop: Callable[[], bool] | None = None) -> list[Trace]:
-    """One graded child trace per (who[i], seeds[i]), decoded together; stored ones are read back."""
+def _rows(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], seeds: Sequence[int], then: str,
+          temperature: float, max_new_tokens: int | None) -> tuple[list[Row], Policy, Sampling, int]:
+    """The checked decoding rows of a batch of continuations, the policy after the switch, sampling and k."""
     if len(who) != len(seeds):
         raise InvalidInputError(f"who has {len(who)} entries and seeds {len(seeds)}; give one of each per row")
     bad = [w for w in who if w not in WHO]
@@ -96,16 +95,34 @@ def continue_batch(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], 
                                 "load the pair it records in meta['pair'] to continue it")
     if not isinstance(pos, (int, np.integer)) or not 0 <= pos < len(trace):
         raise InvalidInputError(f"Position {pos!r} is outside the trace (0..{len(trace) - 1})")
-    pos = int(pos)
     policy = then_policy(trace, then)
     sampling = continuation_sampling(trace, temperature, max_new_tokens)
     k = trace.k or settings.K
-    rows = [_row(pair, trace, pos, w, int(s), policy, sampling, k) for w, s in zip(who, seeds)]
+    return [_row(pair, trace, int(pos), w, int(s), policy, sampling, k) for w, s in zip(who, seeds)], policy, sampling, k
+
+
+def continuation_keys(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], seeds: Sequence[int], *,
+                      then: str = "policy", temperature: float, max_new_tokens: int | None = None) -> list[str]:
+    """The store keys `continue_batch` gives its rows, in row order (tokenising the prompt is all it does)."""
+    rows, *_ = _rows(pair, trace, pos, who, seeds, then, temperature, max_new_tokens)
+    return [row.meta["key"] for row in rows]
+
+
+def continue_batch(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], seeds: Sequence[int], *,
+                   then: str = "policy", temperature: float, max_new_tokens: int | None = None, store: Any = None,
+                   lookahead: int | None = None, should_stop: Callable[[], bool] | None = None,
+                   on_trace: Callable[[Trace], Any] | None = None) -> list[Trace]:
+    """One graded child trace per (who[i], seeds[i]), decoded together; stored ones are read back (None
+    for a row whose key the store holds but cannot give, as an executor's skip-list does). `on_trace`
+    runs on each new child before it is graded and stored."""
+    rows, policy, sampling, k = _rows(pair, trace, pos, who, seeds, then, temperature, max_new_tokens)
+    pos = int(pos)
     out: list[Trace | None] = [None] * len(rows)
     todo = []
     for i, row in enumerate(rows):
         if store is not None and row.meta["key"] in store:
-            out[i] = graded_put(store, store.get(row.meta["key"]))
+            stored = store.get(row.meta["key"])
+            out[i] = None if stored is None else graded_put(store, stored)
         else:
             todo.append(i)
     if todo:
@@ -128,8 +145,40 @@ def continue_batch(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], 
         for j, (i, row) in enumerate(zip(todo, batch)):
             row.meta["timings"] = {"generate_s": elapsed, "batch": len(batch)}
             child = assemble(pair, row.tokens, row.prompt_ids, arrays[j], row.source, row.meta, parent=trace, keep=pos)
+            if on_trace is not None:
+                on_trace(child)
             out[i] = graded_put(store, child) if store is not None else _graded(child)
     return out  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, eq=False)
+class ContinueJob:
+    """A job kind for `core.scale`'s executors (see `core.scale.jobs`): `continue_batch`'s rows of one trace
+    from one position, one decoding batch wherever it runs, so the rows are the same on any worker."""
+
+    trace: Trace
+    pos: int
+    who: tuple[str, ...]
+    seeds: tuple[int, ...]
+    then: str = "policy"
+    temperature: float = 0.0
+    max_new_tokens: int | None = None
+
+    @property
+    def units(self) -> int:
+        """Rows in the job: one continuation each."""
+        return len(self.who)
+
+    def keys(self, pair: ModelPair) -> list[str]:
+        """The rows' store keys, in row order (no model forward)."""
+        return continuation_keys(pair, self.trace, self.pos, self.who, self.seeds, then=self.then,
+                                 temperature=self.temperature, max_new_tokens=self.max_new_tokens)
+
+    def make(self, pair: ModelPair, store: Any, on_trace: Callable[[Trace], Any] | None = None) -> list[Trace | None]:
+        """The graded rows (None where `store` holds the key but gives nothing back), new ones put in `store`."""
+        return continue_batch(pair, self.trace, self.pos, self.who, self.seeds, then=self.then,
+                              temperature=self.temperature, max_new_tokens=self.max_new_tokens, store=store,
+                              on_trace=on_trace)
 
 
 def _graded(trace: Trace) -> Trace:

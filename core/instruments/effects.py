@@ -30,7 +30,7 @@ from core import settings
 from core.annotate.spikes import spikes_or_top
 from core.errors import InvalidInputError
 from core.evaluation.grading import gold_of, grade_trace
-from core.instruments.continuations import continue_batch
+from core.instruments.continuations import ContinueJob, continue_batch
 from core.instruments.intervals import newcombe, spearman, wilson
 from core.pair.loading import ModelPair
 from core.scoring.registry import check_score, score_values
@@ -102,15 +102,20 @@ def _correct(traces: list[Trace]) -> int:
 def takeover_effects(pair: ModelPair, trace: Trace, positions: Sequence[int] | str | None = None, samples: int = settings.EFFECT_SAMPLES, *,
                      temperature: float | None = None, seed: int = 0, score: str = settings.SCORE, store: Any = None,
                      max_new_tokens: int | None = None, progress: Progress | None = None,
-                     should_stop: Callable[[], bool] | None = None) -> pd.DataFrame:
+                     should_stop: Callable[[], bool] | None = None, executor: Any = None) -> pd.DataFrame:
     """Per position (default: the trace's spikes), the accuracy with the reasoner writing it and with the
     base writing it (`samples` continuations each, one batch per position), and the effect with its interval.
+    With `executor` (a `core.scale` executor), the positions are spread over its workers: see `measure_effects`.
 
     Columns: trace, pos, token, base_token, reason_token (each model's top choice there), score,
     acc_with, acc_without, effect, ci_low, ci_high (Newcombe 95%), n (continuations per arm), the arms'
     Wilson 95% intervals, interval (the method's name), keys_with / keys_without (space-separated
     continuation keys). Temperature: see `resolve_temperature`; at 0 each arm is one continuation (n = 1).
     """
+    if executor is not None:
+        return measure_effects(pair, [trace], positions, samples, temperature=temperature, seed=seed, score=score,
+                               store=store, max_new_tokens=max_new_tokens, progress=progress,
+                               should_stop=should_stop, executor=executor)
     _check(trace, samples)
     check_score(score)
     temp = resolve_temperature(trace, temperature)
@@ -127,6 +132,64 @@ def takeover_effects(pair: ModelPair, trace: Trace, positions: Sequence[int] | s
         if progress is not None:
             progress(done + 1, len(todo))
     return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
+
+
+def measure_effects(pair: Any, traces: Sequence[Trace], positions: Sequence[int] | str | None = None,
+                    samples: int = settings.EFFECT_SAMPLES, *, temperature: float | None = None, seed: int = 0,
+                    score: str = settings.SCORE, store: Any = None, max_new_tokens: int | None = None,
+                    progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
+                    executor: Any = None) -> pd.DataFrame:
+    """`takeover_effects` of every trace, one table in trace order. With `executor` (`core.scale`'s
+    InProcessExecutor or RayExecutor) every (trace, position) batch is one `ContinueJob`, all of them spread
+    over the workers at once; rows, keys and stored continuations equal the in-process run's (each batch
+    decodes the same rows with the same seeds wherever it runs), and `pair` may be a `PairSpec` (only the
+    workers load the models). `progress(done, total)` counts positions; `should_stop` is asked between batches."""
+    check_score(score)
+    plans = []
+    for trace in traces:
+        _check(trace, samples)
+        temp = resolve_temperature(trace, temperature)
+        plans.append((trace, effect_positions(trace, positions, score), samples if temp > 0 else 1, temp))
+    total = sum(len(todo) for _, todo, _, _ in plans)
+    if executor is None:
+        frames, done = [], 0
+        for trace, todo, _, _ in plans:
+            tick = None if progress is None else (lambda d, _t, _done=done: progress(_done + d, total))
+            frames.append(takeover_effects(pair, trace, todo, samples, temperature=temperature, seed=seed, score=score,
+                                           store=store, max_new_tokens=max_new_tokens, progress=tick,
+                                           should_stop=should_stop))
+            done += len(todo)
+        return _concat(frames)
+    jobs, where = [], []
+    for trace, todo, n, temp in plans:
+        for pos in todo:
+            seeds = tuple(sample_seeds(seed, pos, n))
+            jobs.append(ContinueJob(trace, pos, ("reason",) * n + ("base",) * n, seeds + seeds, temperature=temp,
+                                    max_new_tokens=max_new_tokens))
+            where.append(trace)
+    if not jobs:
+        return pd.DataFrame(columns=EFFECT_COLUMNS)
+    finished = [0]
+
+    def tick(_done: int, _total: int) -> None:  # the driver reports once per finished batch, i.e. per position
+        finished[0] += 1
+        if progress is not None:
+            progress(finished[0], total)
+
+    out = executor.run_jobs(pair, jobs, store=store, on_trace=grade_trace, progress=tick, should_stop=should_stop)
+    rows, values = [], {}
+    for job, trace, kids in zip(jobs, where, out):
+        if id(trace) not in values:
+            values[id(trace)] = np.asarray(score_values(trace.metrics, score), dtype=np.float64)
+        n = job.units // 2
+        top = [pair.token_text(int(trace.topk[side][0][job.pos, 0])) for side in ("base", "reason")]
+        rows.append(_effect_row(trace, job.pos, kids[:n], kids[n:], values[id(trace)][job.pos], *top))
+    return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=EFFECT_COLUMNS)
 
 
 def _effect_row(trace: Trace, pos: int, with_: list[Trace], without: list[Trace], score: float, base_token: str,
@@ -166,6 +229,29 @@ def stored_effects(store: Any, trace: Trace, *, score: str = settings.SCORE) -> 
             common = [pd.Series([k.tokens[pos] for k in both[w]]).mode().iloc[0] for w in ("base", "reason")]
             rows.append(_effect_row(trace, pos, both["reason"], both["base"], values[pos], *common))
     return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
+
+
+EFFECTS_LAYER = "effects"  # the annotation layer the token view marks (core/views/heatmap.py)
+
+
+def effects_layer(effects: pd.DataFrame) -> list[dict[str, Any]]:
+    """An effects table as the "effects" annotation layer: per row pos, effect, its interval, both accuracies, n."""
+    cols = ["pos", "effect", "ci_low", "ci_high", "acc_with", "acc_without", "n"]
+    return [{"pos": int(r[0]), **{c: float(v) for c, v in zip(cols[1:-1], r[1:-1])}, "n": int(r[-1])}
+            for r in effects[cols].itertuples(index=False)]
+
+
+def attach_effects(store: Any, trace: Trace, *, score: str = settings.SCORE) -> Trace:
+    """The trace with the effects measured on it so far (`stored_effects`) as its "effects" annotation layer,
+    which the token view marks; a trace with none is returned unchanged. Token data is never touched."""
+    frame = stored_effects(store, trace, score=score) if trace.key else pd.DataFrame()
+    return trace.annotate(**{EFFECTS_LAYER: effects_layer(frame)}) if len(frame) else trace
+
+
+def effects_stamp(store: Any, key: str) -> str:
+    """A cheap tag that changes whenever a continuation of trace `key` is stored (for caches keyed by it)."""
+    kids = store.children(key)
+    return f"{len(kids)}:{hashlib.blake2b(' '.join(sorted(kids)).encode(), digest_size=6).hexdigest()}" if kids else ""
 
 
 def success_curve(pair: ModelPair, trace: Trace, samples: int = settings.EFFECT_SAMPLES, *, temperature: float | None = None,

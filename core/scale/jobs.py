@@ -1,5 +1,11 @@
-"""Work for executors: a `GenerateJob` is one engine batch (problems x samples rows under one policy), and
-`Worker` is what runs jobs next to a loaded pair, in this process or inside a Ray actor.
+"""Work for executors: a job is one engine batch, and `Worker` is what runs jobs next to a loaded pair, in
+this process or inside a Ray actor.
+
+A job kind is any picklable object with `units` (rows), `keys(pair)` (each row's store key, in row order,
+without a model forward) and `make(pair, store, on_trace)` (the rows, None for a row whose key `store`
+holds; new rows passed through `on_trace` and put in `store`). `GenerateJob` (problems x samples under
+one policy) is one; `core.instruments.continuations.ContinueJob` (continuations of one trace from one
+position) is another.
 
 Jobs are cut by the caller's `batch_size`, never by the number of workers: a batch decodes the same rows
 together wherever it runs, so results do not depend on how many workers there are.
@@ -46,6 +52,15 @@ class GenerateJob:
         if self.lookahead is not None:
             out["lookahead"] = self.lookahead
         return out
+
+    def keys(self, pair: Any) -> list[str]:
+        """The store keys of the job's rows, in row order (tokenising the prompts is all it does)."""
+        return list(generate(pair, list(self.problems), self.policy, store=_KeyProbe(), **self.kwargs()))
+
+    def make(self, pair: Any, store: Any, on_trace: Any = None) -> list[Any]:
+        """The job's rows (None where `store` holds the key), new ones through `on_trace` and into `store`."""
+        extra = {"on_trace": on_trace} if on_trace is not None else {}
+        return generate(pair, list(self.problems), self.policy, store=store, **extra, **self.kwargs())
 
 
 def make_jobs(problems: Sequence[Any], policy: Any = None, *, batch_size: int = settings.BATCH_SIZE,
@@ -143,25 +158,18 @@ class Worker:
         """Host, process id and device of this worker (for the throughput summary)."""
         return {"worker": self.name, "pid": os.getpid(), "device": str(self.pair.device)}
 
-    def keys(self, jobs: Sequence[GenerateJob]) -> list[list[str]]:
+    def keys(self, jobs: Sequence[Any]) -> list[list[str]]:
         """The store keys of each job's rows, in row order (no model forward)."""
+        return [job.keys(self.pair) for job in jobs]
 
-        return [list(generate(self.pair, list(j.problems), j.policy, store=_KeyProbe(), **j.kwargs())) for j in jobs]
-
-    def run(self, job: GenerateJob, skip: Sequence[str] = (), store_path: str | None = None,
+    def run(self, job: Any, skip: Sequence[str] = (), store_path: str | None = None,
             on_trace: Any = None) -> tuple[list[Any], dict[str, Any]]:
-        """Generate the job's rows except those whose key is in `skip` (None in their place), and
+        """Make the job's rows except those whose key is in `skip` (None in their place), and
         (rows made, tokens made, seconds) for the throughput summary. With `store_path` (a store on a
         filesystem this worker sees), each new trace is passed through `on_trace` and written here too."""
-
-        target = None
-        if store_path is not None:
-
-            target = TraceStore(store_path)
+        target = TraceStore(store_path) if store_path is not None else None
         t0 = time.perf_counter()
-        extra = {"on_trace": on_trace} if on_trace is not None else {}
-        traces = generate(self.pair, list(job.problems), job.policy, store=_Skip(set(skip), target), **extra,
-                          **job.kwargs())
+        traces = job.make(self.pair, _Skip(set(skip), target), on_trace)
         made = [t for t in traces if t is not None]
         info = {"units": len(made), "tokens": sum(len(t) for t in made), "seconds": time.perf_counter() - t0}
         return traces, info

@@ -7,6 +7,7 @@ traces made there carry the same fingerprint, hence the same store keys, as trac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from core.demo.pair import DEMO_DIR, demo_formats
@@ -59,6 +60,19 @@ class PairSpec:
                          reason_format=self.reason_format, base_revision=self.base_revision,
                          reason_revision=self.reason_revision, trust_remote_code=self.trust_remote_code,
                          device_map=device_map)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, as `ModelPair.token_text` gives it, from the base tokenizer alone: a driver
+        that only ships the pair to its workers still names tokens without loading a model."""
+        tokenizer = _tokenizer(self.base, self.base_revision, self.trust_remote_code)
+        return tokenizer.decode([int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(source: str, revision: str | None, trust_remote_code: bool) -> Any:
+    from transformers import AutoTokenizer  # heavy: loaded only when a token is named
+
+    return AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
 
 
 def as_spec(pair: Any) -> PairSpec:

@@ -8,40 +8,39 @@ from __future__ import annotations
 
 import html
 import re
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from core.annotate.rank_shift import colours as rank_shift_colours
-from core.annotate.rank_shift import legend_items
 from core.errors import InvalidInputError
-from core.scoring.registry import DEFAULT_SCORE, score_label, score_values
+from core.scoring.registry import DEFAULT_SCORE, score_values
 from core.trace import Trace, note_column
-from core.views.presentation import fmt_num, fmt_prob
+from core.views.colours import (
+    NAN_COLOUR,
+    SCALES,
+    TAG_COLOURS,
+    check_scale,
+    colour_scale,
+    effect_colour,
+    normalise,
+    tag_colour,
+    value_range,
+)
+from core.views.legend import describe_spike_rule, legend_html
+from core.views.presentation import effect_line, effects_by_pos, fmt_num, fmt_prob
+
+# The renderer's public names; the colour scales and the legend have their own modules (core/views/colours.py,
+# legend.py) and stay importable from here.
+__all__ = ["HEATMAP_CSS", "NAN_COLOUR", "SCALES", "TAG_COLOURS", "check_scale", "colour_scale", "describe_spike_rule",
+           "effect_colour", "front_end_source", "grapheme_groups", "grapheme_start", "heatmap_css", "legend_html",
+           "normalise", "tag_colour", "token_payload", "token_tips", "tokens_html", "value_range"]
 
 # Scripts whose letters join (Arabic, Syriac, Thaana, N'Ko, Mongolian, Arabic presentation forms): an empty byte
 # piece drawn with inline padding sits between two letters and Chromium shapes them apart (issue 22, defect 9).
 _JOINING = re.compile("[\u0600-\u08ff\u1800-\u18af\ufb50-\ufdff\ufe70-\ufeff]")
-SCALES = ("linear", "log", "rank", "rank_shift")  # rank_shift: categorical colours (core/annotate/rank_shift.py), not the score
-# White -> yellow -> orange -> red; dark enough at the top to see, light enough for black text.
-_STOPS = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
-_RGB = np.array([[255, 255, 255], [254, 240, 170], [253, 186, 116], [248, 113, 113], [220, 38, 38]], dtype=float)
-_LUT_SIZE = 256
-_LUT = [
-    "#%02x%02x%02x" % tuple(int(round(np.interp(x, _STOPS, _RGB[:, c]))) for c in range(3))
-    for x in np.linspace(0.0, 1.0, _LUT_SIZE)
-]
-NAN_COLOUR = "transparent"
-UNTAGGED = frozenset({"", "none", "execute", "execution", "other", "o"})  # tags that get no underline
-# core.annotate.planning's categories first; other names get a stable colour from _PALETTE.
-# "plan" green and "conclude" blue differ in hue and lightness (the old teal "conclude" read as "plan").
-TAG_COLOURS = {"plan": "#16a34a", "reflect": "#db2777", "verify": "#d97706", "conclude": "#1d4ed8",
-               "planning": "#16a34a", "check": "#d97706"}  # fmt: skip
-_PALETTE = ("#059669", "#d97706", "#db2777", "#7c3aed", "#0891b2", "#65a30d", "#b91c1c", "#4338ca")
 _METRIC_LINES = (
     (("cross_entropy", "CE"), ("kl_base_reason", "KL(b‖r)"), ("kl_reason_base", "KL(r‖b)"), ("jsd", "JSD")),
     (("entropy_base", "H base"), ("entropy_reason", "H reason"), ("delta_logp", "Δlogp")),
@@ -67,6 +66,7 @@ HEATMAP_CSS = """
 .fp-heatmap .tok.diff { text-decoration: underline wavy #0284c7; text-decoration-skip-ink: none; text-underline-offset: 4px; }
 .fp-heatmap .tok.note::after { content: "✎"; font-size: 0.65em; vertical-align: super; color: #2563eb; font-weight: 700; }
 .fp-heatmap .tok.note.bm::after { content: "🔖"; }
+.fp-heatmap .tok.fx { border-top: 4px solid var(--fx); }
 .fp-heatmap .nl { color: #9ca3af; }
 .fp-heatmap .seg { border-left: 4px solid #9ca3af; padding: 2px 0 6px 8px; margin: 6px 0; }
 .fp-heatmap .seg-think { border-left-color: #a78bfa; background: #faf5ff; }
@@ -87,69 +87,6 @@ HEATMAP_CSS = """
 def heatmap_css() -> str:
     """The stylesheet for `tokens_html` and `legend_html` output (include it once per page)."""
     return HEATMAP_CSS
-
-
-def check_scale(scale: str) -> str:
-    """Return `scale` if known, else raise with the valid choices."""
-    if scale not in SCALES:
-        raise InvalidInputError(f"Unknown colour scale {scale!r}; choose one of: {', '.join(SCALES)}")
-    return scale
-
-
-def normalise(values: Any, vmin: float | None = None, vmax: float | None = None, scale: str = "linear",
-              reference: Any = None) -> np.ndarray:
-    """(T,) values -> (T,) in [0, 1] (NaN where not finite). vmin/vmax default to the finite range;
-    "log" spreads the low end (log1p(99 u) / log 100), "rank" uses percentile ranks and ignores them.
-    With `reference` (e.g. two traces pooled), "rank" ranks each value among the reference values, so
-    views that share a reference give the same value the same colour."""
-    check_scale(scale)
-    x = np.asarray(values, dtype=np.float64).reshape(-1)
-    finite = np.isfinite(x)
-    out = np.full(x.shape, np.nan)
-    if not finite.any():
-        return out
-    if scale == "rank":
-        if reference is None:
-            ranks = pd.Series(x[finite]).rank(method="average").to_numpy() - 1.0
-            out[finite] = ranks / max(finite.sum() - 1, 1)
-            return out
-        ref = np.sort(np.asarray(reference, dtype=np.float64).reshape(-1))
-        ref = ref[np.isfinite(ref)]
-        if ref.size == 0:
-            out[finite] = 0.0
-            return out
-        below = np.searchsorted(ref, x[finite], side="left")
-        upto = np.searchsorted(ref, x[finite], side="right")
-        out[finite] = np.clip(((below + upto - 1) / 2.0) / max(ref.size - 1, 1), 0.0, 1.0)  # average rank
-        return out
-    lo = float(np.min(x[finite])) if vmin is None else float(vmin)
-    hi = float(np.max(x[finite])) if vmax is None else float(vmax)
-    u = np.clip((x[finite] - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.zeros(finite.sum())
-    if scale == "log":
-        u = np.log1p(99.0 * u) / np.log(100.0)
-    out[finite] = u
-    return out
-
-
-def colour_scale(values: Any, vmin: float | None = None, vmax: float | None = None, scale: str = "linear",
-                 reference: Any = None) -> list[str]:
-    """(T,) values -> T css colours on a white-to-red scale; non-finite values are transparent."""
-    u = normalise(values, vmin, vmax, scale, reference)
-    idx = np.where(np.isfinite(u), np.rint(np.nan_to_num(u) * (_LUT_SIZE - 1)), -1).astype(np.int64)
-    return [_LUT[i] if i >= 0 else NAN_COLOUR for i in idx.tolist()]
-
-
-def value_range(*arrays: Any) -> tuple[float | None, float | None]:
-    """The finite (min, max) over all `arrays` pooled ((None, None) when none is finite): one colour range
-    for several views, so the same value gets the same colour in each."""
-    lo, hi = None, None
-    for values in arrays:
-        x = np.asarray(values, dtype=np.float64).reshape(-1)
-        x = x[np.isfinite(x)]
-        if x.size:
-            lo = float(x.min()) if lo is None else min(lo, float(x.min()))
-            hi = float(x.max()) if hi is None else max(hi, float(x.max()))
-    return lo, hi
 
 
 def grapheme_groups(tokens: Sequence[str]) -> list[int]:
@@ -181,14 +118,6 @@ def grapheme_start(tokens: Sequence[str], pos: int) -> int:
     """The first token of the character (grapheme) that token `pos` helps draw: `pos` itself unless it is a later
     byte piece of one; a takeover there would keep the earlier pieces and start the branch mid-character."""
     return grapheme_groups(tokens)[pos]
-
-
-def tag_colour(tag: str | None) -> str | None:
-    """Underline colour of a planning-tag category, or None for untagged tokens."""
-    if tag is None or str(tag).lower() in UNTAGGED:
-        return None
-    name = str(tag).lower()
-    return TAG_COLOURS.get(name) or _PALETTE[zlib.crc32(name.encode("utf-8")) % len(_PALETTE)]
 
 
 def _visible(text: str) -> str:
@@ -233,6 +162,7 @@ def token_tips(
     k = min(trace.k if k is None else k, trace.k)
     notes = trace.annotations.get("notes") or []
     note_text = note_column(notes, n) if notes else [""] * n
+    measured = effects_by_pos(trace.annotations.get("effects"))
     ids = {side: np.asarray(trace.topk[side][0])[:, :k].tolist() for side in ("base", "reason")}
     probs = {side: np.asarray(trace.topk[side][1], dtype=np.float64)[:, :k].tolist() for side in ("base", "reason")}
     token_ids = trace.token_ids.tolist()
@@ -257,6 +187,8 @@ def token_tips(
                 lines.append(f"{left:<26}{show(ids['reason'][i][j])} {fmt_prob(probs['reason'][i][j])}")
         if note_text[i]:
             lines.append(f"✎ note: {note_text[i]}")
+        if i in measured:
+            lines.append(effect_line(measured[i]))
         tips.append("\n".join(lines))
     return tips
 
@@ -330,7 +262,9 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
     css_tips adds a pure-CSS hover tooltip; turn it off when the page brings its own (JS) tooltip.
     `marked` positions get a wavy underline (tokens that differ from another column of a comparison). Tokens
     under a note (the trace's "notes" layer, core/io/notes.py) carry a ✎ marker (🔖 for a bookmark) and the
-    note's text in `data-note` (escaped; shown on hover, never as HTML).
+    note's text in `data-note` (escaped; shown on hover, never as HTML). Positions with a measured takeover effect
+    (the trace's "effects" layer, core.instruments.effects.attach_effects) carry a bar over the token coloured on
+    the diverging effect scale (`effect_colour`) and the effect in `data-fx`.
     (Longer than most functions here on purpose: the per-token work stays in one loop over the tokens,
     which is the app's render budget — benchmarks/bench_render.py.)
     """
@@ -351,6 +285,7 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
     note_text = note_column(notes, n) if notes else None
     bookmarked = {p for nt in notes if nt.get("bookmark") for p in range(int(nt["start"]), int(nt["end"]) + 1)}
     switched = {int(p): w for p, w in (trace.meta.get("switches") or {}).items()}  # core.takeover's switches
+    measured = effects_by_pos(trace.annotations.get("effects"))
     if tags is None:
         tags = trace.annotations.get("tags")
     if segments is None:
@@ -400,12 +335,17 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
             classes += ["note", "bm"] if i in bookmarked else ["note"]
         if i in switched:  # a user's switch: double underline; a takeover switched off keeps a ○
             classes += ["sw", "sw-base"] if switched[i] == "base" else ["sw"]
+        if i in measured:
+            classes.append("fx")
+            style += f";--fx:{effect_colour(measured[i]['effect'])}"
         if tags is not None and (colour := tag_colour(tags[i])) is not None:
             classes.append("tag")
             style += f";--tag:{colour}"
         attrs = f' data-tag="{html.escape(str(tags[i]), quote=True)}"' if "tag" in classes else ""
         if "note" in classes:
             attrs += f' data-note="{_attr(note_text[i] or "🔖")}"'
+        if i in measured:
+            attrs += f' data-fx="{measured[i]["effect"]:+.3f}"'
         if tip_text is not None:
             attrs += f' data-tip="{_attr(tip_text[i])}"'
         cls = " ".join(classes)
@@ -416,68 +356,6 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
         parts.append("</div>")
     parts.append("</div>")
     return "".join(parts)
-
-
-def legend_html(
-    tags: Iterable[str | None] | None = None,
-    score: str = DEFAULT_SCORE,
-    vmin: float | None = None,
-    vmax: float | None = None,
-    scale: str = "linear",
-    spike_rule: str | None = None,
-    range_note: str = "",
-) -> str:
-    """A legend: the colour bar for `score` (its registry label), the spike rule (only when one is given),
-    selection/source markers and the tag categories seen."""
-    check_scale(scale)
-    stops = ", ".join(_LUT[int(round(x * (_LUT_SIZE - 1)))] for x in np.linspace(0, 1, 9))
-    lo = "low" if vmin is None or scale == "rank" else f"{vmin:.3g}"
-    hi = "high" if vmax is None or scale == "rank" else f"{vmax:.3g}"
-    scale_text = {"linear": "linear", "log": "log-spread", "rank": "percentile rank", "rank_shift": ""}[scale]
-    note = f" · {range_note}" if range_note else ""
-    parts = [
-        '<div class="fp-legend">',
-        f'<span>{html.escape(score_label(score))} ({html.escape(scale_text)}{html.escape(note)}): {html.escape(lo)}'
-        f'<span class="bar" style="background:linear-gradient(to right, {stops})"></span>{html.escape(hi)}</span>',
-    ]
-    if scale == "rank_shift":  # categories, not a colour bar: where the reasoner's top token ranks under the base
-
-        parts[1] = legend_items()
-    if spike_rule:
-        parts.append(f'<span class="fp-heatmap"><span class="tok spike">&nbsp;spike&nbsp;</span></span>'
-                     f"<span>({html.escape(spike_rule)})</span>")
-    parts += [
-        '<span class="fp-heatmap"><span class="tok src-reason">reasoner</span></span>',
-        '<span class="fp-heatmap"><span class="tok src-forced">forced</span></span>',
-        '<span class="fp-heatmap"><span class="tok sel">selected</span></span>',
-    ]
-    seen: dict[str, str] = {}
-    for tag in tags or ():
-        colour = tag_colour(tag)
-        if colour is not None and str(tag) not in seen:
-            seen[str(tag)] = colour
-    for tag, colour in sorted(seen.items()):
-        parts.append(
-            f'<span class="fp-heatmap"><span class="tok tag" style="--tag:{colour}">{html.escape(tag)}</span></span>'
-        )
-    parts.append("</div>")
-    return "".join(parts)
-
-
-def describe_spike_rule(rule: Any) -> str | None:
-    """A spike rule as recorded in annotations["spikes"]["rule"], in words ("top 5% by cross_entropy per
-    trace", "gate τ=…, λ=…, W=…"); None when there is no rule."""
-    if not isinstance(rule, dict):
-        return None
-    score = score_label(str(rule.get("score", DEFAULT_SCORE)))
-    gate = rule.get("gate")
-    if isinstance(gate, dict):
-        return f"calibrated gate on {score}: τ={float(gate['tau']):.3g}, λ={float(gate['lam']):.3g}, W={int(gate['window'])}"
-    if rule.get("top") is not None:
-        floor = rule.get("floor")
-        extra = f", score > {float(floor):g}" if floor is not None else ""
-        return f"top {100 * float(rule['top']):g}% by {score} per {rule.get('per', 'trace')}{extra}"
-    return None
 
 
 def front_end_source(name: str) -> str:

@@ -56,6 +56,29 @@ def fmt_prob(p: float | None, mode: str = "prob") -> str:
     return f"{p:.3g}" if p >= 1e-3 else f"{p:.2e}"
 
 
+# -- measured takeover effects (the "effects" annotation layer) ------------------------------------
+
+EFFECT_FIELDS = ("effect", "ci_low", "ci_high", "acc_with", "acc_without", "n")  # what a marker carries
+
+
+def effects_by_pos(layer: Any) -> dict[int, dict[str, float]]:
+    """An "effects" layer (records with pos and EFFECT_FIELDS, from core.instruments.effects.effects_layer)
+    as {pos: record}; where a position was measured more than once, the record with the most samples."""
+    out: dict[int, dict[str, float]] = {}
+    for rec in layer or ():
+        pos = int(rec["pos"])
+        row = {name: float(rec[name]) for name in EFFECT_FIELDS}
+        if pos not in out or row["n"] > out[pos]["n"]:
+            out[pos] = row
+    return out
+
+
+def effect_line(rec: dict[str, float]) -> str:
+    """One measured position in words: "effect +0.50 [+0.10, +0.80] · acc with 0.75 / without 0.25 · n = 8 per arm"."""
+    return (f"effect {rec['effect']:+.2f} [{rec['ci_low']:+.2f}, {rec['ci_high']:+.2f}] · acc with "
+            f"{rec['acc_with']:.2f} / without {rec['acc_without']:.2f} · n = {int(rec['n'])} per arm")
+
+
 # -- hover data -----------------------------------------------------------------------------------
 
 
@@ -99,6 +122,8 @@ def hover_data(trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int],
         "vocab": vocab,
         "tags": [str(t) if t is not None else "" for t in trace.annotations.get("tags", [""] * len(trace))],
         "notes": note_column(trace.annotations.get("notes") or [], len(trace)),
+        "effects": {str(pos): {k: _sig(v, 4).item() for k, v in rec.items()}
+                    for pos, rec in effects_by_pos(trace.annotations.get("effects")).items() if pos < len(trace)},
     }
 
 # -- takeover choices -----------------------------------------------------------------------------
@@ -252,6 +277,8 @@ def tail(trace: Trace, start: int, end: int | None = None) -> Trace:
         if name == "notes":  # note records, not one entry per token: keep those on the slice, shifted
             cut[name] = [{**nt, "start": max(int(nt["start"]), start) - start, "end": min(int(nt["end"]), end - 1) - start}
                          for nt in layer or [] if int(nt["end"]) >= start and int(nt["start"]) < end]
+        elif name == "effects":  # records by position, like the notes
+            cut[name] = [{**rec, "pos": int(rec["pos"]) - start} for rec in layer or [] if start <= int(rec["pos"]) < end]
         elif isinstance(layer, (list, tuple)) and len(layer) == n:
             cut[name] = list(layer[start:end])
     spikes_layer = trace.annotations.get("spikes")

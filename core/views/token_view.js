@@ -49,6 +49,12 @@ function buildCard(card, hover, pos, mode) {
   if (hover.notes && hover.notes[pos]) {
     card.appendChild(el("div", "fp-card-note", `✎ ${hover.notes[pos]}`));  // textContent: never HTML
   }
+  const fx = hover.effects && hover.effects[String(pos)];
+  if (fx) {  // a measured takeover effect (core.instruments.effects): numbers only, set as text
+    const signed = (v) => (v >= 0 ? "+" : "−") + Math.abs(Number(v)).toFixed(2);
+    card.appendChild(el("div", "fp-card-fx", `effect ${signed(fx.effect)} [${signed(fx.ci_low)}, ${signed(fx.ci_high)}]`
+      + ` · acc with ${Number(fx.acc_with).toFixed(2)} / without ${Number(fx.acc_without).toFixed(2)} · n = ${fx.n} per arm`));
+  }
   const grid = el("div", "fp-card-metrics");
   for (const [name, values] of Object.entries(hover.metrics)) {
     grid.appendChild(el("span", "fp-m-label", hover.labels[name] || name));
