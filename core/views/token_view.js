@@ -166,6 +166,16 @@ export default function (component) {
       const rerun = () => s.setTrigger("click", token === null ? { pos } : { pos, token });
       s.busy = true;
       s.mark(pos, false);
+      const before = s.data; // drawn again if the switch fails, even after its view came (not stored)
+      const restore = () => {
+        s.data = before;
+        s.scroller.innerHTML = before.html;
+        s.version = before.version;
+        s.scroller.dataset.key = before.key || "";
+        s.outcome.textContent = before.outcome || "";
+        s.sel = null;
+        s.mark(pos, false);
+      };
       let stream = null, drawn = false;
       try {
         const res = await fetch(live.url, {
@@ -197,13 +207,15 @@ export default function (component) {
               s.setTrigger("click", { opened: msg.stored, pos });
             }
             else if ("error" in msg) {
-              if (!drawn) { s.scroller.innerHTML = s.data.html; s.sel = null; s.mark(pos, false); }
+              restore();
               s.outcome.textContent = `Could not switch: ${msg.error}`;
+              s.outcome.hidden = false;
             }
           }
         }
       } catch (err) {
-        if (!drawn) { s.scroller.innerHTML = s.data.html; rerun(); }
+        restore();
+        if (!drawn) rerun(); // the route failed: the same switch through a Streamlit rerun
       } finally {
         s.busy = false;
       }
