@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import test_takeover
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_decoding import PROMPTS
@@ -24,19 +25,12 @@ from core.decoding.takeover import (
 )
 from core.evaluation.ablation import ablate_takeovers, ablation_switches
 
-GUIDED = {"tau": 2.0, "lam": 1.0, "window": 4}  # fires a few times on the tiny pair's prompts
+GUIDED = test_takeover.GUIDED
+pair, guided = test_takeover.pair, test_takeover.guided  # the same tiny pair and Guided trace (fixtures)
 
 
-@pytest.fixture(scope="module")
-def pair(qwen_pair) -> core.ModelPair:
-    return qwen_pair
-
-
-@pytest.fixture(scope="module")
-def guided(pair) -> core.Trace:
-    trace = core.generate(pair, PROMPTS[1], core.make_policy("guided", **GUIDED), max_new_tokens=24)
-    assert trace.n_takeovers >= 3, "the fixture needs a Guided trace with several takeovers"
-    return trace
+def test_the_fixture_has_several_takeovers(guided) -> None:
+    assert guided.n_takeovers >= 3, "the Guided fixture needs several takeovers to ablate"
 
 
 @pytest.fixture(scope="module")
