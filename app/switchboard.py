@@ -48,7 +48,7 @@ def on_click() -> None:
     ss["sel_pos"] = pos
     if event.get("token") is not None:
         ss["switch_job"] = {"pos": pos, "token": int(event["token"])}
-    elif ss.get("click_mode", "flip") == "flip":
+    elif ss.get("click_mode", "flip") == "flip" and not event.get("key"):  # n / p select a spike, never flip
         ss["switch_job"] = {"pos": pos}
 
 

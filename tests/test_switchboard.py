@@ -138,3 +138,16 @@ def test_an_alternative_in_the_hover_card_is_forced_there(app):
     assert int(forced.token_ids[pos]) == alt and forced.source[pos] == "forced"
     assert "src-forced" in page.locator(f'.fp-scroll [data-pos="{pos}"]').get_attribute("class")
     page.screenshot(path=str(OUT / "forced.png"))
+
+
+def test_n_and_p_select_a_spike_without_switching(app):
+    url, _, page = app
+    _open(page, url)
+    key = _key(page)
+    spikes = sorted(int(p) for p in page.locator(".fp-scroll [data-pos].spike").evaluate_all(
+        "els => els.map(e => e.dataset.pos)"))
+    assert spikes, "the token view marks no spike"
+    page.locator("body").press("n")
+    page.wait_for_function("(p) => window.location.search.includes('pos=' + p)", arg=spikes[0])
+    page.wait_for_timeout(500)
+    assert _key(page) == key  # in flip mode too, the keys only select

@@ -130,9 +130,9 @@ export default function (component) {
       node.classList.add("sel");
       if (scroll) node.scrollIntoView({ block: "nearest", inline: "nearest" });
     };
-    s.select = (pos) => {
+    s.select = (pos, key = false) => {
       s.mark(pos, true);
-      s.setTrigger("click", { pos });
+      s.setTrigger("click", key ? { pos, key: true } : { pos }); // n / p only select, never flip
     };
     // a switch over the live route: the text from `start` on is replaced by the streamed tokens, then by
     // the finished trace's view; Streamlit hears of the stored child last (its fragment run updates the
@@ -273,7 +273,7 @@ export default function (component) {
       if (NEXT_KEYS.has(key)) pos = spikes.find((p) => p > cur) ?? spikes[0];
       else pos = [...spikes].reverse().find((p) => p < cur) ?? spikes[spikes.length - 1];
       e.preventDefault();
-      s.select(pos);
+      s.select(pos, true);
     };
     document.addEventListener("keydown", s.onKey);
     s.cleanup = () => {
