@@ -145,6 +145,8 @@ export default function (component) {
       const host = s.scroller.querySelector(".fp-heatmap") || s.scroller;
       const stream = el("span", "fp-live");
       host.append(stream);
+      s.streamDrawn = false; // set at the next frame: the streamed text has been drawn at least once
+      requestAnimationFrame(() => { s.streamDrawn = true; });
       s.outcome.textContent = "…";
       s.outcome.hidden = false;
       return stream;
@@ -198,7 +200,7 @@ export default function (component) {
             else if ("text" in msg && stream) stream.append(document.createTextNode(msg.text));
             else if ("done" in msg) {
               // the streamed text is drawn at least once, even when it arrived with the finished view
-              if (stream) await s.frame();
+              if (stream && !s.streamDrawn) await s.frame();
               s.finish(msg.view, pos);
               drawn = true;
             }
