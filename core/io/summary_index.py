@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import sqlite3
 import stat
 import tempfile
@@ -75,19 +74,21 @@ def _parse(lines: list[bytes]) -> list[Any]:
 
 class _Cache:
     """This process's SQLite scratch file of believed index entries and full-read verdicts (a derived cache,
-    rebuilt from index.jsonl and the trace files; removed when its owner is collected or the process exits)."""
+    rebuilt from index.jsonl and the trace files). Unlinked as soon as it is open, so nothing is left behind."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.dir = tempfile.mkdtemp(prefix="forkpoint-index-")
+        fd, self.dir = tempfile.mkstemp(prefix="forkpoint-index-", suffix=".sqlite")
+        os.close(fd)
         # a scratch file: a crash loses nothing index.jsonl and the trace files do not hold, so no journal or fsync
-        self.db = sqlite3.connect(Path(self.dir) / "index.sqlite", check_same_thread=False)
+        self.db = sqlite3.connect(self.dir, check_same_thread=False)
         for pragma in ("journal_mode=OFF", "synchronous=OFF", "temp_store=FILE", f"cache_size=-{CACHE_KIB}"):
             self.db.execute(f"PRAGMA {pragma}")
         for table in ("entries", "verdicts"):  # identity: repr of the (inode, size, mtime_ns) tuple
             self.db.execute(f"CREATE TABLE {table} (key TEXT NOT NULL, ident TEXT NOT NULL, summary TEXT, why TEXT, "
                             "PRIMARY KEY (key, ident)) WITHOUT ROWID")
-        self.finalizer = weakref.finalize(self, _drop_cache, self.db, self.dir, self.pid)
+        os.unlink(self.dir)  # open and nameless: its space goes back when the process ends, even by kill -9
+        self.finalizer = weakref.finalize(self, _drop_cache, self.db, self.pid)
 
     def put(self, table: str, rows: list[tuple[str, str, str | None, str | None]]) -> None:
         if rows:
@@ -99,10 +100,9 @@ class _Cache:
                                (key, ident)).fetchone()
 
 
-def _drop_cache(db: sqlite3.Connection, folder: str, pid: int) -> None:
-    if os.getpid() == pid:  # a forked child leaves its parent's file alone
+def _drop_cache(db: sqlite3.Connection, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child leaves its parent's connection alone
         db.close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _ident(ident: Any) -> str:
