@@ -45,3 +45,32 @@ def test_write_card_on_a_tiny_pair(tiny_demo):
     rho = {r["policy"]: r["rho"] for r in result["greedy"]}
     assert rho["base"] == 0.0 and rho["reason"] == 1.0
     assert all(0.0 <= v <= 1.0 or math.isnan(v) for v in rho.values())
+
+
+def test_a_setting_on_the_records_table_gives_the_in_memory_numbers(tiny_demo, tmp_path):
+    """_one_setting aggregates its records in an on-disk RecordTable: the same table as the records frames of
+    both stages concatenated (the path it replaced), to the last bit."""
+    import pandas as pd
+
+    from core.decoding import calibrate
+    from core.decoding.policies import BaseOnly, ReasonOnly, make_policy
+    from core.demo import pair as demo
+    from core.evaluation import harness as ev
+    from core.evaluation.sweep import matched_baselines
+    from core.io.store import TraceStore
+
+    pair = demo.demo_pair(demo_dir=tiny_demo)
+    problems = demo.demo_problems("test", limit=4)
+    store = TraceStore(tmp_path / "s")
+    gate = calibrate(pair, demo.demo_problems("calib", limit=4), ratio=0.05, window=16, max_new_tokens=12,
+                     store=store)
+    opts = dict(samples=2, store=store, temperature=0.6, top_p=0.95, seed=0, max_new_tokens=12, batch_size=100)
+    table, kept = demo_card._one_setting(pair, problems, gate, budget=0.1, progress=None, **opts)
+    first = ev.run_records(pair, problems, {"base": BaseOnly(), "reason": ReasonOnly(),
+                                            "guided": make_policy("guided", gate=gate, budget=0.1)}, **opts)
+    head = ev.policy_table(first).set_index("policy")
+    rho, mean_tokens = float(head.loc["guided", "rho"]), float(head.loc["base", "mean_tokens"])
+    second = ev.run_records(pair, problems, {**matched_baselines(rho, mean_tokens, 12, 0),
+                                             **matched_baselines(0.1, mean_tokens, 12, 0, suffix="@0.1")}, **opts)
+    pd.testing.assert_frame_equal(table, ev.policy_table(pd.concat([first, second], ignore_index=True)))
+    assert len(kept["base"]) == 8 and len(table) == 7

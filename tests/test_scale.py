@@ -121,6 +121,43 @@ def test_drive_sends_only_missing_rows_and_stops_between_batches(demo, problems,
     assert sorted(store2.keys()) == sorted(t.key for t in traces[0] + traces[1])
 
 
+def test_drive_asks_keys_one_window_at_a_time(demo, problems, tmp_path, monkeypatch):
+    """Keys are computed per window of jobs as the run reaches it (not for every job up front); the rows and
+    what is sent are the same as with one window."""
+    from core.scale import executors
+
+    jobs = make_jobs(problems, core.BaseOnly(), batch_size=1, max_new_tokens=6)
+    traces = [core.generate(demo, list(j.problems), core.BaseOnly(), max_new_tokens=6) for j in jobs]
+    store = core.TraceStore(tmp_path / "s")
+    store.put(traces[2][0])  # job 2 stored: read, not sent
+
+    class Windowed(_FakeBackend):
+        parallel = 1
+
+        def __init__(self, made):
+            super().__init__(made)
+            self.asked, self.log = [], []
+
+        def keys(self, jobs_):
+            self.asked.append(len(jobs_))
+            self.log.append(("keys", len(self.sent)))
+            return super().keys(jobs_)
+
+    monkeypatch.setattr(executors, "KEYS_WINDOW", 2)
+    monkeypatch.setattr(executors, "KEYS_PER_WORKER", 1)
+    backend = Windowed({id(j): t for j, t in zip(jobs, traces)})
+    out = drive(backend, jobs, store)
+    assert len(jobs) == 6 and backend.asked == [2, 2, 2]
+    assert backend.log == [("keys", 0), ("keys", 2), ("keys", 3)]  # the next window's keys after this one ran
+    assert [i for i, _ in backend.sent] == [0, 1, 3, 4, 5]
+    assert [[t.key for t in ts] for ts in out] == [[t.key for t in ts] for ts in traces]
+    monkeypatch.setattr(executors, "KEYS_PER_WORKER", 4)  # a pool of 2 workers: windows of 8 jobs
+    backend = Windowed({id(j): t for j, t in zip(jobs, traces)})
+    backend.parallel = 2
+    drive(backend, jobs, core.TraceStore(tmp_path / "s2"))
+    assert backend.asked == [6]
+
+
 class _ReadCountingStore(core.TraceStore):
     """A TraceStore that counts the trace files read in full (get)."""
 

@@ -63,18 +63,17 @@ def _one_setting(pair: Any, problems: Sequence[Any], gate: Any, *, budget: float
     keep: dict[str, list[Any]] = {}
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
                   max_new_tokens=max_new_tokens, batch_size=batch_size, keep=keep, progress=progress)
-    first = ev.run_records(pair, problems, {"base": BaseOnly(), "reason": ReasonOnly(),
-                                            "guided": make_policy("guided", gate=gate, budget=budget)}, **common)
-    summary = ev.policy_table(first).set_index("policy")
-    rho, mean_tokens = float(summary.loc["guided", "rho"]), float(summary.loc["base", "mean_tokens"])
-    # the baselines at the realised rate Guided reached (EarlyOnly's rate is a share of max_new_tokens)
-    # and at the bar's ceiling ρ = budget, where a blind baseline has its best chance
-    baselines = {**matched_baselines(rho, mean_tokens, max_new_tokens, seed),
-                 **matched_baselines(budget, mean_tokens, max_new_tokens, seed, suffix=f"@{budget:g}")}
-    second = ev.run_records(pair, problems, baselines, **common)
-    import pandas as pd
-
-    return ev.policy_table(pd.concat([first, second], ignore_index=True)), keep
+    with ev.stream_records(pair, problems, {"base": BaseOnly(), "reason": ReasonOnly(),
+                                            "guided": make_policy("guided", gate=gate, budget=budget)},
+                           **common) as records:
+        summary = ev.policy_table(records).set_index("policy")
+        rho, mean_tokens = float(summary.loc["guided", "rho"]), float(summary.loc["base", "mean_tokens"])
+        # the baselines at the realised rate Guided reached (EarlyOnly's rate is a share of max_new_tokens)
+        # and at the bar's ceiling ρ = budget, where a blind baseline has its best chance
+        baselines = {**matched_baselines(rho, mean_tokens, max_new_tokens, seed),
+                     **matched_baselines(budget, mean_tokens, max_new_tokens, seed, suffix=f"@{budget:g}")}
+        ev.stream_records(pair, problems, baselines, into=records, **common)
+        return ev.policy_table(records), keep
 
 
 class _Counted:

@@ -38,9 +38,9 @@ from core.evaluation.harness import (
     keep_traces,
     policy_table,
     require_gold,
-    run_records,
-    thinking_records,
+    stream_records,
 )
+from core.evaluation.thinking import Solo
 from core.scoring.registry import score_values
 from core.settings import StageProgress
 
@@ -96,8 +96,9 @@ def calibration_rollouts(pair: Any, calibration: Sequence[Any], *, keep: dict[st
     if not calibration:
         raise InvalidInputError("the sweep needs calibration problems (held out from the evaluation set)")
     held: dict[str, Any] = {}
-    run_records(pair, {"calibration": list(calibration)}, {"calibration": BaseOnly()},
-                **{**common, "samples": 1}, keep=held, progress=progress)
+    with stream_records(pair, {"calibration": list(calibration)}, {"calibration": BaseOnly()},
+                        **{**common, "samples": 1}, keep=held, progress=progress):
+        pass  # only the kept rollouts are needed
     if keep is not None:
         keep_traces(keep, "calibration", held["calibration"], common.get("store"))
     return held["calibration"]  # with a store, keys read back one trace at a time
@@ -118,10 +119,11 @@ def calibration_gates(pair: Any, calibration: Sequence[Any], ratios: Sequence[fl
     return fit_gates(rollouts, ratios, window, score)
 
 
-def _realised(records: pd.DataFrame) -> tuple[float, float]:
-    """(ρ = takeovers / tokens, mean tokens) of a run's records."""
-    tokens = int(records["tokens"].sum())
-    return int(records["taken"].sum()) / max(1, tokens), tokens / max(1, len(records))
+def stage_table(pair: Any, problems: Any, policies: dict[str, Policy], **opts: Any) -> pd.DataFrame:
+    """The policy table of one stage: its records go through an on-disk `RecordTable` (as `evaluate`'s do),
+    aggregated there and dropped, so no stage holds a DataFrame of its rows."""
+    with stream_records(pair, problems, policies, **opts) as records:
+        return policy_table(records)
 
 
 def budget_sweep(pair: Any, problems: Any, calibration: Sequence[Any], ratios: Sequence[float] = DEFAULT_RATIOS, *,
@@ -158,14 +160,14 @@ def budget_sweep(pair: Any, problems: Any, calibration: Sequence[Any], ratios: S
     def bar(stage: str) -> Callable[[int, int], None] | None:
         return None if progress is None else (lambda done, total: progress(stage, done, total))
 
-    records = run_records(pair, problems, {BASE: BaseOnly(), GUIDE: ReasonOnly()}, keep=keep,
-                          progress=bar("base and guide"), **common)
-    if thinking is not None:
-        held: dict[str, Any] = {}
-        records = pd.concat([records, thinking_records(thinking, problems, keep=held, progress=bar("thinking"),
-                                                       **common)], ignore_index=True)
-        keep_traces(keep, THINKING, held.get(THINKING, []), store)
-    ends = policy_table(records)
+    with stream_records(pair, problems, {BASE: BaseOnly(), GUIDE: ReasonOnly()}, keep=keep,
+                        progress=bar("base and guide"), **common) as records:
+        if thinking is not None:
+            held: dict[str, Any] = {}
+            stream_records(thinking, problems, {THINKING: Solo()}, keep=held, progress=bar("thinking"),
+                           into=records, **common)
+            keep_traces(keep, THINKING, held.get(THINKING, []), store)
+        ends = policy_table(records)
     rows = [ends.assign(config=ends["policy"])]
     rollouts = calibration_rollouts(pair, calibration, keep=keep, progress=bar("calibration rollouts"), **common)
     gates = fit_gates(rollouts, ratios, window, score)
@@ -198,9 +200,9 @@ def _fixed_baselines(pair: Any, problems: Any, rhos: Sequence[float], ends: pd.D
             label = fixed_label(rho)
             got: dict[str, list[Any]] = {}
             others = matched_baselines(rho, mean_tokens, common["max_new_tokens"], common.get("seed", 0))
-            rec = run_records(pair, {bench: ps}, others, keep=got, progress=bar(f"baselines at {label} ({bench})"),
+            rec = stage_table(pair, {bench: ps}, others, keep=got, progress=bar(f"baselines at {label} ({bench})"),
                               **common)
-            found.append(policy_table(rec).assign(config=label, ratio=np.nan, budget=None, matched_rho=rho,
+            found.append(rec.assign(config=label, ratio=np.nan, budget=None, matched_rho=rho,
                                                   tau=np.nan, lam=np.nan, window=np.nan, threshold=np.nan))
             for name, traces in got.items():
                 keep_traces(keep, f"{name} ({label})", traces, common.get("store"))
@@ -223,25 +225,26 @@ def _one_config(pair: Any, problems: Any, gate: Gate, ratio: float, budget: floa
     found = []
     for bench, ps in benchmarks_of(problems).items():
         got: dict[str, Any] = {}
-        rec = run_records(pair, {bench: ps}, policies, keep=got, progress=bar(f"guided {label} ({bench})"),
-                          **common)
+        stage = stage_table(pair, {bench: ps}, policies, keep=got, progress=bar(f"guided {label} ({bench})"),
+                            **common)
         extra = {"config": label, "ratio": ratio, "budget": budget, "matched_rho": np.nan, "tau": gate.tau,
                  "lam": gate.lam, "window": gate.window, "threshold": np.nan}
-        table = policy_table(rec).assign(**extra)
+        table = stage.assign(**extra)
         table.loc[table["policy"] == "entropy_gated", ["tau", "lam", "window", "threshold"]] = (
             np.nan, np.nan, np.nan, threshold if threshold is not None else np.nan)
         found.append(table)
         keep_traces(held, label, got["guided"], store)
         if "entropy_gated" in got:
             keep_traces(held, f"entropy_gated ({label})", got["entropy_gated"], store)
-        rho, mean_tokens = _realised(rec[rec["policy"] == "guided"])
+        guided = stage[stage["policy"] == "guided"].iloc[0]  # ρ = takeovers / tokens, mean tokens per row
+        rho, mean_tokens = float(guided["rho"]), float(guided["mean_tokens"])
         if not baselines or rho <= 0:
             continue
         others = matched_baselines(rho, mean_tokens, common["max_new_tokens"], common.get("seed", 0))
         got = {}
-        rec = run_records(pair, {bench: ps}, others, keep=got, progress=bar(f"baselines at ρ of {label} ({bench})"),
+        rec = stage_table(pair, {bench: ps}, others, keep=got, progress=bar(f"baselines at ρ of {label} ({bench})"),
                           **common)
-        found.append(policy_table(rec).assign(**{**extra, "matched_rho": rho}))
+        found.append(rec.assign(**{**extra, "matched_rho": rho}))
         for name, traces in got.items():
             keep_traces(held, f"{name} ({label})", traces, store)
     for name, traces in held.items():

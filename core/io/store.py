@@ -77,7 +77,6 @@ class TraceStore:
         self.damaged_dir = self.path / "damaged"
         self.index_path = self.path / "index.jsonl"
         self.index = SummaryIndex(self.index_path)
-        self._verdicts: dict[tuple[str, Identity], tuple[dict[str, Any] | None, str | None]] = {}
         self._warned: set[tuple[Path, str]] = set()
         self._held: tuple[str, Identity, Trace] | None = None  # decoded by `in`, handed out once by get()
         self._lock = threading.Lock()
@@ -166,7 +165,7 @@ class TraceStore:
     def set_aside(self, key: str, why: str = "") -> Path:
         """Move the trace file `key` into damaged/ (kept for the user, out of the way of a rewrite)."""
         path = self._path(key)
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
         target = self.damaged_dir / f"{key}.{stamp}.parquet"
         try:
             self.damaged_dir.mkdir(parents=True, exist_ok=True)
@@ -307,17 +306,21 @@ class TraceStore:
             raise StoreError(f"No trace with key {key!r} in {self.path}") from None
 
     def _check_file(self, key: str, path: Path, ident: Identity) -> tuple[dict[str, Any] | None, str | None]:
-        """(summary, None) for a readable file, (None, reason) for a damaged one: read in full, once per identity."""
-        if (key, ident) not in self._verdicts:
-            try:
-                _, record, _ = read_trace_record(path, key)
-                summary = record.get("summary")
-                if not isinstance(summary, dict) or summary.get("key") != key:
-                    raise StoreError(f"Trace {key} ({path}) is unreadable: its footer has no summary for {key!r}")
-                self._verdicts[(key, ident)] = (summary, None)
-            except StoreError as exc:
-                self._verdicts[(key, ident)] = (None, str(exc))
-        return self._verdicts[(key, ident)]
+        """(summary, None) for a readable file, (None, reason) for a damaged one: read in full, once per identity
+        (the verdict is kept in the index's scratch file, not in memory)."""
+        found = self.index.verdict(key, ident)
+        if found is not None:
+            return found
+        try:
+            _, record, _ = read_trace_record(path, key)
+            summary = record.get("summary")
+            if not isinstance(summary, dict) or summary.get("key") != key:
+                raise StoreError(f"Trace {key} ({path}) is unreadable: its footer has no summary for {key!r}")
+            verdict: tuple[dict[str, Any] | None, str | None] = (summary, None)
+        except StoreError as exc:
+            verdict = (None, str(exc))
+        self.index.set_verdict(key, ident, *verdict)
+        return verdict
 
     def _summary_rows(self) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
         self.index.refresh()

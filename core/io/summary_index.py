@@ -9,10 +9,16 @@ a killed writer, a line edited by hand, a line of another version) is skipped an
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import sqlite3
 import stat
+import tempfile
+import threading
+import weakref
 import zlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,8 @@ from core.io.tracefile import SUMMARY_COLUMNS
 FIELDS = (*SUMMARY_COLUMNS, "schema")
 TAG = zlib.crc32(("v2:" + ",".join(FIELDS)).encode())  # lines of another layout are ignored
 _CRC_SEP = b', "c": '
+READ_BYTES = 2 << 20  # index bytes parsed at a time (its parse peaks at ~5x that)
+CACHE_KIB = 8192  # SQLite page cache of the scratch file
 Identity = tuple[int, int, int]
 
 
@@ -64,15 +72,104 @@ def _parse(lines: list[bytes]) -> list[Any]:
         return out
 
 
+class _Cache:
+    """This process's SQLite scratch file of believed index entries and full-read verdicts (a derived cache,
+    rebuilt from index.jsonl and the trace files). Unlinked as soon as it is open, so nothing is left behind."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        fd, self.dir = tempfile.mkstemp(prefix="forkpoint-index-", suffix=".sqlite")
+        os.close(fd)
+        # a scratch file: a crash loses nothing index.jsonl and the trace files do not hold, so no journal or fsync
+        self.db = sqlite3.connect(self.dir, check_same_thread=False)
+        for pragma in ("journal_mode=OFF", "synchronous=OFF", "temp_store=FILE", f"cache_size=-{CACHE_KIB}"):
+            self.db.execute(f"PRAGMA {pragma}")
+        for table in ("entries", "verdicts"):  # identity: repr of the (inode, size, mtime_ns) tuple
+            self.db.execute(f"CREATE TABLE {table} (key TEXT NOT NULL, ident TEXT NOT NULL, summary TEXT, why TEXT, "
+                            "PRIMARY KEY (key, ident)) WITHOUT ROWID")
+        os.unlink(self.dir)  # open and nameless: its space goes back when the process ends, even by kill -9
+        self.finalizer = weakref.finalize(self, _drop_cache, self.db, self.pid)
+
+    def put(self, table: str, rows: list[tuple[str, str, str | None, str | None]]) -> None:
+        if rows:
+            with self.db:
+                self.db.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?)", rows)
+
+    def get(self, table: str, key: str, ident: str) -> tuple[str | None, str | None] | None:
+        return self.db.execute(f"SELECT summary, why FROM {table} WHERE key = ? AND ident = ?",
+                               (key, ident)).fetchone()
+
+
+def _drop_cache(db: sqlite3.Connection, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child leaves its parent's connection alone
+        db.close()
+
+
+def _ident(ident: Any) -> str:
+    return repr(tuple(ident))
+
+
+def _encode(summary: dict[str, Any] | list[Any]) -> str:
+    return json.dumps(summary)
+
+
+def _decode(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    return dict(zip(FIELDS, value)) if isinstance(value, list) else value  # a line's values, or a remembered dict
+
+
+class _Entries(Mapping[str, dict[Identity, dict[str, Any]]]):
+    """Read-only view of the believed entries: key -> {identity: summary} (read from SQLite on demand)."""
+
+    def __init__(self, index: SummaryIndex) -> None:
+        self.index = index
+
+    def __getitem__(self, key: str) -> dict[Identity, dict[str, Any]]:
+        with self.index._lock:
+            rows = self.index._cache().db.execute("SELECT ident, summary FROM entries WHERE key = ?", (key,)).fetchall()
+        if not rows:
+            raise KeyError(key)
+        return {ast.literal_eval(ident): _decode(summary) for ident, summary in rows}
+
+    def __iter__(self) -> Iterator[str]:
+        with self.index._lock:
+            keys = [k for (k,) in self.index._cache().db.execute("SELECT DISTINCT key FROM entries ORDER BY key")]
+        return iter(keys)
+
+    def __len__(self) -> int:
+        with self.index._lock:
+            return self.index._cache().db.execute("SELECT COUNT(DISTINCT key) FROM entries").fetchone()[0]
+
+
 class SummaryIndex:
-    """The in-memory view of one store's index file, read incrementally (only new bytes each time)."""
+    """One store's index file, read incrementally (only new bytes each time) into this process's SQLite
+    scratch file, so what is held in memory does not grow with the number of stored traces."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.entries: dict[str, dict[Identity, dict[str, Any]]] = {}
         self.bad_lines = 0  # lines seen whose CRC or layout did not hold (not believed)
         self._offset = 0
         self._ino = -1
+        self._db: _Cache | None = None
+        self._lock = threading.RLock()
+
+    @property
+    def entries(self) -> Mapping[str, dict[Identity, dict[str, Any]]]:
+        """The believed entries, key -> {identity: summary} (a view over SQLite; for tests and tools)."""
+        return _Entries(self)
+
+    def _cache(self) -> _Cache:
+        """The scratch database, opened on first use; a forked child opens its own and reads the file afresh."""
+        if self._db is None or self._db.pid != os.getpid():
+            if self._db is not None:  # inherited from the parent: never used, closed or removed here
+                self._db.finalizer.detach()
+                self._offset, self._ino, self.bad_lines = 0, -1, 0
+            self._db = _Cache()
+        return self._db
+
+    def _clear(self) -> None:
+        with self._cache().db as db:
+            db.execute("DELETE FROM entries")
 
     def check_path(self) -> None:
         """StoreError when the index path is a folder (it is a file or absent in a healthy store)."""
@@ -84,31 +181,48 @@ class SummaryIndex:
 
     def refresh(self) -> None:
         """Read lines appended since the last call (start over if the file was replaced or truncated)."""
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            self.entries, self._offset = {}, 0
-            return
-        if stat.S_ISDIR(st.st_mode):
-            self.check_path()
-        if st.st_size < self._offset or st.st_ino != self._ino:
-            self.entries, self._offset, self._ino = {}, 0, st.st_ino
-        if st.st_size == self._offset:
-            return
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self._offset)
-                data = fh.read(st.st_size - self._offset)
-        except OSError as exc:
-            raise StoreError(f"Cannot read the store index {self.path}: {os_error_reason(exc)}") from exc
-        end = data.rfind(b"\n") + 1  # a partly written last line is read next time
+        with self._lock:
+            self._cache()
+            try:
+                st = self.path.stat()
+            except FileNotFoundError:
+                self._clear()
+                self._offset = 0
+                return
+            if stat.S_ISDIR(st.st_mode):
+                self.check_path()
+            if st.st_size < self._offset or st.st_ino != self._ino:
+                self._clear()
+                self._offset, self._ino = 0, st.st_ino
+            if st.st_size == self._offset:
+                return
+            try:
+                with open(self.path, "rb") as fh:
+                    fh.seek(self._offset)
+                    left, carry = st.st_size - self._offset, b""
+                    while left > 0:  # in blocks: the new bytes are never all in memory at once
+                        block = fh.read(min(READ_BYTES, left))
+                        if not block:
+                            break
+                        left -= len(block)
+                        data = carry + block
+                        end = data.rfind(b"\n") + 1  # a partly written last line is read next time
+                        self._take(data[:end])
+                        self._offset += end
+                        carry = data[end:]
+            except OSError as exc:
+                raise StoreError(f"Cannot read the store index {self.path}: {os_error_reason(exc)}") from exc
+
+    def _take(self, data: bytes) -> None:
+        """Believe the whole lines in `data` whose CRC and layout hold; count the others in bad_lines."""
         lines = []
-        for raw in data[:end].split(b"\n"):
+        for raw in data.split(b"\n"):
             raw = raw.strip()
             if raw and line_ok(raw):
                 lines.append(raw)
             elif raw:
                 self.bad_lines += 1
+        rows = []
         for entry in _parse(lines):
             if (
                 isinstance(entry, dict)
@@ -117,20 +231,36 @@ class SummaryIndex:
                 and len(entry["s"]) == len(FIELDS)
                 and isinstance(entry.get("id"), list)
             ):
-                self.remember(str(entry.get("key")), tuple(entry["id"]), dict(zip(FIELDS, entry["s"])))
+                rows.append((str(entry.get("key")), _ident(entry["id"]), _encode(entry["s"]), None))
             else:
                 self.bad_lines += 1
-        self._offset += end
+        self._cache().put("entries", rows)
 
     def get(self, key: str, ident: Identity) -> dict[str, Any] | None:
         """The summary of `key` if a believed line describes exactly this file version, else None."""
-        self.refresh()
-        summary = self.entries.get(key, {}).get(ident)
+        with self._lock:
+            self.refresh()
+            found = self._cache().get("entries", key, _ident(ident))
+        summary = _decode(found[0]) if found is not None and found[0] is not None else None
         return summary if summary is not None and summary.get("key") == key else None
 
     def remember(self, key: str, ident: Identity, summary: dict[str, Any]) -> None:
-        """Hold a summary in memory (without writing a line)."""
-        self.entries.setdefault(key, {})[ident] = summary
+        """Believe a summary for this file version (without writing a line)."""
+        with self._lock:
+            self._cache().put("entries", [(key, _ident(ident), _encode(summary), None)])
+
+    def verdict(self, key: str, ident: Identity) -> tuple[dict[str, Any] | None, str | None] | None:
+        """(summary, None) or (None, reason) of a full read of this file version done here before, else None."""
+        with self._lock:
+            found = self._cache().get("verdicts", key, _ident(ident))
+        if found is None:
+            return None
+        return (_decode(found[0]) if found[0] is not None else None), found[1]
+
+    def set_verdict(self, key: str, ident: Identity, summary: dict[str, Any] | None, why: str | None) -> None:
+        """Keep the outcome of a full read of this file version (kept when the index file is replaced)."""
+        with self._lock:
+            self._cache().put("verdicts", [(key, _ident(ident), None if summary is None else _encode(summary), why)])
 
     def append(self, key: str, st: os.stat_result, summary: dict[str, Any]) -> None:
         """Append one line for this file version (OSError / StoreError on failure; the file is whole)."""

@@ -33,6 +33,8 @@ def _meta_blob(trace: Any) -> str:
 
 
 KEEP = ("traces", "summaries")  # what a run hands back per row
+KEYS_WINDOW = 256  # jobs whose row keys are computed together (at least; see drive)
+KEYS_PER_WORKER = 16  # ... and at least this many jobs per worker, so a window keeps every worker busy
 
 
 class _Driver:
@@ -84,9 +86,10 @@ def drive(backend: Any, jobs: Sequence[GenerateJob], store: Any = None,
           should_stop: Callable[[], bool] | None = None, *, keep: str = "traces",
           recheck: Callable[[dict[str, Any]], bool] | None = None,
           on_rows: Callable[[int, list[Any]], None] | None = None) -> list[list[Any]]:
-    """Run `jobs` on `backend` (keys(jobs), run(pending) -> iterator of (i, traces, info)); per job, its
-    traces in row order. Rows whose key is in `store` are read from it instead of being made; each batch
-    is written as it returns. `should_stop()` is asked between batches; True raises GenerationCancelled
+    """Run `jobs` on `backend` (keys(jobs), run(pending) -> iterator of (i, traces, info); optional `parallel`:
+    its number of workers); per job, its traces in row order. Rows whose key is in `store` are read from it
+    instead of being made; each batch is written as it returns. Jobs go in windows of KEYS_WINDOW (or
+    KEYS_PER_WORKER per worker): a window's row keys are computed when it starts and dropped as its jobs end. `should_stop()` is asked between batches; True raises GenerationCancelled
     (finished batches stay stored).
 
     keep="summaries": per row a `RowSummary` instead of the trace, so the driver holds no token arrays: a
@@ -98,29 +101,34 @@ def drive(backend: Any, jobs: Sequence[GenerateJob], store: Any = None,
         raise InvalidInputError(f"keep must be one of {', '.join(KEEP)}, got {keep!r}")
     jobs = list(jobs)
     driver = _Driver(store, on_trace, progress, sum(j.units for j in jobs), keep, recheck)
-    keys = backend.keys(jobs) if store is not None and jobs else [None] * len(jobs)
     results: list[list[Any] | None] = [None] * len(jobs)
 
     def deliver(i: int, rows: list[Any]) -> None:
-        keys[i] = None  # done with: a job's keys are held only while it is pending
         if on_rows is None:
             results[i] = rows
         else:
             on_rows(i, rows)
 
-    pending: list[tuple[int, list[str]]] = []
-    for i, job_keys in enumerate(keys):
-        stored = [k for k in job_keys if driver.lookup(k)] if job_keys is not None else []
-        if job_keys is not None and len(stored) == len(job_keys):
-            deliver(i, driver.finish([None] * len(job_keys), job_keys))
-        else:
-            pending.append((i, stored))
-    for i, traces, _info in backend.run([(jobs[i], skip) for i, skip in pending], [i for i, _ in pending]):
-        deliver(i, driver.finish(traces, keys[i]))  # a finished batch is stored before any stop
-        made = sum(t is not None for t in traces)
-        log.debug("job %d: %d rows made, %d read from the store", i, made, len(traces) - made)
-        if should_stop is not None and should_stop():
-            raise GenerationCancelled("generation cancelled; the batches finished so far are stored")
+    # Keys are asked for one window of jobs at a time, so the driver holds the keys of at most one window
+    # (plus the jobs of it still running), not of the whole run. The pool drains at each window's end.
+    window = max(KEYS_WINDOW, KEYS_PER_WORKER * int(getattr(backend, "parallel", 1) or 1))
+    for first in range(0, len(jobs), window):
+        ids = list(range(first, min(first + window, len(jobs))))
+        keys = dict(zip(ids, backend.keys([jobs[i] for i in ids]))) if store is not None else {}
+        pending: list[tuple[int, list[str]]] = []
+        for i in ids:
+            job_keys = keys.get(i)
+            stored = [k for k in job_keys if driver.lookup(k)] if job_keys is not None else []
+            if job_keys is not None and len(stored) == len(job_keys):
+                deliver(i, driver.finish([None] * len(job_keys), keys.pop(i)))
+            else:
+                pending.append((i, stored))
+        for i, traces, _info in backend.run([(jobs[i], skip) for i, skip in pending], [i for i, _ in pending]):
+            deliver(i, driver.finish(traces, keys.pop(i, None)))  # a finished batch is stored before any stop
+            made = sum(t is not None for t in traces)
+            log.debug("job %d: %d rows made, %d read from the store", i, made, len(traces) - made)
+            if should_stop is not None and should_stop():
+                raise GenerationCancelled("generation cancelled; the batches finished so far are stored")
     return [] if on_rows is not None else results  # type: ignore[return-value]
 
 

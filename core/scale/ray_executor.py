@@ -303,6 +303,11 @@ class RayExecutor(_Executor):
             yield pos, answer, a, self._pids[a] != sent_pid
 
     # -- running ----------------------------------------------------------------------------
+    @property
+    def parallel(self) -> int:
+        """Workers in the pool now (the driver sizes its windows of jobs on it)."""
+        return len(self._alive)
+
     def keys(self, jobs: Sequence[GenerateJob]) -> list[list[str]]:
         """Every job's row keys (tokenising only), the jobs cut into a few chunks per actor."""
         size = max(1, math.ceil(len(jobs) / (4 * max(1, len(self._alive)))))
