@@ -129,8 +129,8 @@ def report(times: dict[str, list[float]], repeat: int) -> str:
         lines.append(f"{name:<28}{med:>10.2f}{target:>10.2f}  {'yes' if med <= target else 'no'}")
     lines += ["```", "",
               "The targets are for a quiet machine; a load average above the CPU count stretches every number. "
-              "`ls` and `export` start without torch or transformers (tests/test_cli.py checks it); `export` still "
-              "loads spaCy for the planning tags."]
+              "`ls` and `export` start without torch or transformers (tests/test_cli.py checks it); "
+              "a graded trace carries its planning tags, so `export` loads no spaCy either (below)."]
     return "\n".join(lines)
 
 
