@@ -4,7 +4,8 @@ Flip a token to the reasoner and back off (the original text returns), force an 
 hover card, move back and forward with the keys, and check the mechanism: the switch goes over the live
 route (app/live.py, one HTTP request, no Streamlit rerun before the new text is drawn), the new tokens are
 drawn in the token view before the finished view replaces them, and the sidebar (outside the Trace page's
-fragment) never reruns.
+fragment) never reruns. Also on the same page: n / p only select, and measured takeover effects are markers
+on the token view (issue 26).
 Screenshots go to test-output/switchboard/.
 """
 
@@ -151,3 +152,24 @@ def test_n_and_p_select_a_spike_without_switching(app):
     page.wait_for_function("(p) => window.location.search.includes('pos=' + p)", arg=spikes[0])
     page.wait_for_timeout(500)
     assert _key(page) == key  # in flip mode too, the keys only select
+
+
+def test_measured_effects_are_markers_on_the_token_view(app):
+    """Issue 26: "Measure effects" puts a marker on each measured token of the token view, the numbers on hover."""
+    url, _, page = app
+    _open(page, url)
+    page.get_by_text("Instruments: takeover effects").click()
+    page.get_by_role("spinbutton", name="Samples per arm").fill("2")
+    page.keyboard.press("Enter")
+    page.get_by_role("button", name="Measure effects").click()
+    marker = page.locator(".fp-scroll [data-fx]").first
+    marker.wait_for(timeout=120_000)
+    spikes = {int(p) for p in page.locator(".fp-scroll [data-pos].spike").evaluate_all(
+        "els => els.map(e => e.dataset.pos)")}
+    marked = {int(p) for p in page.locator(".fp-scroll [data-fx]").evaluate_all("els => els.map(e => e.dataset.pos)")}
+    assert marked == spikes  # the default positions: the trace's spikes
+    marker.hover()
+    card = page.locator(".fp-card")
+    card.wait_for(state="visible")
+    assert re.search(r"effect [+−-]\d\.\d\d \[[+−-]?\d\.\d\d, [+−-]?\d\.\d\d\] · acc with", card.inner_text())
+    page.screenshot(path=str(OUT / "effects.png"))
