@@ -138,7 +138,7 @@ def test_report_reads_stored_traces_one_at_a_time(tmp_path, monkeypatch):
     """Analyses over a store's traces (`StoredTraces`, as `forkpoint analyze` passes them) never hold them
     all: every registered analysis reads each trace in a pass of its own, at most two alive at once, on a
     store of 12 traces; the tables equal those of the same traces held in a list."""
-    from core.io.store import StoredTraces
+    from core.io.stored_traces import StoredTraces
 
     store = _stored(tmp_path)
     keys = store.keys()

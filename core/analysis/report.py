@@ -22,7 +22,7 @@ from core.analysis.views import as_list
 from core.errors import ForkpointError, InvalidInputError, OutputExistsError
 from core.io.atomic import write_atomic
 from core.io.csvsafe import write_csv
-from core.io.store import StoredTraces
+from core.io.stored_traces import StoredTraces
 from core.scoring.registry import DEFAULT_SCORE
 from core.trace import Trace
 

@@ -58,7 +58,7 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
     html = Path(out) / "report.html"
     if html.exists() and not overwrite:
         raise click.ClickException(f"{html} exists; pass --overwrite to replace it (or choose another --out)")
-    from core.io.store import StoredTraces
+    from core.io.stored_traces import StoredTraces
 
     store = open_store(store_path)
     listed, unreadable = store.listing()  # a damaged file is reported and skipped, never fatal

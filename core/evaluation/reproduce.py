@@ -30,7 +30,8 @@ from core.evaluation.sweep import DEFAULT_BASELINE_RHOS, DEFAULT_RATIOS, budget_
 from core.evaluation.thinking import DEFAULT_THINKING_FORMAT, load_thinking
 from core.io.atomic import write_atomic
 from core.io.csvsafe import write_csv
-from core.io.store import StoredTraces, TraceStore
+from core.io.store import TraceStore
+from core.io.stored_traces import StoredTraces
 from core.pair.loading import ModelPair, PromptFormat, format_spec, load_pair
 from core.scoring.teacher_forced import problem_record
 from core.settings import StageProgress

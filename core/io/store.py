@@ -20,14 +20,14 @@ import datetime as dt
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from core.errors import InvalidInputError, StoreError, WriteError
-from core.io import maintenance
+from core.io import branch_tree, maintenance
 from core.io.atomic import clean_temp_files, fsync_dir, os_error_reason, write_atomic
 from core.io.summary_index import Identity, SummaryIndex, identity
 from core.io.tracefile import (  # noqa: F401  (re-exported: the store's public names)
@@ -57,12 +57,6 @@ DEFAULT_STORE_DIR = "./forkpoint-store"
 def default_store_path() -> Path:
     """The store directory for CLI/app edges: $FORKPOINT_STORE, else ./forkpoint-store."""
     return Path(os.environ.get("FORKPOINT_STORE") or DEFAULT_STORE_DIR)
-
-
-def _branch_order(row: dict[str, Any]) -> tuple[Any, ...]:
-    """Children by branch position (unknown last), then creation time, then key."""
-    pos = row.get("branch_pos")
-    return (pos is None, pos or 0, str(row.get("created") or ""), row["key"])
 
 
 class TraceStore:
@@ -432,79 +426,18 @@ class TraceStore:
         """Set damaged files aside, remove dead writers' temp files, rewrite the index: a `RepairReport`."""
         return maintenance.repair(self)
 
-    # -- branch trees -----------------------------------------------------------------------
+    # -- branch trees (core/io/branch_tree.py, over the summaries) ---------------------------
     def root_of(self, problem_id: str) -> str | None:
         """Key of the oldest stored trace of a problem that is not a branch (None when there is none)."""
-        rows, _ = self._summary_rows()
-        roots = [r for r in rows if not r.get("parent") and str(r.get("problem")) == str(problem_id)]
-        return min(roots, key=lambda r: (str(r.get("created") or ""), r["key"]))["key"] if roots else None
+        return branch_tree.root_of(self._summary_rows()[0], problem_id)
 
     def children(self, key: str) -> list[str]:
         """Keys of the traces whose parent is `key`, by branch position then creation time."""
-        rows, _ = self._summary_rows()
-        return [r["key"] for r in sorted((r for r in rows if r.get("parent") == key), key=_branch_order)]
+        return branch_tree.children(self._summary_rows()[0], key)
 
     def tree(self, key: str) -> dict[str, Any]:
         """The branch tree holding `key`: the oldest stored ancestor, with nested "children" lists."""
-        rows, _ = self._summary_rows()
-        by_key = {r["key"]: r for r in rows}
-        if key not in by_key:
+        rows = self._summary_rows()[0]
+        if not any(r["key"] == key for r in rows):
             raise StoreError(f"No readable trace with key {key!r} in {self.path}")
-        kids: dict[str, list[dict[str, Any]]] = {}
-        for r in rows:
-            if r.get("parent"):
-                kids.setdefault(r["parent"], []).append(r)
-        root, seen = key, {key}
-        while (parent := by_key[root].get("parent")) in by_key and parent not in seen:
-            root = parent
-            seen.add(root)
-
-        def node(k: str, path: frozenset[str]) -> dict[str, Any]:
-            r = by_key[k]
-            ordered = sorted(kids.get(k, []), key=_branch_order)
-            return {
-                "key": k,
-                "kind": r.get("kind"),
-                "branch_pos": r.get("branch_pos"),
-                "n_tokens": r.get("n_tokens"),
-                "created": r.get("created"),
-                "correct": r.get("correct"),
-                "n_takeovers": r.get("n_takeovers"),
-                "children": [node(c["key"], path | {k}) for c in ordered if c["key"] not in path | {k}],
-            }
-
-        return node(root, frozenset())
-
-
-
-class StoredTraces(Sequence[Trace]):
-    """Traces of one store named by key, read one at a time as they are used: a list of keys in memory,
-    never the traces (what the evaluation keeps for analyses over many stored rollouts)."""
-
-    def __init__(self, store: TraceStore, keys: Iterable[str] = ()) -> None:
-        self.store, self.keys = store, list(keys)
-
-    def extend(self, more: Iterable[Any]) -> None:
-        """Add keys (or traces, by their key: they must be stored here)."""
-        self.keys.extend(k if isinstance(k, str) else k.key for k in (more.keys if isinstance(more, StoredTraces)
-                                                                       else more))
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return StoredTraces(self.store, self.keys[i])
-        return self.store.get(self.keys[i])
-
-    def __iter__(self) -> Iterator[Trace]:
-        for key in self.keys:
-            yield self.store.get(key)
-
-    def __add__(self, other: Any) -> Any:
-        if isinstance(other, StoredTraces) and other.store is self.store:
-            return StoredTraces(self.store, self.keys + other.keys)
-        return list(self) + list(other)
-
-    def __repr__(self) -> str:
-        return f"StoredTraces({self.store!r}, {len(self.keys)} keys)"
+        return branch_tree.tree(rows, key)

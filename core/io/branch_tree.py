@@ -1,0 +1,58 @@
+"""Branch trees over a store's summary rows: a problem's root, a trace's children, the nested tree.
+
+Pure functions over `TraceStore`'s summary rows (key, parent, branch_pos, created, ...); the store's
+`root_of`, `children` and `tree` call them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Row = dict[str, Any]
+
+
+def branch_order(row: Row) -> tuple[Any, ...]:
+    """Children by branch position (unknown last), then creation time, then key."""
+    pos = row.get("branch_pos")
+    return (pos is None, pos or 0, str(row.get("created") or ""), row["key"])
+
+
+def root_of(rows: list[Row], problem_id: str) -> str | None:
+    """Key of the oldest trace of a problem that is not a branch (None when there is none)."""
+    roots = [r for r in rows if not r.get("parent") and str(r.get("problem")) == str(problem_id)]
+    return min(roots, key=lambda r: (str(r.get("created") or ""), r["key"]))["key"] if roots else None
+
+
+def children(rows: list[Row], key: str) -> list[str]:
+    """Keys of the traces whose parent is `key`, by branch position then creation time."""
+    return [r["key"] for r in sorted((r for r in rows if r.get("parent") == key), key=branch_order)]
+
+
+def tree(rows: list[Row], key: str) -> dict[str, Any]:
+    """The branch tree holding `key` (one of `rows`): the oldest ancestor in `rows`, with nested
+    "children" lists (a cycle of parents, impossible in a healthy store, is cut)."""
+    by_key = {r["key"]: r for r in rows}
+    kids: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.get("parent"):
+            kids.setdefault(r["parent"], []).append(r)
+    root, seen = key, {key}
+    while (parent := by_key[root].get("parent")) in by_key and parent not in seen:
+        root = parent
+        seen.add(root)
+
+    def node(k: str, path: frozenset[str]) -> dict[str, Any]:
+        r = by_key[k]
+        ordered = sorted(kids.get(k, []), key=branch_order)
+        return {
+            "key": k,
+            "kind": r.get("kind"),
+            "branch_pos": r.get("branch_pos"),
+            "n_tokens": r.get("n_tokens"),
+            "created": r.get("created"),
+            "correct": r.get("correct"),
+            "n_takeovers": r.get("n_takeovers"),
+            "children": [node(c["key"], path | {k}) for c in ordered if c["key"] not in path | {k}],
+        }
+
+    return node(root, frozenset())
