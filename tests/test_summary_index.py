@@ -215,3 +215,47 @@ def test_a_new_index_reads_in_blocks(tmp_path, monkeypatch):
     with open(path, "ab") as fh:
         fh.write(index_line("f" * 32, (9, 9, 9), summary("f" * 32, 1))[-20:])
     assert index.get("f" * 32, (9, 9, 9))["n_tokens"] == 1 and index.bad_lines == 0
+
+
+def test_no_room_for_the_scratch_file_keeps_the_index_in_memory(tmp_path, monkeypatch, caplog):
+    """A temporary folder that is missing or read-only at the start, or fills up later: the index answers the same,
+    from memory, and says why once."""
+    path = tmp_path / "index.jsonl"
+    _fill(path, 5, prompt_bytes=10)
+
+    def no_room(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(si.tempfile, "mkstemp", no_room)
+        index = SummaryIndex(path)
+        assert index.get(f"{4:032x}", (4, 100, 1000))["n_tokens"] == 4 and len(index.entries) == 5
+    assert "kept in memory" in caplog.text
+
+    class FullDisk:
+        """The scratch connection once its folder is full: every write fails, reads and backup still work."""
+
+        def __init__(self, db: sqlite3.Connection) -> None:
+            self.db = db
+
+        def executemany(self, *args: Any) -> Any:
+            raise sqlite3.OperationalError("database or disk is full")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.db, name)
+
+        def __enter__(self) -> Any:
+            return self.db.__enter__()
+
+        def __exit__(self, *exc: Any) -> Any:
+            return self.db.__exit__(*exc)
+
+    later = SummaryIndex(path)
+    later.refresh()
+    cache = later._cache()
+    cache.db = FullDisk(cache.db)
+    caplog.clear()
+    later.remember("e" * 32, (7, 7, 7), summary("e" * 32, 3))  # a write: moves to memory and goes on
+    assert isinstance(cache.db, sqlite3.Connection) and "kept in memory" in caplog.text
+    assert later.get(f"{4:032x}", (4, 100, 1000))["n_tokens"] == 4  # what the file held came along
+    assert later.get("e" * 32, (7, 7, 7))["n_tokens"] == 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import os
 import sqlite3
 import stat
@@ -26,6 +27,8 @@ from core.errors import StoreError
 from core.io.atomic import append_line, os_error_reason
 from core.io.jsonsafe import dumps_strict
 from core.io.tracefile import SUMMARY_COLUMNS
+
+logger = logging.getLogger(__name__)
 
 FIELDS = (*SUMMARY_COLUMNS, "schema")
 TAG = zlib.crc32(("v2:" + ",".join(FIELDS)).encode())  # lines of another layout are ignored
@@ -74,30 +77,64 @@ def _parse(lines: list[bytes]) -> list[Any]:
 
 class _Cache:
     """This process's SQLite scratch file of believed index entries and full-read verdicts (a derived cache,
-    rebuilt from index.jsonl and the trace files). Unlinked as soon as it is open, so nothing is left behind."""
+    rebuilt from index.jsonl and the trace files). Unlinked as soon as it is open, so nothing is left behind.
+    Where the temporary folder cannot hold it (missing, read-only, full), it is kept in memory instead: the
+    store works on, with memory that grows with the index."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
-        fd, self.dir = tempfile.mkstemp(prefix="forkpoint-index-", suffix=".sqlite")
-        os.close(fd)
-        # a scratch file: a crash loses nothing index.jsonl and the trace files do not hold, so no journal or fsync
-        self.db = sqlite3.connect(self.dir, check_same_thread=False)
-        for pragma in ("journal_mode=OFF", "synchronous=OFF", "temp_store=FILE", f"cache_size=-{CACHE_KIB}"):
-            self.db.execute(f"PRAGMA {pragma}")
-        for table in ("entries", "verdicts"):  # identity: repr of the (inode, size, mtime_ns) tuple
-            self.db.execute(f"CREATE TABLE {table} (key TEXT NOT NULL, ident TEXT NOT NULL, summary TEXT, why TEXT, "
-                            "PRIMARY KEY (key, ident)) WITHOUT ROWID")
-        os.unlink(self.dir)  # open and nameless: its space goes back when the process ends, even by kill -9
+        self.pid, self.dir = os.getpid(), ":memory:"
+        try:
+            fd, self.dir = tempfile.mkstemp(prefix="forkpoint-index-", suffix=".sqlite")
+            os.close(fd)
+            try:
+                self.db = self._open(self.dir)
+            finally:
+                os.unlink(self.dir)  # open and nameless: its space goes back when the process ends, even by kill -9
+        except (OSError, sqlite3.Error) as exc:
+            self.db = self._open(":memory:")
+            _in_memory(exc)
         self.finalizer = weakref.finalize(self, _drop_cache, self.db, self.pid)
 
+    @staticmethod
+    def _open(name: str) -> sqlite3.Connection:
+        db = sqlite3.connect(name, check_same_thread=False)
+        # a scratch file: a crash loses nothing index.jsonl and the trace files do not hold, so no journal or fsync
+        for pragma in ("journal_mode=OFF", "synchronous=OFF", "temp_store=FILE", f"cache_size=-{CACHE_KIB}"):
+            db.execute(f"PRAGMA {pragma}")
+        for table in ("entries", "verdicts"):  # identity: repr of the (inode, size, mtime_ns) tuple
+            db.execute(f"CREATE TABLE IF NOT EXISTS {table} (key TEXT NOT NULL, ident TEXT NOT NULL, summary TEXT, "
+                       "why TEXT, PRIMARY KEY (key, ident)) WITHOUT ROWID")
+        return db
+
     def put(self, table: str, rows: list[tuple[str, str, str | None, str | None]]) -> None:
-        if rows:
+        if not rows:
+            return
+        try:
             with self.db:
                 self.db.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?)", rows)
+        except sqlite3.OperationalError as exc:  # the temporary folder filled up: go on in memory
+            self._to_memory(exc)
+            with self.db:
+                self.db.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?)", rows)
+
+    def _to_memory(self, exc: Exception) -> None:
+        memory = self._open(":memory:")
+        self.db.backup(memory)
+        self.finalizer.detach()
+        self.db.close()
+        self.db = memory
+        self.finalizer = weakref.finalize(self, _drop_cache, self.db, self.pid)
+        _in_memory(exc)
 
     def get(self, table: str, key: str, ident: str) -> tuple[str | None, str | None] | None:
         return self.db.execute(f"SELECT summary, why FROM {table} WHERE key = ? AND ident = ?",
                                (key, ident)).fetchone()
+
+
+def _in_memory(exc: Exception) -> None:
+    logger.warning("The store index's scratch file cannot be kept in the temporary folder %s (%s); it is kept in "
+                   "memory instead (set TMPDIR to a folder with free space to keep memory flat)",
+                   tempfile.gettempdir(), exc)
 
 
 def _drop_cache(db: sqlite3.Connection, pid: int) -> None:
