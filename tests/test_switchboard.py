@@ -173,3 +173,24 @@ def test_measured_effects_are_markers_on_the_token_view(app):
     card.wait_for(state="visible")
     assert re.search(r"effect [+−-]\d\.\d\d \[[+−-]?\d\.\d\d, [+−-]?\d\.\d\d\] · acc with", card.inner_text())
     page.screenshot(path=str(OUT / "effects.png"))
+
+
+def test_without_the_live_route_a_click_still_switches_through_a_rerun(app):
+    """The live route unreachable (a server started with plain `streamlit run`, a proxy that drops it): the click
+    goes the Streamlit way instead, streamed into the fragment, with the same stored child."""
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+
+    _open(page, url)
+    root = _key(page)
+    trace = TraceStore(store_dir).get(root)
+    pos = next(p for p in range(len(trace)) if trace.source[p] == "base"
+               and int(trace.topk["reason"][0][p][0]) != int(trace.token_ids[p]) and p > 3)
+    page.route("**/_forkpoint/switch", lambda route: route.abort())
+    try:
+        child = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{pos}"]'))
+    finally:
+        page.unroute("**/_forkpoint/switch")
+    stored = TraceStore(store_dir).get(child)
+    assert stored.meta["switches"] == {str(pos): "reason"} and stored.meta["parent"] == root
+    assert "src-reason" in page.locator(f'.fp-scroll [data-pos="{pos}"]').get_attribute("class")
