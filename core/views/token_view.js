@@ -178,7 +178,7 @@ export default function (component) {
         s.sel = null;
         s.mark(pos, false);
       };
-      let stream = null, drawn = false;
+      let stream = null, drawn = false, failed = false;
       try {
         const res = await fetch(live.url, {
           method: "POST", headers: { "Content-Type": "application/json" },
@@ -209,12 +209,14 @@ export default function (component) {
               s.setTrigger("click", { opened: msg.stored, pos });
             }
             else if ("error" in msg) {
+              failed = true;
               restore();
               s.outcome.textContent = `Could not switch: ${msg.error}`;
               s.outcome.hidden = false;
             }
           }
         }
+        if (!drawn && !failed) { restore(); rerun(); } // the stream ended early: the Streamlit way instead
       } catch (err) {
         restore();
         if (!drawn) rerun(); // the route failed: the same switch through a Streamlit rerun
