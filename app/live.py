@@ -47,7 +47,7 @@ class LiveView:
     store: Any
     then: str
     decode: Callable[[int], str] | None
-    render: Callable[[Trace], dict[str, Any]]
+    render: Callable[[Trace], dict[str, Any]] | None = None  # None for the rerun path, which draws it itself
 
 
 class _Sessions:
@@ -142,7 +142,7 @@ def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[
         if not 0 <= pos < len(parent):
             raise ForkpointError(f"Token #{pos} is outside this trace (0..{len(parent) - 1})")
         child = run_switch(view, parent, switch_request(parent, pos, token), on_text)
-        emit({"done": child.key, "view": view.render(child)})
+        emit({"done": child.key, "view": view.render(child)})  # the route's views come from live_offer: drawn
         emit({"stored": keep(view, child).key})
     except ForkpointError as err:
         emit({"error": str(err)})

@@ -154,7 +154,7 @@ def _stream(ctx: Context, parent: Trace, wanted: dict, slot) -> Trace:
             show()
 
     view = live.LiveView(pair=ctx.pair, store=ctx.store, then=st.session_state.get("sw_then", "policy"),
-                         decode=resources.decoder(ctx.pair, parent), render=lambda t: {})
+                         decode=resources.decoder(ctx.pair, parent))
     return live.keep(view, live.run_switch(view, parent, wanted, on_text))
 
 
