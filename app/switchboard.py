@@ -19,7 +19,7 @@ from app.context import Context
 from app.view import md_escape
 from core.decoding.takeover import switches_in_force
 from core.errors import ForkpointError
-from core.evaluation.ablation import ablate_takeovers
+from core.instruments.ablation import ablate_takeovers
 from core.trace import Trace
 from core.views.heatmap import heatmap_css
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import core
 from core.decoding.takeover import set_switches
-from core.evaluation.ablation import ablate_takeovers, ablation_switches
+from core.instruments.ablation import ablate_takeovers, ablation_switches
 from core.evaluation.grading import graded_put
 
 SECTION = "## Which takeovers matter: batched vs one by one"

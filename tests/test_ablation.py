@@ -1,4 +1,4 @@
-"""core.evaluation.ablation: each takeover switched off in turn, the variants decoded in one batch.
+"""core.instruments.ablation: each takeover switched off in turn, the variants decoded in one batch.
 
 The batch is checked against the switchboard's one-child-at-a-time call (`set_switches`, itself checked
 against Hugging Face argmaxes in test_takeover): the same tokens, sources and store keys, greedy and
@@ -23,7 +23,7 @@ from core.decoding.takeover import (
     set_switches_many,
     switches_in_force,
 )
-from core.evaluation.ablation import ablate_takeovers, ablation_switches
+from core.instruments.ablation import ablate_takeovers, ablation_switches
 
 GUIDED = test_takeover.GUIDED
 pair, guided = test_takeover.pair, test_takeover.guided  # the same tiny pair and Guided trace (fixtures)
