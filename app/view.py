@@ -18,6 +18,7 @@ from core import settings
 from core.annotate.spikes import Gate, top_count
 from core.errors import InvalidInputError
 from core.evaluation.problems import Problem
+from core.record.problems import problem_record
 from core.scoring.registry import DEFAULT_SCORE, SCORES
 from core.trace import Trace
 from core.views.exports import annotated
@@ -91,15 +92,17 @@ def spike_count(n_tokens: int, rule: SpikeRule) -> int | None:
 
 
 def as_problems(rows: Iterable[Any]) -> list[Problem]:
-    """Problems from core.problems records or plain dicts (demo rows: id, question, answer)."""
+    """Problems from core.problems records or plain dicts (demo rows: id, question, answer), read by core's
+    one problem reader (`core.record.problems.problem_record`)."""
     out = []
     for i, row in enumerate(rows):
         if isinstance(row, Problem):
             out.append(row)
             continue
-        prompt = row.get("prompt") or row.get("question") or row.get("problem")
-        gold = row.get("gold", row.get("answer"))
-        out.append(Problem(str(row.get("id", f"problem-{i}")), str(prompt), None if gold is None else str(gold)))
+        rec = problem_record(row)
+        gold = rec["gold"]
+        out.append(Problem(str(rec["id"] if rec["id"] is not None else f"problem-{i}"), rec["prompt"],
+                           None if gold is None else str(gold)))
     return out
 
 

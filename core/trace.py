@@ -123,8 +123,9 @@ class Trace:
 
     @property
     def n_takeovers(self) -> int:
-        """Tokens not written by the base model (the reasoner's or a forced token): the one count of takeovers."""
-        return int(np.count_nonzero(self.source != "base"))
+        """Tokens the reasoner wrote: the one count of takeovers (a forced token, typed or given, is the user's
+        and counts neither here nor in ρ)."""
+        return int(np.count_nonzero(self.source == "reason"))
 
     # -- views --------------------------------------------------------------------------------
     def frame(self) -> pd.DataFrame:

@@ -125,7 +125,7 @@ def test_a_rerun_reads_every_continuation_back(demo, tmp_path, monkeypatch) -> N
     def no_decoding(*args, **kwargs):
         raise AssertionError("a stored continuation was decoded again")
 
-    monkeypatch.setattr("core.instruments.continuations.Decoder.run", no_decoding)
+    monkeypatch.setattr("core.decoding.engine.Decoder.run", no_decoding)
     again = fx.takeover_effects(pair, trace, [_decision(trace)], samples=4, store=store)
     assert again.equals(first)
 
@@ -212,7 +212,7 @@ def test_cli_effects_writes_the_csv_stores_the_continuations_and_resumes(tmp_pat
     assert all(k in kept for k in " ".join(table["keys_with"]).split())
     again = CliRunner().invoke(main, args, catch_exceptions=False)
     assert again.exit_code != 0 and "--overwrite" in again.output
-    monkeypatch.setattr("core.instruments.continuations.Decoder.run", lambda *a, **k: pytest.fail("decoded again"))
+    monkeypatch.setattr("core.decoding.engine.Decoder.run", lambda *a, **k: pytest.fail("decoded again"))
     rerun = CliRunner().invoke(main, [*args, "--overwrite"], catch_exceptions=False)
     assert rerun.exit_code == 0, rerun.output
     pd.testing.assert_frame_equal(pd.read_csv(out), table)

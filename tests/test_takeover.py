@@ -18,6 +18,7 @@ import core
 from core.decoding import CACHES
 from core.decoding.takeover import switches
 from core.errors import InvalidInputError
+from core.views.presentation import flip_changes
 
 GUIDED = {"tau": 2.0, "lam": 1.0, "window": 4}  # fires a few times on the tiny pair's prompts
 
@@ -39,7 +40,8 @@ def _tokens(trace: core.Trace) -> tuple[list[int], list[str]]:
 
 
 def test_switching_a_takeover_off_and_on_gives_the_parent_back(pair, guided) -> None:
-    for p in [i for i, s in enumerate(guided.source) if s == "reason"]:
+    changes = set(flip_changes(guided))
+    for p in [i for i, s in enumerate(guided.source) if s == "reason" and i in changes]:
         off = core.takeover(pair, guided, {p: "base"})
         assert off.source[p] == "base" and off.token_ids[:p].tolist() == guided.token_ids[:p].tolist()
         assert off.meta["switched"] == [{"pos": p, "to": "base", "token": None, "from": "reason"}]
@@ -49,21 +51,33 @@ def test_switching_a_takeover_off_and_on_gives_the_parent_back(pair, guided) -> 
         assert back.meta["switches"] == {str(p): "reason"}  # the off switch is replaced, not stacked
 
 
+def _other(trace: core.Trace, p: int) -> str:
+    return "base" if str(trace.source[p]) == "reason" else "reason"
+
+
 def test_the_same_switches_from_any_ancestor_are_the_same_trace(pair, guided) -> None:
-    p, q = 3, 9
-    both = core.takeover(pair, guided, {p: "reason", q: "base"})
-    step = core.takeover(pair, core.takeover(pair, guided, {p: "reason"}), {q: "base"})
+    """Switches that each change the text (a switch that changes none is not recorded: it gives the parent)."""
+    p = next(i for i in flip_changes(guided) if i >= 3)
+    one = core.takeover(pair, guided, {p: _other(guided, p)})
+    q = next(i for i in flip_changes(one) if i > p + 1)
+    both = core.takeover(pair, guided, {p: _other(guided, p), q: _other(one, q)})
+    step = core.takeover(pair, one, {q: _other(one, q)})
     assert _tokens(both) == _tokens(step) and both.key == step.key
-    assert step.meta["switches"] == {str(p): "reason", str(q): "base"} and step.meta["root"] == guided.key
+    assert step.meta["switches"] == {str(p): _other(guided, p), str(q): _other(one, q)}
+    assert step.meta["root"] == guided.key
 
 
-def test_a_switch_where_both_models_agree_changes_no_text(self_pair) -> None:
-    """With the same model on both sides the two always agree: any switch keeps the text."""
+def test_a_switch_where_both_models_agree_is_the_parent_itself(self_pair, tmp_path, monkeypatch) -> None:
+    """With the same model on both sides the two always agree: any switch keeps the text, so it gives the
+    parent itself (same key), stores nothing, and under greedy decoding is decided without decoding."""
     parent = core.generate(self_pair, PROMPTS[1], max_new_tokens=16)
+    assert flip_changes(parent) == []
+    store = core.TraceStore(tmp_path / "store")
+    monkeypatch.setattr("core.decoding.engine.Decoder.run", lambda *a, **k: pytest.fail("decoded a no-op switch"))
     for p in (0, 7, 15):
-        child = core.takeover(self_pair, parent, {p: "reason"})
-        assert child.token_ids.tolist() == parent.token_ids.tolist()
-        assert child.source[p] == "reason" and child.n_takeovers == 1
+        child = core.takeover(self_pair, parent, {p: "reason"}, store=store)
+        assert child is parent and child.key == parent.key
+    assert len(store.keys()) == 0
 
 
 @pytest.mark.parametrize("then", ["base", "reason", "policy"])
@@ -126,7 +140,7 @@ def test_branch_is_the_one_switch_takeover(pair, guided) -> None:
 
 
 @pytest.mark.parametrize("at, match", [
-    ({}, "maps response positions"), ({-1: "reason"}, "non-negative"), ({2: "maybe"}, "takes 'reason'"),
+    ({}, "maps response positions"), ({-1: "reason"}, "non-negative"), ({2: 1.5}, "takes 'reason'"), ({2: ""}, "typed text"),
     ({2: []}, "empty"), ({2: 10**9}, "outside the vocabulary"), ({2: ["reason", 5]}, "takes 'reason'"),
 ])
 def test_bad_switches_are_clear_errors(pair, guided, at, match) -> None:

@@ -20,7 +20,7 @@ from core.decoding.policies import BaseOnly, Policy, make_policy, policy_spec
 from core.errors import InvalidInputError
 from core.pair.loading import ModelPair
 from core.scoring.registry import check_score, score_values
-from core.scoring.teacher_forced import problem_record
+from core.record.problems import problem_record
 from core.trace import Trace
 
 ROLLOUT_LIMIT = 256  # most stored rollouts read when calibrating from the store alone

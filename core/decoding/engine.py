@@ -137,7 +137,7 @@ class Decoder:
         self.pad = pair.tokenizer.pad_token_id or 0
         self.lookahead = check_lookahead(lookahead)
         self.progress, self.should_stop = progress, should_stop
-        self.taken = np.array([sum(s != "base" for s in r.source[:start]) for r in rows], dtype=np.int64)
+        self.taken = np.array([sum(s == "reason" for s in r.source[:start]) for r in rows], dtype=np.int64)
         self.identities = np.array([r.identity for r in rows], dtype=np.uint64)
         self.record = TokenRecord(len(rows), start)
         self.fed = np.zeros((len(rows), 64), dtype=np.int64)  # emitted ids (pads for finished rows), column p - start
@@ -341,12 +341,12 @@ class Decoder:
             if not live[i]:
                 continue
             if p < len(r.tokens):  # replayed: the row holds this token, its source and gate value already
-                self.taken[i] += sources[i] != "base"
+                self.taken[i] += sources[i] == "reason"
                 continue
             tok = int(tokens[i])
             r.tokens.append(tok)
             r.source.append(sources[i])
-            self.taken[i] += sources[i] != "base"
+            self.taken[i] += sources[i] == "reason"
             r.history.append(float(gate[i]))
             if self.on_token is not None:
                 self.on_token(p, tok, sources[i])

@@ -16,7 +16,10 @@ from core.decoding.policies import BaseOnly, Policy, row_identity
 from core.decoding.sampling import Sampling, row_seed
 from core.errors import InvalidInputError
 from core.pair.loading import ModelPair
-from core.scoring.teacher_forced import assemble, make_meta, problem_record
+from core.record.assembly import assemble
+from core.record.meta import make_meta
+from core.record.problems import problem_record
+from core.record.request import request
 from core.settings import Progress
 from core.trace import RowSummary, Trace
 
@@ -31,9 +34,9 @@ def make_rows(pair: ModelPair, problems: list[Any], samples: int, policy: Policy
         # refuse a prompt that cannot fit, before any forward; stop a response where the context ends
         room = pair.check_context(prompt_ids, sampling.max_new_tokens)
         for s in range(first_sample, first_sample + samples):
-            request = {"kind": kind, "pair": pair.fingerprint(), "prompt": rec["prompt"], "policy": policy.record(),
-                       "sampling": sampling.record(s), "k": k, **(extra_request or {})}
-            meta = make_meta(pair, kind=kind, request=request, problem=rec, policy=policy.record(),
+            asked = request(kind, pair.fingerprint(), prompt=rec["prompt"], policy=policy.record(),
+                            sampling=sampling.record(s), k=k, **(extra_request or {}))
+            meta = make_meta(pair, kind=kind, request=asked, problem=rec, policy=policy.record(),
                              sampling=sampling.record(s))
             if room < sampling.max_new_tokens:
                 meta["context_limit"] = {"max_response_tokens": room}

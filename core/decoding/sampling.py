@@ -7,6 +7,7 @@ same token.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,12 @@ def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generat
 def position_generator(seed: int | None, t: int) -> torch.Generator | None:
     """The random stream of response position t of a row seeded `seed` (None: greedy, no stream)."""
     return None if seed is None else torch.Generator().manual_seed(seed * 1_000_003 + t)
+
+
+def sample_seeds(seed: int, pos: int, samples: int) -> list[int]:
+    """Position-keyed seeds: sample i at `pos` draws from its own stream, the same in any run or batch."""
+    return [int.from_bytes(hashlib.blake2b(f"{seed}:{pos}:{i}".encode(), digest_size=4).digest(), "little") >> 1
+            for i in range(samples)]
 
 
 def row_seed(sampling: Sampling, sample: int) -> int | None:

@@ -28,7 +28,7 @@ from core.evaluation.problems import ANSWER_FIELDS
 from core.evaluation.records import RECORD_COLUMNS, RecordTable, record_groups  # noqa: F401  RECORD_COLUMNS: re-exported
 from core.evaluation.thinking import Solo
 from core.io.stored_traces import StoredTraces
-from core.scoring.teacher_forced import problem_record
+from core.record.problems import problem_record
 from core.trace import RowSummary, answer_rule_of
 
 log = logging.getLogger(__name__)

@@ -17,15 +17,18 @@ from typing import Any
 from core.errors import InvalidInputError
 from core.evaluation.grading import last_boxed
 from core.io.foreign import MAX_DEPTH, MAX_LINE_BYTES, json_depth_exceeds
+from core.record.problems import (  # noqa: F401  (the field names are re-exported: load_problems documents them)
+    ANSWER_FIELDS,
+    GSM8K_MARK,
+    ID_FIELDS,
+    QUESTION_FIELDS,
+    SOLUTION_FIELDS,
+    problem_fields,
+)
 
 logger = logging.getLogger(__name__)
 
-QUESTION_FIELDS = ("question", "problem", "prompt", "input", "query")
-ANSWER_FIELDS = ("answer", "final_answer", "gold", "target", "expected_answer")
-SOLUTION_FIELDS = ("solution", "rationale")
-ID_FIELDS = ("id", "unique_id", "problem_id", "qid", "idx")
 FORMATS = ("jsonl", "json", "csv")
-GSM8K_MARK = "####"
 
 
 @dataclass(frozen=True)
@@ -139,55 +142,14 @@ def _rows(path: Path, kind: str) -> Iterator[tuple[int, Any]]:
                 yield number, _Bad(f"not valid JSON: {exc.msg} (column {exc.colno})")
 
 
-def _pick(row: dict[str, Any], given: str | None, candidates: tuple[str, ...], what: str) -> str | None:
-    """The field to use: the given name (must exist) or the first candidate present."""
-    if given is not None:
-        if given not in row:
-            raise InvalidInputError(f"no {what} field {given!r}; fields are: {', '.join(map(str, row))}")
-        return given
-    found = next((name for name in candidates if name in row), None)
-    if found is None:  # "Problem" / "Answer" / "ID" spellings
-        lower = {str(k).lower(): k for k in row}
-        found = next((lower[name] for name in candidates if name in lower), None)
-    return found
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False)
-    text = str(value).strip()
-    return text or None
-
-
 def _problem(
     row: dict[str, Any], stem: str, index: int, question_field: str | None, answer_field: str | None,
     id_field: str | None,
 ) -> Problem:
-    q_name = _pick(row, question_field, QUESTION_FIELDS, "question")
-    if q_name is None:
-        raise InvalidInputError(
-            f"no question field (tried {', '.join(QUESTION_FIELDS)}); fields are: {', '.join(map(str, row))}; "
-            "pass question_field="
-        )
-    prompt = _text(row[q_name])
-    if prompt is None:
-        raise InvalidInputError(f"empty question in field {q_name!r}")
-    a_name = _pick(row, answer_field, ANSWER_FIELDS, "answer")
-    s_name = _pick(row, None, tuple(n for n in SOLUTION_FIELDS if n != a_name), "solution")
-    i_name = _pick(row, id_field, ID_FIELDS, "id")
-    answer = _text(row[a_name]) if a_name else None
-    solution = _text(row[s_name]) if s_name else None
-    gold = answer
-    if answer is not None and GSM8K_MARK in answer:
-        worked, _, final = answer.rpartition(GSM8K_MARK)
-        gold = final.strip() or None
-        solution = solution or worked.strip() or None
+    fields = problem_fields(row, question_field=question_field, answer_field=answer_field, id_field=id_field)
+    prompt, gold, solution, pid = fields["prompt"], fields["gold"], fields["solution"], fields["id"]
     if gold is None and solution is not None:
-
         gold = last_boxed(solution)
-    pid = _text(row[i_name]) if i_name else None
-    used = {q_name, a_name, s_name, i_name}
+    used = set(fields["names"].values())
     meta = {k: v for k, v in row.items() if k not in used}
     return Problem(pid or f"{stem}-{index}", prompt, gold, solution, meta)

@@ -33,7 +33,7 @@ from core.io.csvsafe import write_csv
 from core.io.store import TraceStore
 from core.io.stored_traces import StoredTraces
 from core.pair.loading import ModelPair, PromptFormat, format_spec, load_pair
-from core.scoring.teacher_forced import problem_record
+from core.record.problems import problem_record
 from core.settings import StageProgress
 
 log = logging.getLogger(__name__)

@@ -16,10 +16,10 @@ COLUMNS = ["pos", "token", "answer", "correct", "same_answer", "n_tokens", "key"
 
 
 def ablation_switches(trace: Trace) -> list[tuple[int, dict[int, int | str]]]:
-    """Per takeover of `trace` (a token not written by the base): its position and the switches with it
-    switched off (the base writes there; every other switch kept, the trace's policy deciding after it)."""
+    """Per takeover of `trace` (a token the reasoner wrote; a forced one is the user's, not a takeover): its
+    position and the switches with it switched off (the base writes there; every other switch kept, the trace's policy deciding after it)."""
     kept = switches_in_force(trace)
-    return [(i, {**kept, i: "base"}) for i, s in enumerate(trace.source) if str(s) != "base"]
+    return [(i, {**kept, i: "base"}) for i, s in enumerate(trace.source) if str(s) == "reason"]
 
 
 def ablate_takeovers(pair: ModelPair, trace: Trace, *, store: Any = None,

@@ -1,111 +1,67 @@
-"""Many continuations of one trace from one position, decoded as one batch.
+"""Many continuations of one trace from one position, decoded as one batch by the child-trace kernel.
 
 Row i keeps the trace's first `pos` tokens, lets `who[i]` ("reason" or "base") write token `pos`, and
-continues under `then` (the trace's own policy, or the base alone) with its own sampling seed. The
+continues under `then` (the trace's own policy, the base or the reasoner) with its own sampling seed. The
 prompt and prefix are read once (or taken from the trace's held caches) and shared by every row.
-Each row is a child trace of `trace` (meta parent / branch_pos), keyed by its request, so a store
-returns it on a re-run without decoding.
-
-This is the batched stand-in for `core.takeover(pair, trace, {pos: who}, then=...)` (issue 21); the one
-caller is `core.instruments.effects._continue`.
+Each row is a graded child trace of `trace` (meta parent / branch_pos / branch), keyed by its request, so a
+store returns it on a re-run without decoding. The decoding is `core.decoding.takeover.decode_children`, the
+kernel every child trace goes through; this module only names the rows (their requests keep the keys that
+stores already hold). The callers are `core.instruments.effects` and the success curve.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from core import settings
-from core.decoding.engine import Decoder, Row
-from core.decoding.policies import (
-    REASON,
-    BaseOnly,
-    Policy,
-    Step,
-    policy_from_record,
-    row_identity,
-)
+from core.decoding.engine import Row
+from core.decoding.policies import Policy, row_identity
 from core.decoding.sampling import Sampling, row_seed
-from core.decoding.takeover import resume
-from core.errors import InvalidInputError, PairMismatchError
+from core.decoding.takeover import WHO, Child, check_child, child_sampling, decode_children, resolve_then
+from core.errors import InvalidInputError
 from core.evaluation.grading import grade_trace, graded_put
-from core.pair.loading import SIDES, ModelPair
-from core.scoring.registry import score_values
-from core.scoring.teacher_forced import assemble, make_meta
+from core.pair.loading import ModelPair
+from core.record.meta import make_meta
+from core.record.request import request
 from core.trace import Trace
 
-WHO = ("reason", "base")  # who writes the switched token
-THEN = ("policy", "base")  # who decides after it: the trace's own policy, or the base alone
-
-
-@dataclass
-class SwitchPolicy(Policy):
-    """At `pos`, row i is written by the reasoner where `reason_rows[i]`, else by the base; elsewhere `then`."""
-
-    then: Policy = field(default_factory=BaseOnly)
-    pos: int = 0
-    reason_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    name = "switch"
-
-    def __post_init__(self) -> None:
-        self.score = self.then.score
-        self.lazy = self.then.lazy  # type: ignore[misc]
-
-    def takeover(self, step: Step) -> np.ndarray:
-        if step.t == self.pos:
-            return self.reason_rows.copy()
-        return self.then.takeover(step)
-
-    def forced_token(self, t: int) -> int | None:
-        return None if t == self.pos else self.then.forced_token(t)
+THEN = ("policy", "base", "reason")  # the kernel's vocabulary (core.decoding.takeover.THEN)
 
 
 def then_policy(trace: Trace, then: str) -> Policy:
-    """The policy that decides after the switch: the trace's own (rebuilt from its record) or BaseOnly."""
-    if then not in THEN:
-        raise InvalidInputError(f"Unknown then={then!r}; choose one of: {', '.join(THEN)}")
-    record = trace.meta.get("policy")
-    if then == "base" or not record:
-        return BaseOnly()
-    return policy_from_record(record)
+    """The policy that decides after the switch (the kernel's `resolve_then`)."""
+    return resolve_then(trace, then)
 
 
 def continuation_sampling(trace: Trace, temperature: float, max_new_tokens: int | None) -> Sampling:
-    """The trace's top-p, stop strings and length limit (or `max_new_tokens`) at `temperature`."""
-    parent = trace.meta.get("sampling") or {}
-    return Sampling(temperature=float(temperature), top_p=parent.get("top_p", settings.TOP_P), seed=0,
-                    max_new_tokens=max_new_tokens or parent.get("max_new_tokens") or len(trace) + settings.MAX_NEW_TOKENS,
-                    stop=tuple(parent.get("stop", ())))
+    """The trace's top-p, stop strings and length limit (or `max_new_tokens`) at `temperature` (rows seed themselves)."""
+    return child_sampling(trace, max_new_tokens=max_new_tokens, temperature=temperature, seed=0)
 
 
-def _rows(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], seeds: Sequence[int], then: str,
-          temperature: float, max_new_tokens: int | None) -> tuple[list[Row], Policy, Sampling, int]:
-    """The checked decoding rows of a batch of continuations, the policy after the switch, sampling and k."""
+def _children(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], seeds: Sequence[int], then: str,
+              temperature: float, max_new_tokens: int | None) -> tuple[list[Child], Policy, Sampling]:
+    """The checked children of a batch of continuations, the policy after the switch and the sampling."""
     if len(who) != len(seeds):
         raise InvalidInputError(f"who has {len(who)} entries and seeds {len(seeds)}; give one of each per row")
     bad = [w for w in who if w not in WHO]
     if bad:
         raise InvalidInputError(f"Unknown who={bad[0]!r}; choose one of: {', '.join(WHO)}")
-    if (trace.meta.get("request") or {}).get("pair") not in (None, pair.fingerprint()):
-        raise PairMismatchError("This trace was made with a different model pair or prompt formats; "
-                                "load the pair it records in meta['pair'] to continue it")
-    if not isinstance(pos, (int, np.integer)) or not 0 <= pos < len(trace):
-        raise InvalidInputError(f"Position {pos!r} is outside the trace (0..{len(trace) - 1})")
-    policy = then_policy(trace, then)
+    check_child(pair, trace, pos, inside=True)
+    policy = resolve_then(trace, then)
     sampling = continuation_sampling(trace, temperature, max_new_tokens)
     k = trace.k or settings.K
-    return [_row(pair, trace, int(pos), w, int(s), policy, sampling, k) for w, s in zip(who, seeds)], policy, sampling, k
+    pos = int(pos)
+    return [Child(_row(pair, trace, pos, w, int(s), policy, sampling, k), {pos: w}, pos)
+            for w, s in zip(who, seeds)], policy, sampling
 
 
 def continuation_keys(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], seeds: Sequence[int], *,
                       then: str = "policy", temperature: float, max_new_tokens: int | None = None) -> list[str]:
     """The store keys `continue_batch` gives its rows, in row order (tokenising the prompt is all it does)."""
-    rows, *_ = _rows(pair, trace, pos, who, seeds, then, temperature, max_new_tokens)
-    return [row.meta["key"] for row in rows]
+    children, *_ = _children(pair, trace, pos, who, seeds, then, temperature, max_new_tokens)
+    return [c.row.meta["key"] for c in children]
 
 
 def continue_batch(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], seeds: Sequence[int], *,
@@ -115,40 +71,18 @@ def continue_batch(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], 
     """One graded child trace per (who[i], seeds[i]), decoded together; stored ones are read back (None
     for a row whose key the store holds but cannot give, as an executor's skip-list does). `on_trace`
     runs on each new child before it is graded and stored."""
-    rows, policy, sampling, k = _rows(pair, trace, pos, who, seeds, then, temperature, max_new_tokens)
-    pos = int(pos)
-    out: list[Trace | None] = [None] * len(rows)
-    todo = []
-    for i, row in enumerate(rows):
-        if store is not None and row.meta["key"] in store:
-            stored = store.get(row.meta["key"])
-            out[i] = None if stored is None else graded_put(store, stored)
-        else:
-            todo.append(i)
-    if todo:
-        batch = [rows[i] for i in todo]
-        if batch[0].prompt_ids != trace.prompt_ids:
-            raise PairMismatchError("The pair formats this problem differently from the trace's recorded prompt")
-        prefix = [int(x) for x in trace.token_ids[:pos]]
-        gate_values = trace.metrics["entropy_base"] if policy.lazy else score_values(trace.metrics, policy.score)
-        for row in batch:
-            row.tokens, row.source = list(prefix), [str(x) for x in trace.source[:pos]]
-            row.history = [float(x) for x in np.asarray(gate_values)[:pos]]
-        states = resume(pair, trace, batch[0], prefix)  # one read of prompt + prefix (or the held caches)
-        for side in SIDES:
-            states[side].repeat(len(batch))
-        plan = SwitchPolicy(policy, pos, np.array([r.meta["branch"]["who"] == REASON for r in batch]))
-        t0 = time.perf_counter()
-        arrays = Decoder(pair, batch, plan, sampling, k, lookahead=lookahead, states=states, start=pos,
-                         should_stop=should_stop).run()
-        elapsed = round(time.perf_counter() - t0, 4)
-        for j, (i, row) in enumerate(zip(todo, batch)):
-            row.meta["timings"] = {"generate_s": elapsed, "batch": len(batch)}
-            child = assemble(pair, row.tokens, row.prompt_ids, arrays[j], row.source, row.meta, parent=trace, keep=pos)
-            if on_trace is not None:
-                on_trace(child)
-            out[i] = graded_put(store, child) if store is not None else _graded(child)
-    return out  # type: ignore[return-value]
+    children, policy, sampling = _children(pair, trace, pos, who, seeds, then, temperature, max_new_tokens)
+
+    def finish(child: Trace) -> Trace:
+        if on_trace is not None:
+            on_trace(child)
+        grade_trace(child)
+        return child
+
+    kids = decode_children(pair, trace, children, policy, sampling, store=store, on_trace=finish, hold_caches=False,
+                           lookahead=lookahead, should_stop=should_stop)
+    # a stored child of an older run gains the grade it lacked (a new one is graded and stored already)
+    return [None if kid is None else graded_put(store, kid) for kid in kids]  # type: ignore[misc]
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,11 +115,6 @@ class ContinueJob:
                               on_trace=on_trace)
 
 
-def _graded(trace: Trace) -> Trace:
-    grade_trace(trace)
-    return trace
-
-
 def _row(pair: ModelPair, trace: Trace, pos: int, who: str, seed: int, then: Policy, sampling: Sampling,
          k: int) -> Row:
     """The decoding row of one continuation, with its request (its store key) and meta."""
@@ -193,10 +122,10 @@ def _row(pair: ModelPair, trace: Trace, pos: int, who: str, seed: int, then: Pol
     prompt_ids = pair.prompt_ids(problem["prompt"])
     row_sampling = Sampling(sampling.temperature, sampling.top_p, seed, sampling.max_new_tokens, sampling.stop)
     policy = {**then.record(), "branch": {"pos": pos, "token": who}}
-    request = {"kind": "branch", "pair": pair.fingerprint(), "prompt": problem["prompt"], "policy": policy,
-               "sampling": row_sampling.record(0), "k": k, "parent": trace.key, "branch_pos": pos, "token": None,
-               "takeover": {str(pos): who}}
-    meta = make_meta(pair, kind="branch", request=request, problem=problem, policy=policy,
+    asked = request("branch", pair.fingerprint(), prompt=problem["prompt"], policy=policy,
+                    sampling=row_sampling.record(0), k=k, parent=trace.key, branch_pos=pos, token=None,
+                    takeover={str(pos): who})
+    meta = make_meta(pair, kind="branch", request=asked, problem=problem, policy=policy,
                      sampling=row_sampling.record(0), parent=trace.key, branch_pos=pos,
                      branch={"pos": pos, "who": who})
     room = pair.check_context(prompt_ids, sampling.max_new_tokens)

@@ -28,6 +28,8 @@ import pandas as pd
 
 from core import settings
 from core.annotate.spikes import spikes_or_top
+from core.decoding.sampling import sample_seeds
+from core.decoding.takeover import FAN_TEMPERATURE, fan_temperature
 from core.errors import InvalidInputError
 from core.evaluation.grading import gold_of, grade_trace
 from core.instruments.continuations import ContinueJob, continue_batch
@@ -42,7 +44,7 @@ EFFECT_COLUMNS = ["trace", "pos", "token", "base_token", "reason_token", "score"
                   "interval", "keys_with", "keys_without"]
 CURVE_COLUMNS = ["trace", "pos", "token", "p", "ci_low", "ci_high", "n", "jump", "pivotal", "score", "interval"]
 INTERVAL = "wilson95"  # accuracies: Wilson score; effects: Newcombe hybrid score (method 10), both 95%
-SAMPLED_TEMPERATURE = float(settings.PRESETS["paper"]["temperature"])  # a greedy trace's effects are sampled at this
+SAMPLED_TEMPERATURE = FAN_TEMPERATURE  # a greedy trace's effects are sampled at this
 PIVOT_THRESHOLD = 0.2  # PTS's default: a segment is split while its ends differ by this much
 
 
@@ -58,21 +60,10 @@ def _continue(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], sampl
                           max_new_tokens=max_new_tokens, store=store, should_stop=should_stop)
 
 
-def sample_seeds(seed: int, pos: int, samples: int) -> list[int]:
-    """Position-keyed seeds: sample i at `pos` draws from its own stream, the same in any run or batch."""
-    return [int.from_bytes(hashlib.blake2b(f"{seed}:{pos}:{i}".encode(), digest_size=4).digest(), "little") >> 1
-            for i in range(samples)]
-
-
 def resolve_temperature(trace: Trace, temperature: float | None) -> float:
     """`temperature`, or the trace's own when it sampled, else SAMPLED_TEMPERATURE (a greedy trace's
-    samples would all be one)."""
-    if temperature is None:
-        own = float((trace.meta.get("sampling") or {}).get("temperature") or 0.0)
-        return own if own > 0 else SAMPLED_TEMPERATURE
-    if not temperature >= 0:
-        raise InvalidInputError(f"temperature must be ≥ 0, got {temperature!r}")
-    return float(temperature)
+    samples would all be one): the kernel's `fan_temperature`."""
+    return fan_temperature(trace, temperature)
 
 
 def _check(trace: Trace, samples: int) -> None:

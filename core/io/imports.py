@@ -34,6 +34,7 @@ from core.io.foreign import (  # noqa: F401  (re-exported)
     read_foreign_jsonl,
 )
 from core.io.jsonsafe import dumps_strict
+from core.record.request import request
 from core.scoring.teacher_forced import score
 from core.trace import Trace, request_key
 
@@ -76,8 +77,8 @@ def _pair_identity(pair: Any) -> Any:
 
 def record_key(rec: ForeignRecord, pair_identity: Any) -> str:
     """The trace key of an imported record: from (id, answer, prompt, response, pair), nothing else."""
-    return request_key({"kind": "import", "pair": pair_identity, "id": rec.id, "answer": rec.answer,
-                        "prompt": rec.prompt, "response": rec.response})  # fmt: skip
+    return request_key(request("import", pair_identity, id=rec.id, answer=rec.answer, prompt=rec.prompt,
+                               response=rec.response))
 
 
 class _Log:

@@ -32,15 +32,16 @@ from core.pair.loading import (
     format_spec,
     load_one,
 )
+from core.record.assembly import assemble
+from core.record.meta import make_meta
+from core.record.problems import problem_record
+from core.record.request import request
 from core.scoring.registry import DEFAULT_SCORE, check_score, score_values
 from core.scoring.teacher_forced import (
     _batch_hidden,
     _check_length,
     _response_ids,
-    assemble,
-    make_meta,
     metrics_from_hidden,
-    problem_record,
 )
 from core.trace import Trace
 
@@ -180,8 +181,8 @@ def compare_batch(pairs: Sequence[ModelPair], items: Sequence[tuple[Any, Any]], 
         for pair in pairs:
             prompt_ids = pair.prompt_ids(problem["prompt"])
             _check_length(pair, prompt_ids, len(ids))
-            request = {"kind": "score", "pair": pair.fingerprint(), "prompt": problem["prompt"], "response_ids": ids, "k": k}
-            meta = make_meta(pair, kind="score", request=request, problem=problem)
+            meta = make_meta(pair, kind="score", problem=problem, request=request(
+                "score", pair.fingerprint(), prompt=problem["prompt"], response_ids=ids, k=k))
             if store is not None and meta["key"] in store:
                 traces.append(store.get(meta["key"]))
                 continue

@@ -6,8 +6,6 @@ models exists at once.
 
 from __future__ import annotations
 
-import datetime as dt
-import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -20,69 +18,18 @@ from core import settings
 from core.errors import InvalidInputError
 from core.pair.forward import backbone, head
 from core.pair.loading import SIDES, ModelPair
-from core.pair.tokens import display_tokens
+from core.record.assembly import assemble  # noqa: F401  (assemble, make_meta, problem_record, versions: old home)
+from core.record.meta import make_meta, versions  # noqa: F401
+from core.record.problems import problem_record
+from core.record.request import request
 from core.scoring.metrics import chunk_metrics
 from core.scoring.registry import INT_METRICS, METRICS
-from core.trace import SCHEMA_VERSION, Trace, request_key
+from core.trace import Trace
 
 log = logging.getLogger(__name__)
 
 DEFAULT_K = settings.K
 DEFAULT_CHUNK = 256  # positions per head + metrics chunk: bounds the (C, V) float32 logits held at once
-
-
-def problem_record(problem: Any) -> dict[str, Any]:
-    """A problem (plain text, or an object/dict with prompt, id, gold) -> {"id", "prompt", "gold"}."""
-    if isinstance(problem, str):
-        return {"id": None, "prompt": problem, "gold": None}
-    if isinstance(problem, dict):
-        get = problem.get
-    else:
-        def get(name: str, default: Any = None) -> Any:
-            return getattr(problem, name, default)
-    prompt = get("prompt") or get("question") or get("problem")
-    if not isinstance(prompt, str):
-        raise InvalidInputError(f"A problem needs a prompt text; got {type(problem).__name__}")
-    gold = get("gold")
-    return {"id": get("id"), "prompt": prompt, "gold": gold if gold is not None else get("answer")}
-
-
-@functools.cache
-def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {}
-    for name in ("forkpoint", "torch", "transformers"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = "unknown"
-    return out
-
-
-def make_meta(pair: ModelPair, *, kind: str, request: dict[str, Any], problem: dict[str, Any],
-              **extra: Any) -> dict[str, Any]:
-    """The reproducibility record every trace carries (see docs/ARCHITECTURE.md)."""
-    meta = {
-        "key": request_key(request),
-        "kind": kind,
-        "request": request,
-        "problem": problem,
-        "pair": pair.spec(),
-        "formats": {side: pair.formats[side].spec for side in SIDES},
-        "policy": None,
-        "sampling": None,
-        "parent": None,
-        "branch_pos": None,
-        "answer": None,
-        "correct": None,
-        "timings": {},
-        "versions": dict(versions()),
-        "schema": SCHEMA_VERSION,
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-    }
-    meta.update(extra)
-    return meta
 
 
 def _response_ids(pair: ModelPair, response: str | Sequence[int]) -> list[int]:
@@ -141,40 +88,6 @@ def empty_metrics(k: int) -> dict[str, np.ndarray]:
     return out
 
 
-def assemble(pair: ModelPair, response_ids: list[int], prompt_ids: dict[str, list[int]],
-             arrays: dict[str, np.ndarray], source: Sequence[str], meta: dict[str, Any], *,
-             parent: Trace | None = None, keep: int = 0) -> Trace:
-    """Build a Trace from flat metric arrays (as returned by `metrics_from_hidden`).
-
-    A branch passes its `parent` and the `keep` tokens it shares with it: those rows (display strings,
-    metrics, top-k) are the parent's, so assembling costs the same at any branch position. `arrays` then
-    holds either the rows after the prefix or all rows."""
-    n = len(response_ids)
-    if parent is None:
-        keep = 0
-    elif not 0 <= keep <= min(len(parent), n) or not np.array_equal(
-            np.asarray(parent.token_ids[:keep], dtype=np.int64), np.asarray(response_ids[:keep], dtype=np.int64)):
-        raise InvalidInputError(f"The first {keep} tokens are not the parent trace's first {keep} tokens")
-    rows = {name: np.asarray(value) for name, value in arrays.items()}
-    if keep and len(rows["entropy_base"]) == n - keep:  # new rows only: the prefix's come from the parent
-        prefix = {name: np.asarray(parent.metrics[name])[:keep] for name in METRICS}
-        for side in SIDES:
-            prefix[f"topk_{side}_ids"], prefix[f"topk_{side}_probs"] = (a[:keep] for a in parent.topk[side])
-        rows = {name: np.concatenate([prefix[name], value]) for name, value in rows.items()}
-    # a finished parent's last display string may hold an unfinished character's tail: recomputed
-    known = parent.tokens[: min(keep, len(parent) - 1)] if parent is not None else ()
-    return Trace(
-        token_ids=np.asarray(response_ids, dtype=np.int64),
-        tokens=display_tokens(pair.tokenizer, response_ids, known=known),
-        prompt_ids=prompt_ids,
-        metrics={name: rows[name] for name in METRICS},
-        topk={side: (np.asarray(rows[f"topk_{side}_ids"], dtype=np.int64),
-                     np.asarray(rows[f"topk_{side}_probs"], dtype=np.float32)) for side in SIDES},
-        source=np.asarray(list(source), dtype=object),
-        meta=meta,
-    )
-
-
 def score(pair: ModelPair, prompt: Any, response: str | Sequence[int], *, k: int = DEFAULT_K,
           chunk: int = DEFAULT_CHUNK, store: Any = None) -> Trace:
     """Score `response` (text or token ids) under both models, each conditioned on its own prompt.
@@ -204,9 +117,8 @@ def score_batch(pair: ModelPair, items: Sequence[tuple[Any, str | Sequence[int]]
         ids = _response_ids(pair, response)
         prompt_ids = pair.prompt_ids(problem["prompt"])
         _check_length(pair, prompt_ids, len(ids))
-        request = {"kind": "score", "pair": pair.fingerprint(), "prompt": problem["prompt"],
-                   "response_ids": ids, "k": k}
-        meta = make_meta(pair, kind="score", request=request, problem=problem)
+        meta = make_meta(pair, kind="score", problem=problem, request=request(
+            "score", pair.fingerprint(), prompt=problem["prompt"], response_ids=ids, k=k))
         jobs.append((ids, prompt_ids, meta))
     results: list[Trace | None] = [None] * len(jobs)
     todo = []

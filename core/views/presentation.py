@@ -176,6 +176,28 @@ def takeover_choices(trace: Trace, pos: int, decode: Callable[[int], str] | None
             out.append(Choice(f"{side} #{rank + 1}: {show(tok)}  {both_probs(trace, pos, tok, mode)}{emitted}", int(tok)))
     return out
 
+def flip_changes(trace: Trace) -> list[int]:
+    """The positions where a flip (core.decoding.takeover.flipped) would change the token, so the views can
+    mark them: a base token where the reasoner's top choice is another token, a takeover where the base's is.
+    Exact for greedy traces; a sampled one draws its tokens, so there a flip may change a token elsewhere too.
+    Forced (typed or given) tokens are the user's and never marked."""
+    if not len(trace):
+        return []
+    emitted = np.asarray(trace.token_ids)
+    source = np.asarray([str(s) for s in trace.source])
+    top = {side: np.asarray(trace.topk[side][0])[:, 0] for side in SIDES}
+    changes = ((source == "base") & (top["reason"] != emitted)) | ((source == "reason") & (top["base"] != emitted))
+    return [int(p) for p in np.flatnonzero(changes)]
+
+
+def no_change_line(trace: Trace, pos: int, decode: Callable[[int], str] | None = None) -> str:
+    """What a view says after a flip at `pos` that changed no token ("the reasoner writes ' X' here too")."""
+    who = "base" if str(trace.source[pos]) != "base" else "reasoner"
+    token = int(trace.token_ids[pos])
+    text = decode(token) if decode is not None else trace.tokens[pos]
+    return f"the {who} writes {text!r} here too: nothing changes"
+
+
 def tree_rows(tree: dict[str, Any], depth: int = 0) -> list[tuple[int, dict[str, Any]]]:
     """A branch tree (TraceStore.tree) flattened depth-first as (depth, node) rows."""
     rows = [(depth, tree)]
