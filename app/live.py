@@ -89,9 +89,10 @@ def switch_request(parent: Trace, pos: int, token: int | None) -> dict[int, int 
 
 def run_switch(view: LiveView, parent: Trace, wanted: dict[int, int | str],
                on_text: Callable[[int, str], None] | None = None) -> Trace:
-    """Apply `wanted` to `parent` through core and grade the child (a child stored before is read back, a new
-    one is not written yet: `keep` does that); `on_text(pos, text)` sees each new token's text as it is
-    decided. One switch runs at a time in this process."""
+    """Apply `wanted` to `parent` through core: a new child is graded, then stored once (core's `on_trace` and
+    `store`); one stored before is read back and graded if it was not; a switch that changes no token gives
+    `parent` itself. `on_text(pos, text)` sees each new token's text as it is decided. One switch runs at a
+    time in this process."""
     decode = view.decode
 
     def on_token(pos: int, token: int, source: str) -> None:
@@ -99,32 +100,15 @@ def run_switch(view: LiveView, parent: Trace, wanted: dict[int, int | str],
             on_text(pos, decode(token) if decode is not None else f"#{token}")
 
     with _ONE_AT_A_TIME:
-        child = set_switches(view.pair, parent, wanted, store=_ReadOnly(view.store), then=view.then,
+        child = set_switches(view.pair, parent, wanted, store=view.store, on_trace=grade_trace, then=view.then,
                              on_token=on_token)
     grade_trace(child)
     return child
 
 
 def keep(view: LiveView, child: Trace) -> Trace:
-    """Store the graded child (once; a stored one only gains a grade it lacked)."""
+    """The graded child in the store (`run_switch` stored a new one; an older stored one gains a grade it lacked)."""
     return graded_put(view.store, child)
-
-
-class _ReadOnly:
-    """The store as the switch sees it: a child stored before is reused; a new one is written by `keep`,
-    once and graded, after its view has gone to the page (not first ungraded, then again graded)."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._store
-
-    def get(self, key: str) -> Trace:
-        return self._store.get(key)
-
-    def put(self, trace: Trace, **_: Any) -> None:
-        return None
 
 
 def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[[dict | None], None]) -> None:
