@@ -20,13 +20,12 @@ from app.view import md_escape
 from core.errors import ForkpointError
 from core.instruments.effects import (
     effect_correlation,
-    pivot_correlation,
     stored_effects,
-    success_curve,
     takeover_effects,
 )
 from core.instruments.intervals import spearman
 from core.instruments.lens import lens
+from core.instruments.success_curve import pivot_correlation, success_curve
 from core.instruments.token_stats import occurrences, token_stats
 from core.scoring.registry import score_label
 from core.trace import Trace

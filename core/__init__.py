@@ -43,7 +43,7 @@ _PUBLIC: dict[str, str] = {
     # 7. evaluation
     "evaluate": "core.evaluation.harness", "grade": "core.evaluation.grading", "reproduce": "core.evaluation.reproduce",
     # 8. research instruments: does a takeover matter, where is success decided, where does a decision form
-    "takeover_effects": "core.instruments.effects", "success_curve": "core.instruments.effects",
+    "takeover_effects": "core.instruments.effects", "success_curve": "core.instruments.success_curve",
     "lens": "core.instruments.lens", "token_stats": "core.instruments.token_stats",
     # 9. errors: every other type is in core.errors; catch ForkpointError for every user mistake
     "ForkpointError": "core.errors", "InvalidInputError": "core.errors",

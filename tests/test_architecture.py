@@ -15,8 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "core"
 ROOT_MODULES = {"__init__.py", "errors.py", "settings.py", "trace.py"}  # what every stage shares
-ROOMS = {"pair", "scoring", "decoding", "annotate", "io", "views", "analysis", "evaluation", "instruments",
-         "scale", "demo", "cli"}
+ROOMS = {"pair", "record", "scoring", "decoding", "annotate", "io", "views", "analysis", "evaluation",
+         "instruments", "scale", "demo", "cli"}
 
 
 def module_names() -> dict[str, Path]:

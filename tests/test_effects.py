@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import core
 from core.errors import GenerationCancelled, InvalidInputError
 from core.instruments import effects as fx
+from core.instruments import success_curve as sc
 from core.instruments.intervals import Z95, newcombe, spearman, wilson
 
 # -- intervals against hand values and float64 brute force ------------------------------------
@@ -181,8 +182,8 @@ def test_success_curve_finds_the_decision_token_by_bisection(demo) -> None:
     pair, trace = demo
     decision = _decision(trace)
     fixed = core.branch(pair, trace, decision)  # the reasoner's plan token: this response is right
-    curve = fx.success_curve(pair, fixed, samples=8)
-    assert list(curve.columns) == fx.CURVE_COLUMNS
+    curve = sc.success_curve(pair, fixed, samples=8)
+    assert list(curve.columns) == sc.CURVE_COLUMNS
     assert curve["pos"].is_monotonic_increasing and curve["pos"].iloc[0] == 0 and curve["pos"].iloc[-1] == len(fixed)
     assert curve["p"].iloc[0] < 0.5 and curve["p"].iloc[-1] == 1.0 and curve["n"].iloc[-1] == 0
     pivots = curve[curve["pivotal"]]
@@ -191,7 +192,7 @@ def test_success_curve_finds_the_decision_token_by_bisection(demo) -> None:
     assert len(curve) < len(fixed) // 2  # bisection, not every prefix
     inside = curve[curve["n"] > 0]
     assert ((inside["ci_low"] <= inside["p"]) & (inside["p"] <= inside["ci_high"])).all()
-    assert not math.isnan(fx.pivot_correlation(curve)) or len(curve.dropna(subset=["jump"])) < 3
+    assert not math.isnan(sc.pivot_correlation(curve)) or len(curve.dropna(subset=["jump"])) < 3
 
 
 def test_cli_effects_writes_the_csv_stores_the_continuations_and_resumes(tmp_path, monkeypatch) -> None:
@@ -236,7 +237,7 @@ def test_cli_curve_prints_the_success_curve_and_its_pivotal_tokens(demo, tmp_pat
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     table = pd.read_csv(io.StringIO(result.output[result.output.index("trace,"):]))
-    want = fx.success_curve(pair, trace, 3, store=store)
+    want = sc.success_curve(pair, trace, 3, store=store)
     assert list(table["pos"]) == list(want["pos"]) and np.allclose(table["p"], want["p"])
     text = CliRunner().invoke(main, ["curve", trace.key, "--store", str(store.path), "--samples", "3"])
     assert text.exit_code == 0 and "pivotal token" in text.output

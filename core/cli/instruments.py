@@ -213,7 +213,7 @@ def curve(store_path: str | None, key: str, samples: int, sample_temperature: fl
           **opts: Any) -> None:
     """The success curve of a stored trace: P(correct | its first t tokens) from base continuations at the
     positions Pivotal Token Search visits; its jumps are the pivotal tokens (continuations are stored)."""
-    from core.instruments.effects import success_curve
+    from core.instruments.success_curve import success_curve
 
     store = open_store(store_path)
     trace = _stored(store, (key,))[0]

@@ -27,19 +27,6 @@ from core.record.meta import make_meta
 from core.record.request import request
 from core.trace import Trace
 
-THEN = ("policy", "base", "reason")  # the kernel's vocabulary (core.decoding.takeover.THEN)
-
-
-def then_policy(trace: Trace, then: str) -> Policy:
-    """The policy that decides after the switch (the kernel's `resolve_then`)."""
-    return resolve_then(trace, then)
-
-
-def continuation_sampling(trace: Trace, temperature: float, max_new_tokens: int | None) -> Sampling:
-    """The trace's top-p, stop strings and length limit (or `max_new_tokens`) at `temperature` (rows seed themselves)."""
-    return child_sampling(trace, max_new_tokens=max_new_tokens, temperature=temperature, seed=0)
-
-
 def _children(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], seeds: Sequence[int], then: str,
               temperature: float, max_new_tokens: int | None) -> tuple[list[Child], Policy, Sampling]:
     """The checked children of a batch of continuations, the policy after the switch and the sampling."""
@@ -50,7 +37,7 @@ def _children(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], seeds
         raise InvalidInputError(f"Unknown who={bad[0]!r}; choose one of: {', '.join(WHO)}")
     check_child(pair, trace, pos, inside=True)
     policy = resolve_then(trace, then)
-    sampling = continuation_sampling(trace, temperature, max_new_tokens)
+    sampling = child_sampling(trace, max_new_tokens=max_new_tokens, temperature=temperature, seed=0)  # rows seed themselves
     k = trace.k or settings.K
     pos = int(pos)
     return [Child(_row(pair, trace, pos, w, int(s), policy, sampling, k), {pos: w}, pos)

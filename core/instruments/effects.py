@@ -1,4 +1,4 @@
-"""Does a takeover matter here? The causal effect of who writes one token, and the success curve along a trace.
+"""Does a takeover matter here? The causal effect of who writes one token.
 
 `takeover_effects`: at each position, `samples` continuations where the reasoner writes the token and
 `samples` where the base writes it (then the trace's own policy), graded against the gold answer.
@@ -8,11 +8,7 @@ uses the same seed (common random numbers): the arms then differ only where the 
 them apart, which narrows the true spread of the difference; the interval, built for independent
 arms, is then conservative.
 
-`success_curve`: P(correct | the trace's first t tokens), estimated from the base's continuations at t,
-evaluated where Pivotal Token Search (Phi-4 report; codelion/pts) would: both ends, then the middle of
-every segment whose ends differ by at least `threshold`, down to single tokens. The tokens across which
-the curve jumps by `threshold` or more are the pivotal tokens. Like PTS, it misses two jumps that cancel
-inside one segment.
+The success curve (P(correct | prefix)) is in `core.instruments.success_curve`.
 
 Every continuation is a child trace (kept in the store when one is given, so a re-run decodes nothing).
 """
@@ -42,10 +38,8 @@ from core.trace import Trace
 EFFECT_COLUMNS = ["trace", "pos", "token", "base_token", "reason_token", "score", "acc_with", "acc_without",
                   "effect", "ci_low", "ci_high", "n", "with_low", "with_high", "without_low", "without_high",
                   "interval", "keys_with", "keys_without"]
-CURVE_COLUMNS = ["trace", "pos", "token", "p", "ci_low", "ci_high", "n", "jump", "pivotal", "score", "interval"]
 INTERVAL = "wilson95"  # accuracies: Wilson score; effects: Newcombe hybrid score (method 10), both 95%
 SAMPLED_TEMPERATURE = FAN_TEMPERATURE  # a greedy trace's effects are sampled at this
-PIVOT_THRESHOLD = 0.2  # PTS's default: a segment is split while its ends differ by this much
 
 
 
@@ -245,70 +239,7 @@ def effects_stamp(store: Any, key: str) -> str:
     return f"{len(kids)}:{hashlib.blake2b(' '.join(sorted(kids)).encode(), digest_size=6).hexdigest()}" if kids else ""
 
 
-def success_curve(pair: ModelPair, trace: Trace, samples: int = settings.EFFECT_SAMPLES, *, temperature: float | None = None,
-                  seed: int = 0, threshold: float = PIVOT_THRESHOLD, score: str = settings.SCORE, store: Any = None,
-                  max_new_tokens: int | None = None, progress: Progress | None = None,
-                  should_stop: Callable[[], bool] | None = None) -> pd.DataFrame:
-    """P(correct | the first t tokens) at the t that Pivotal Token Search visits (see the module docstring).
-
-    One row per visited t, in order: token (the token at t, the next one written), p with its Wilson 95%
-    interval from n base continuations at t (t = len(trace): the trace's own grade, n = 0), jump = p(t+1)
-    - p(t) where t + 1 was visited too, pivotal = |jump| ≥ threshold, score (the token's disagreement).
-    """
-    _check(trace, samples)
-    check_score(score)
-    if not 0 < threshold <= 1:
-        raise InvalidInputError(f"threshold must be in (0, 1], got {threshold!r}")
-    temp = resolve_temperature(trace, temperature)
-    n = samples if temp > 0 else 1
-    end = len(trace)
-    found: dict[int, tuple[int, int]] = {}  # t -> (correct, n)
-
-    def p(t: int) -> float:
-        if t not in found:
-            if t == end:
-                found[t] = (int(bool(grade_trace(trace))), 0)
-            else:
-                kids = _continue(pair, trace, t, ["base"] * n, sample_seeds(seed, t, n), then="base", temperature=temp,
-                                 store=store, max_new_tokens=max_new_tokens, should_stop=should_stop)
-                found[t] = (_correct(kids), n)
-            if progress is not None:
-                progress(len(found), len(found) + len(stack))
-        return _prob(*found[t])
-
-    stack = [(0, end)]
-    while stack:
-        a, b = stack.pop()
-        if b - a > 1 and abs(p(b) - p(a)) >= threshold:
-            mid = (a + b) // 2
-            p(mid)  # visited even when both halves are single tokens: their jumps are read off it
-            stack += [(mid, b), (a, mid)]
-    values = np.asarray(score_values(trace.metrics, score), dtype=np.float64)
-    rows = []
-    for t in sorted(found):
-        c, m = found[t]
-        prob = _prob(c, m)
-        low, high = wilson(c, m) if m else (prob, prob)
-        jump = _prob(*found[t + 1]) - prob if t + 1 in found else float("nan")
-        rows.append({"trace": trace.key, "pos": t, "token": trace.tokens[t] if t < end else "",
-                     "p": prob, "ci_low": low, "ci_high": high, "n": m, "jump": jump,
-                     "pivotal": bool(np.isfinite(jump) and abs(jump) >= threshold),
-                     "score": float(values[t]) if t < end else float("nan"), "interval": INTERVAL})
-    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
-
-
-def _prob(correct: int, n: int) -> float:
-    """The estimated P(correct); n = 0 marks a known outcome (the trace's own grade)."""
-    return correct / n if n else float(correct)
-
-
 def effect_correlation(effects: pd.DataFrame) -> float:
     """Spearman's rank correlation of effect and disagreement score over measured positions (does
     disagreement predict importance?)."""
     return spearman(effects["score"], effects["effect"])
-
-
-def pivot_correlation(curve: pd.DataFrame) -> float:
-    """Spearman's rank correlation of pivotal-token size |jump| and the token's disagreement score, over
-    the tokens whose jump was measured."""
-    return spearman(curve["jump"].abs(), curve["score"])
