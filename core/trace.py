@@ -25,6 +25,7 @@ from core.scoring.registry import (
 
 SCHEMA_VERSION = 1
 SOURCES = ("base", "reason", "forced")
+TAKEOVER_SOURCE = "reason"  # a takeover is a token the reasoner wrote; "forced" (typed or given) is the user's
 SIDES = ("base", "reason")
 _HTML_RENDERER: list = []  # Trace -> HTML for `_repr_html_`, set by `register_html_renderer` (the data never imports views)
 
@@ -125,7 +126,12 @@ class Trace:
     def n_takeovers(self) -> int:
         """Tokens the reasoner wrote: the one count of takeovers (a forced token, typed or given, is the user's
         and counts neither here nor in ρ)."""
-        return int(np.count_nonzero(self.source == "reason"))
+        return int(np.count_nonzero(self.takeovers))
+
+    @property
+    def takeovers(self) -> np.ndarray:
+        """(T,) bool: the tokens the reasoner wrote (TAKEOVER_SOURCE), the positions every count of takeovers reads."""
+        return np.asarray(self.source, dtype=object) == TAKEOVER_SOURCE
 
     # -- views --------------------------------------------------------------------------------
     def frame(self) -> pd.DataFrame:

@@ -164,10 +164,10 @@ def test_enrichment_hand_case():
     assert df.loc[("top_score", "plan"), "share"] == 1.0
     assert df.loc[("top_score", "plan"), "enrichment"] == pytest.approx(5.0)
     assert df.loc[("top_entropy", "plan"), "enrichment"] == 0.0
-    assert df.loc[("taken_over", "plan"), "enrichment"] == pytest.approx(2.5)  # 1 of {0, 5}
+    assert df.loc[("taken_over", "plan"), "enrichment"] == pytest.approx(5.0)  # 1 of {0}: the forced 5 is no takeover
     # the pooled "planning" row counts every non-execute tag: here the same tokens as "plan"
     assert df.loc[("top_score", "planning"), "enrichment"] == pytest.approx(5.0)
-    assert df.loc[("taken_over", "execute"), "n"] == 1 and df.loc[("taken_over", "execute"), "size"] == 2
+    assert df.loc[("taken_over", "execute"), "n"] == 0 and df.loc[("taken_over", "execute"), "size"] == 1
 
 
 def test_enrichment_rejects_wrong_length_tags():

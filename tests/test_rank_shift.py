@@ -51,8 +51,9 @@ def test_at_spikes_and_takeovers():
     table = rs.at_positions([trace]).set_index("group")
     assert table.loc["all tokens", ["unshifted", "marginal", "shifted"]].tolist() == [2, 2, 2]
     assert table.loc["spikes", ["unshifted", "marginal", "shifted"]].tolist() == [1, 0, 2]
-    assert table.loc["takeovers", ["unshifted", "marginal", "shifted"]].tolist() == [0, 2, 1]
-    assert table.loc["takeovers", "shifted_share"] == pytest.approx(1 / 3)
+    # takeovers are the reasoner's tokens (1 and 5); the forced token at 4 is the user's
+    assert table.loc["takeovers", ["unshifted", "marginal", "shifted"]].tolist() == [0, 1, 1]
+    assert table.loc["takeovers", "shifted_share"] == pytest.approx(1 / 2)
     assert table.loc["spikes", "n"] == 3
 
 

@@ -133,7 +133,7 @@ def test_summaries_values(tmp_path):
         assert row["top100_mean"] == pytest.approx(ce[:100].mean())
         kl = np.sort(-t.metrics["delta_logp"])[::-1]
         assert row["top100_delta_logp"] == pytest.approx(kl[:100].mean())
-        n_take = sum(1 for s in t.source if s != "base")
+        n_take = sum(1 for s in t.source if s == "reason")  # a forced token is not a takeover
         assert row["n_takeovers"] == n_take and row["rho"] == pytest.approx(n_take / 150)
         assert row["n_spikes"] == len(t.annotations["spikes"]["positions"]) == 15
         assert row["n_tokens"] == 150 and row["pair"] == "base-0.1B|reason-0.1B"

@@ -33,7 +33,7 @@ def _brute(traces, by: str, score: str, effects: dict[tuple[str, int], float]) -
             a["traces"].add(i)
             a["scores"].append(float(values[pos]))
             a["spikes"] += pos in spikes
-            a["takeovers"] += t.source[pos] != "base"
+            a["takeovers"] += t.source[pos] == "reason"  # a forced token is the user's, not a takeover
             if (t.key, pos) in effects:
                 a["effects"].append(effects[(t.key, pos)])
     return acc

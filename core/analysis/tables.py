@@ -37,12 +37,11 @@ from core.analysis.views import view as _view
 from core.annotate.spikes import spikes_or_top, top_positions
 from core.errors import InvalidInputError
 from core.scoring.registry import DEFAULT_SCORE, check_score, score_values
-from core.trace import Trace
+from core.trace import TAKEOVER_SOURCE, Trace
 
 log = logging.getLogger(__name__)
 
 RANK_AT = ("all", "spikes")
-TAKEN_SOURCES_EXCLUDE = "base"  # a token counts as taken over when its source is anything else
 
 
 def first_token_artifact(trace: Trace, score: str = DEFAULT_SCORE) -> bool:
@@ -254,7 +253,7 @@ def enrichment(
     traces: Trace | Sequence[Trace], score: str = DEFAULT_SCORE, top: float = settings.SPIKE_TOP, segment: str | None = None
 ) -> pd.DataFrame:
     """Share of each tag category among all tokens, top-`top` score tokens, top entropy tokens and
-    tokens taken over (source != "base"); enrichment = share / share among all tokens.
+    tokens taken over (written by the reasoner); enrichment = share / share among all tokens.
 
     Columns set, category, share, enrichment, n (category count in the set), size (set size). Besides
     each tag, category "planning" pools every non-execute tag (the paper's planning share).
@@ -269,7 +268,7 @@ def enrichment(
         pools["all"].append(tags)
         pools["top_score"].append(tags[top_positions(s, top)])
         pools["top_entropy"].append(tags[top_positions(h, top)])
-        pools["taken_over"].append(tags[source != TAKEN_SOURCES_EXCLUDE])
+        pools["taken_over"].append(tags[source == TAKEOVER_SOURCE])
     sets = {name: np.concatenate(parts) if parts else np.zeros(0, dtype=object) for name, parts in pools.items()}
     categories = sorted({str(c) for c in sets["all"]})
     if "execute" in categories and len(categories) > 1:

@@ -95,7 +95,7 @@ def per_trace_table(traces: Sequence[Trace]) -> pd.DataFrame:
 
 
 def at_positions(traces: Sequence[Trace], score: str | None = None, top: float | None = None) -> pd.DataFrame:
-    """Categories over all tokens, at spikes and at takeovers (source != "base"), pooled over `traces`:
+    """Categories over all tokens, at spikes and at takeovers (tokens the reasoner wrote), pooled over `traces`:
     one row per group with n, counts and shares. Spikes are each trace's top-`top` tokens by `score` when
     `top` is given, else its spike layer. The ReasonMaxxer claim is that at spikes/takeovers the
     reasoner's pick is mostly unshifted or marginal (already in the base's top few)."""
@@ -110,7 +110,7 @@ def at_positions(traces: Sequence[Trace], score: str | None = None, top: float |
             spikes = np.asarray(trace.spike_positions, dtype=np.int64)
         pooled["all tokens"].append(cats)
         pooled["spikes"].append(cats[np.asarray(spikes, dtype=np.int64)])
-        pooled["takeovers"].append(cats[np.asarray(trace.source != "base", dtype=bool)])
+        pooled["takeovers"].append(cats[trace.takeovers])
     rows = []
     for group in GROUPS:
         cats = np.concatenate(pooled[group]) if pooled[group] else np.zeros(0, dtype=object)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 
 from core import settings
 from core.annotate.spikes import Gate, calibrate_gate
@@ -157,7 +156,7 @@ def holdout(pool: Sequence[Any], chosen: Sequence[Any], n: int) -> tuple[list[An
 
 
 def first_token_takeover_share(traces: Sequence[Trace]) -> float:
-    """Share of the takeovers (source != "base") in `traces` that are at t = 0 (NaN when there are none)."""
-    firsts = sum(int(len(t) > 0 and t.source[0] != "base") for t in traces)
-    total = sum(int(np.sum(np.asarray(t.source) != "base")) for t in traces)
+    """Share of the takeovers (tokens the reasoner wrote) in `traces` that are at t = 0 (NaN when there are none)."""
+    firsts = sum(int(len(t) > 0 and bool(t.takeovers[0])) for t in traces)
+    total = sum(t.n_takeovers for t in traces)
     return firsts / total if total else float("nan")

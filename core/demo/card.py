@@ -144,7 +144,7 @@ def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any],
         "plan_share_all_tokens": plan("all", "share"),
         "plan_share_taken_over": plan("taken_over", "share"),
         "plan_enrichment_top1_score": plan("top_score", "enrichment"),
-        "taken_over_tokens": int(sum(np.sum(np.asarray(t.source) != "base") for t in guided_traces)),
+        "taken_over_tokens": int(sum(t.n_takeovers for t in guided_traces)),
     }
     return {
         "example": _example(pair, base_traces, guided_traces),
@@ -167,7 +167,7 @@ def _example(pair: Any, base_traces: list[Any], guided_traces: list[Any]) -> dic
     for b, g in zip(base_traces, guided_traces):
         if b.meta.get("correct") or not g.meta.get("correct"):
             continue
-        taken = [int(i) for i in np.flatnonzero(np.asarray(g.source) != "base")]
+        taken = [int(i) for i in np.flatnonzero(g.takeovers)]
 
         def top(trace: Any, side: str, i: int) -> list[tuple[str, float]]:
             ids, probs = trace.topk[side]

@@ -14,7 +14,7 @@ from core import settings
 from core.annotate.spikes import spikes_or_top
 from core.errors import InvalidInputError
 from core.scoring.registry import check_score, score_values
-from core.trace import Trace
+from core.trace import TAKEOVER_SOURCE, Trace
 
 BY = ("token", "tag")  # group by the token's display string, or by its planning category
 COLUMNS = ["count", "traces", "mean_score", "max_score", "spike_rate", "takeover_rate", "mean_effect", "n_effects"]
@@ -77,13 +77,13 @@ def _effects(effects: pd.DataFrame | None) -> dict[str, dict[int, float]]:
 def token_stats(traces: Sequence[Trace], *, score: str | None = None, by: str = "token",
                 effects: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per token string (by='token') or planning category (by='tag'), most frequent first: count,
-    traces (how many it occurs in), mean_score, max_score, spike_rate, takeover_rate (share not written
-    by the base), mean_effect and n_effects (over occurrences whose effect was measured, from
+    traces (how many it occurs in), mean_score, max_score, spike_rate, takeover_rate (share the reasoner
+    wrote), mean_effect and n_effects (over occurrences whose effect was measured, from
     `takeover_effects` frames)."""
     occ = occurrence_frame(traces, score=score, by=by, effects=effects)
     if occ.empty:
         return pd.DataFrame(columns=[by, *COLUMNS])
-    occ = occ.assign(takeover=occ["source"] != "base")
+    occ = occ.assign(takeover=occ["source"] == TAKEOVER_SOURCE)
     grouped = occ.groupby(by, sort=False)
     out = pd.DataFrame({
         "count": grouped.size(), "traces": grouped["index"].nunique(),
