@@ -210,3 +210,142 @@ def test_exports_carry_the_switches(pair, guided, tmp_path) -> None:
     assert mine[2] == "reason" and str(mine[6]) == "5" and set(table[table["trace_key"] == guided.key]["switch"]) == {""}
     core.export([child], tmp_path / "child.jsonl")
     assert core.read_jsonl(tmp_path / "child.jsonl")[0].meta["switches"] == {"2": "reason", "6": 5}
+
+
+# -- the one child-trace kernel: continuations, no-op switches, typed text, fans ---------------------------
+
+
+@pytest.fixture(scope="module")
+def sampled(pair) -> core.Trace:
+    return core.generate(pair, PROMPTS[1], core.make_policy("guided", **GUIDED), max_new_tokens=24,
+                         temperature=0.9, seed=3)
+
+
+@pytest.fixture(scope="module")
+def switched(pair, guided) -> core.Trace:
+    """A child with switches of its own (a takeover flipped where it changes the text, and a given token)."""
+    p = next(i for i in flip_changes(guided) if i >= 2)
+    return core.takeover(pair, guided, {p: _other(guided, p), p + 3: 7})
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["guided", "sampled", "switched"]), st.integers(0, 22), st.sampled_from(["reason", "base"]),
+       st.sampled_from(["policy", "base"]), st.sampled_from([0.0, 0.7]), st.integers(0, 2**20))
+def test_a_continuation_row_is_the_takeover_of_its_seed(pair, guided, sampled, switched, which, pos, who, then,
+                                                        temperature, seed) -> None:
+    """Effects' and the curve's rows (continue_batch) and `core.takeover` are one kernel: row i gives the tokens
+    and sources of takeover(..., {pos: who}, then, temperature, seed=seeds[i]). Held on the code before the
+    kernel was one (two decoders), and must hold after."""
+    from core.instruments.continuations import continue_batch
+
+    trace = {"guided": guided, "sampled": sampled, "switched": switched}[which]
+    pos = min(pos, len(trace) - 1)
+    seeds = [seed, seed + 1]
+    rows = continue_batch(pair, trace, pos, [who, who], seeds, then=then, temperature=temperature)
+    for s, row in zip(seeds, rows):
+        alone = core.takeover(pair, trace, {pos: who}, then=then, temperature=temperature, seed=s)
+        assert _tokens(row) == _tokens(alone)
+        assert row.meta["parent"] == trace.key and row.meta["branch"] == {"pos": pos, "who": who}
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["guided", "sampled", "switched"]), st.lists(st.integers(0, 22), min_size=1, max_size=2,
+                                                                     unique=True))
+def test_a_switch_that_changes_no_token_is_the_parent_and_stores_nothing(pair, guided, sampled, switched,
+                                                                          tmp_path_factory, which, positions) -> None:
+    trace = {"guided": guided, "sampled": sampled, "switched": switched}[which]
+    store = core.TraceStore(tmp_path_factory.mktemp("noop"))
+    at = {p: _other(trace, p) for p in positions if p < len(trace) and str(trace.source[p]) != "forced"}
+    if not at:
+        return
+    child = core.takeover(pair, trace, at, store=store)
+    decoded = core.decoding.takeover.decode_children(
+        pair, trace, [core.decoding.takeover._child(pair, trace, min(at), switches(at, pair.vocab_size),
+                                                    core.decoding.takeover.resolve_then(trace, "policy"),
+                                                    core.decoding.takeover.child_sampling(trace))],
+        core.decoding.takeover.resolve_then(trace, "policy"), core.decoding.takeover.child_sampling(trace))[0]
+    if decoded.token_ids.tolist() == trace.token_ids.tolist():
+        assert child is trace and store.keys() == []
+    else:
+        assert child.key != trace.key and _tokens(child) == _tokens(decoded) and store.keys() == [child.key]
+
+
+def test_flip_changes_are_the_flips_that_change_the_text(pair, guided) -> None:
+    """On a greedy trace, a flip makes a new trace exactly where `flip_changes` marks; elsewhere it gives the
+    parent back, decided without decoding."""
+    from core.decoding.takeover import flipped, set_switches
+
+    made = {p for p in range(len(guided)) if set_switches(pair, guided, flipped(guided, p)) is not guided}
+    assert made == set(flip_changes(guided)) and made  # (the models agree nowhere here: see the self pair's test)
+
+
+def test_typed_text_is_forced_and_no_takeover(pair, guided, tmp_path) -> None:
+    ids = pair.encode(" Let me think")
+    assert len(ids) > 1
+    store = core.TraceStore(tmp_path / "store")
+    typed = core.takeover(pair, guided, {4: " Let me think"}, then="base", store=store)
+    given = core.takeover(pair, guided, {4: ids}, then="base")
+    assert typed.key == given.key and _tokens(typed) == _tokens(given)
+    assert typed.token_ids[4:4 + len(ids)].tolist() == ids and set(typed.source[4:4 + len(ids)]) == {"forced"}
+    assert typed.n_takeovers == int(np.sum(typed.source == "reason")) == guided.source[:4].tolist().count("reason")
+    row = store.summaries().set_index("key").loc[typed.key]
+    assert row["n_takeovers"] == typed.n_takeovers and row["rho"] == pytest.approx(typed.n_takeovers / len(typed))
+    assert [s["to"] for s in typed.meta["switched"]] == ["forced"] * len(ids)
+
+
+def test_words_reason_and_base_keep_their_meaning(pair, guided) -> None:
+    p = flip_changes(guided)[0]
+    child = core.takeover(pair, guided, {p: _other(guided, p)})
+    assert str(child.source[p]) == _other(guided, p) and "forced" not in {str(s) for s in child.source}
+
+
+def test_a_fan_is_n_sampled_children_each_the_single_call_of_its_seed(pair, guided, monkeypatch) -> None:
+    from core.decoding.engine import Decoder
+    from core.decoding.sampling import sample_seeds
+
+    rows: list[int] = []
+    real = Decoder.__init__
+
+    def spy(self, pair_, batch, *args, **kwargs):
+        rows.append(len(batch))
+        real(self, pair_, batch, *args, **kwargs)
+
+    monkeypatch.setattr(Decoder, "__init__", spy)
+    p = 5
+    fan = core.takeover(pair, guided, {p: "reason"}, samples=4, temperature=0.8, seed=11)
+    assert rows == [4], "one engine batch"
+    assert isinstance(fan, list) and len({c.key for c in fan}) == 4
+    assert len({tuple(c.token_ids.tolist()) for c in fan}) > 1, "samples differ"
+    for s, child in zip(sample_seeds(11, p, 4), fan):
+        alone = core.takeover(pair, guided, {p: "reason"}, temperature=0.8, seed=s)
+        assert alone.key == child.key and _tokens(alone) == _tokens(child)
+        assert child.meta["sampling"]["temperature"] == 0.8 and child.meta["sampling"]["seed"] == s
+    CACHES.clear()
+    again = core.takeover(pair, guided, {p: "reason"}, samples=4, temperature=0.8, seed=11)
+    assert [c.key for c in again] == [c.key for c in fan] and [_tokens(c) for c in again] == [_tokens(c) for c in fan]
+    greedy_default = core.takeover(pair, guided, {p: "reason"}, samples=2)
+    assert all(c.meta["sampling"]["temperature"] > 0 for c in greedy_default)  # a greedy trace's fan samples
+    with pytest.raises(InvalidInputError, match="samples"):
+        core.takeover(pair, guided, {p: "reason"}, samples=0)
+
+
+def test_on_trace_sees_each_new_child_before_it_is_stored_once(pair, guided, tmp_path) -> None:
+    events: list[tuple[str, str]] = []
+
+    class Store(core.TraceStore):
+        def put(self, trace, **kw):
+            events.append(("put", trace.key, trace.meta.get("graded")))
+            return super().put(trace, **kw)
+
+    def grade(trace):
+        events.append(("seen", trace.key, None))
+        trace.meta["graded"] = True
+        return trace
+
+    store = Store(tmp_path / "store")
+    p = flip_changes(guided)[0]
+    child = core.takeover(pair, guided, {p: _other(guided, p)}, store=store, on_trace=grade)
+    assert events == [("seen", child.key, None), ("put", child.key, True)]
+    events.clear()
+    assert core.takeover(pair, guided, {p: _other(guided, p)}, store=store, on_trace=grade).key == child.key
+    assert events == [], "a stored child is read back: neither graded nor stored again"
