@@ -343,6 +343,20 @@ def test_takeover_switches_a_stored_trace_and_prints_the_child(env):
     assert child.meta["correct"] is not None and "#3 reasoner" in out
     bad = CliRunner().invoke(main, ["takeover", key, "--store", env["store"], "--at", "3=perhaps", *env["pair"]])
     assert bad.exit_code == 2 and "--at" in bad.output
+    # typed text: forced tokens, no takeover; a fan of sampled children, each graded and stored
+    out = run("takeover", key, "--store", env["store"], "--at", "2=' and so'", "--then", "base", *env["pair"])
+    typed = store.get(re.search(r"key ([0-9a-f]+)", out).group(1))
+    assert {str(s) for s in typed.source[2:]} <= {"forced", "base"} and str(typed.source[2]) == "forced"
+    assert typed.n_takeovers == 0 and "0 takeovers" in out and "forced" in out
+    out = run("takeover", key, "--store", env["store"], "--at", "4=reason", "--samples", "3", "--temperature", "0.9",
+              *env["pair"])
+    keys = re.findall(r"key ([0-9a-f]+)  parent", out)
+    assert len(keys) + out.count("no change") == 3 and len(set(keys)) == len(keys)
+    assert all(store.get(k).meta["sampling"]["temperature"] == 0.9 and store.get(k).meta["correct"] is not None
+               for k in keys)
+    bad = CliRunner().invoke(main, ["takeover", key, "--store", env["store"], "--at", "4=reason", "--samples", "0",
+                                    *env["pair"]])
+    assert bad.exit_code == 2 and "--samples" in bad.output
 
 
 _MODULES_AFTER = ("import json, sys; from core.cli import main\n"

@@ -223,14 +223,19 @@ def parse_switches(text: str) -> dict[int, Any]:
 @click.option("--then", "then", type=click.Choice(["policy", "base", "reason"]), default="policy", show_default=True,
               help="Who writes every other position after the first switch: the trace's policy, the base or the reasoner.")
 @setting_option("max_new_tokens", default=None, help="Most response tokens (default: the parent's limit).")
+@click.option("--samples", type=click.IntRange(min=1), default=None,
+              help="A fan: N sampled children from the switches, decoded in one batch (default: one child).")
+@setting_option("temperature", default=None,
+                help="Sampling temperature of the children (default: the parent's; a fan of a greedy trace samples "
+                     "at the paper's temperature).")
 @fail_cleanly
 def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_tokens: int | None,
-             **opts: Any) -> None:
-    """Switch takeovers of the stored trace KEY on and off (core.takeover); the child is graded and stored."""
+             samples: int | None, temperature: float | None, **opts: Any) -> None:
+    """Switch takeovers of the stored trace KEY on and off, or type text at a token (core.takeover); each new
+    child is graded, then stored. A switch that changes no token makes no child."""
     from core.decoding.takeover import takeover as run_takeover
-    from core.evaluation.grading import graded_put
+    from core.evaluation.grading import grade_trace, graded_put
     from core.views.presentation import switch_text
-
 
     at = parse_switches(at_text)
     store = open_store(store_path)
@@ -239,10 +244,16 @@ def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_
     check_output(store.path, "--store", folder=True)
     pair = pair_from_options(opts)
     parent = store.get(key)
-    at = {p: (pair.encode(w) if isinstance(w, str) and w not in ("reason", "base") else w) for p, w in at.items()}
-    child = graded_put(store, run_takeover(pair, parent, at, then=then, max_new_tokens=max_new_tokens, store=store))
-    answer = child.meta.get("answer")
-    verdict = {True: "correct", False: "wrong"}.get(child.meta.get("correct"), "ungraded")
-    click.echo(f"{switch_text(child, pair.token_text)}: {len(child)} tokens, {child.n_takeovers} takeovers, "
-               f"answer {answer!r} ({verdict})")
-    click.echo(f"key {child.key}  parent {parent.key}")
+    made = run_takeover(pair, parent, at, then=then, samples=samples, temperature=temperature,
+                        max_new_tokens=max_new_tokens, store=store, on_trace=grade_trace)
+    for child in made if isinstance(made, list) else [made]:
+        if child.key == parent.key:
+            click.echo(f"no change: the switches give the parent's tokens (key {parent.key})")
+            continue
+        child = graded_put(store, child)  # a child stored by an older run gains the grade it lacked
+        answer = child.meta.get("answer")
+        verdict = {True: "correct", False: "wrong"}.get(child.meta.get("correct"), "ungraded")
+        forced = int(sum(str(s) == "forced" for s in child.source))
+        click.echo(f"{switch_text(child, pair.token_text)}: {len(child)} tokens, {child.n_takeovers} takeovers"
+                   f"{f', {forced} forced' if forced else ''}, answer {answer!r} ({verdict})")
+        click.echo(f"key {child.key}  parent {parent.key}")
