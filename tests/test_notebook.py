@@ -167,6 +167,21 @@ def test_widget_flips_takeovers_and_forces_alternatives(qwen_pair, trace):
     assert int(forced.token_ids[5]) == alt and forced.source[5] == "forced"
 
 
+def test_widget_edits_and_continues_with_typed_text(qwen_pair, trace):
+    """An "edit" request types text at a token: the typed tokens are forced (no takeover), the policy writes on,
+    and the child is core.takeover's with that text."""
+    w = _widget(qwen_pair, trace)
+    w.request = {"action": "edit", "view": 0, "pos": 2, "text": " so then", "n": 1}
+    child = w.branches[-1]
+    ids = qwen_pair.encode(" so then")
+    ref = core.takeover(qwen_pair, trace, {2: " so then"}, max_new_tokens=len(trace) + 6)
+    assert child.key == ref.key and child.token_ids[2:2 + len(ids)].tolist() == ids
+    assert set(child.source[2:2 + len(ids)]) == {"forced"} and child.n_takeovers == int(np.sum(child.source == "reason"))
+    assert "forced" in w.status and [v["key"] for v in w.views] == [trace.key, child.key]
+    w.request = {"action": "edit", "view": 0, "pos": 2, "text": "", "n": 2}
+    assert w.status.startswith("error:") and "non-empty" in w.status
+
+
 def test_widget_notes_and_store(qwen_pair, trace, tmp_path):
     from core.io.notes import read_notes
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anywidget
+import numpy as np
 import traitlets
 
 from core import settings
@@ -28,7 +29,7 @@ from core.annotate.spikes import spikes
 from core.decoding import branch
 from core.decoding.takeover import flipped, set_switches, switches_in_force
 from core.errors import ForkpointError, InvalidInputError
-from core.evaluation.grading import graded_put
+from core.evaluation.grading import grade_trace, graded_put
 from core.io.notes import add_note, attach_notes, read_notes
 from core.scoring.registry import DEFAULT_SCORE, METRICS, SCORES, check_score
 from core.trace import Trace
@@ -36,6 +37,7 @@ from core.views.heatmap import heatmap_css, tokens_html
 from core.views.presentation import (
     branch_token_text,
     hover_data,
+    no_change_line,
     switch_text,
     takeover_choices,
     tree_label,
@@ -188,6 +190,9 @@ class TokenWidget(anywidget.AnyWidget):
 
         child = branch(self.pair, parent, int(pos), token, max_new_tokens=self.max_new_tokens, store=self.store,
                        progress=progress)
+        if child.key == parent.key:  # the reasoner (or the token) writes what is there: no new trace
+            self.status = no_change_line(parent, int(pos), self._decode) if token is None else "no change: the same tokens"
+            return parent
         child = graded_put(self.store, child)  # graded like every other trace (a rewrite only when newly graded)
         if all(child.key != b.key for b in self.branches):
             self.branches.append(child)
@@ -209,16 +214,29 @@ class TokenWidget(anywidget.AnyWidget):
             self.status = f"#{pos}: …{''.join(shown)[-60:]}"
 
         child = set_switches(self.pair, parent, wanted, store=self.store, root=self.original,
-                             max_new_tokens=self.max_new_tokens, on_token=on_token)
-        child = graded_put(self.store, child)  # graded like every other trace (stored when a store is given)
+                             max_new_tokens=self.max_new_tokens, on_trace=grade_trace, on_token=on_token)
+        if child.key == parent.key:  # the switch changes no token: no new trace
+            self.status = (no_change_line(parent, int(flip), self._decode) if flip is not None
+                           else "no change: the same tokens")
+            return parent
+        child = graded_put(self.store, child)  # a child an older run stored gains the grade it lacked
         if child.key != self.original.key and all(child.key != b.key for b in self.branches):
             self.branches.append(child)
         self._shown = None if child.key == self.original.key else child
         self.selected = None
         self._refresh()
+        forced = int(np.sum(np.asarray(child.source, dtype=object) == "forced"))
         self.status = f"{switch_text(child, self._decode) or 'no switches'}: {len(child)} tokens, " \
-                      f"{child.n_takeovers} takeover(s), answer {child.meta.get('answer')!r}"
+                      f"{child.n_takeovers} takeover(s){f', {forced} typed or forced' if forced else ''}, " \
+                      f"answer {child.meta.get('answer')!r}"
         return child
+
+    def edit(self, pos: int, text: str, *, view: int = 0) -> Trace:
+        """Type `text` at token `pos` of the shown trace `view` and let its policy continue from there (Loom's
+        edit and continue): the typed tokens are forced ("forced"), never takeovers."""
+        if not isinstance(text, str) or not text:
+            raise InvalidInputError("edit needs the text to type at the token (a non-empty string)")
+        return self.switch({int(pos): text}, view=view)
 
     def show(self, key: str) -> None:
         """Show the original alone (its key) or a branch beside it."""
@@ -279,6 +297,9 @@ class TokenWidget(anywidget.AnyWidget):
             elif action == "force":
                 self.status = "switching…"
                 self.switch({int(req["pos"]): int(req["token"])}, view=int(req.get("view", 0)))
+            elif action == "edit":
+                self.status = "switching…"
+                self.edit(int(req["pos"]), str(req.get("text", "")), view=int(req.get("view", 0)))
             elif action == "show":
                 self.show(str(req["key"]))
             elif action == "note":
@@ -286,7 +307,7 @@ class TokenWidget(anywidget.AnyWidget):
                 self.status = "note saved"
             else:
                 raise InvalidInputError(f"Unknown widget action {action!r}; choose one of: take_over, flip, force, "
-                                        "show, note")
+                                        "edit, show, note")
         except ForkpointError as exc:
             self.status = f"error: {exc}"
         except (IndexError, KeyError, TypeError, ValueError) as exc:  # a malformed request from the front end

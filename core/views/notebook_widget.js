@@ -109,7 +109,13 @@ function wRender({ model, el }) {
     const go = wEl("button", "fp-w-branch", "branch here");
     go.type = "button";
     go.addEventListener("click", () => send({ action: "take_over", view: sel.view, pos: sel.pos, choice: Number(choice.value || 0) }));
-    pick.append(choice, go);
+    // edit and continue: type text at this token, the policy writes on from there (typed tokens are "forced")
+    const typed = wEl("input", "fp-w-typed");
+    typed.placeholder = "type here, Enter continues";
+    typed.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && typed.value) send({ action: "edit", view: sel.view, pos: sel.pos, text: typed.value });
+    });
+    pick.append(choice, go, typed);
     if (model.get("can_note")) {
       const note = wEl("input", "fp-w-note");
       note.placeholder = "note on this token";
