@@ -291,6 +291,19 @@ def test_typed_text_is_forced_and_no_takeover(pair, guided, tmp_path) -> None:
     row = store.summaries().set_index("key").loc[typed.key]
     assert row["n_takeovers"] == typed.n_takeovers and row["rho"] == pytest.approx(typed.n_takeovers / len(typed))
     assert [s["to"] for s in typed.meta["switched"]] == ["forced"] * len(ids)
+    # exports keep the forced sources and the typed ids; the HTML page counts them apart from the takeovers
+    core.export([typed], tmp_path / "typed.jsonl")
+    back = core.read_jsonl(tmp_path / "typed.jsonl")[0]
+    assert _tokens(back) == _tokens(typed) and back.n_takeovers == typed.n_takeovers
+    assert back.meta["switches"] == {str(4 + i): t for i, t in enumerate(ids)}
+    core.export([typed], tmp_path / "typed.csv")
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "typed.csv", keep_default_na=False).set_index("pos")
+    assert (table.loc[4:3 + len(ids), "source"] == "forced").all()
+    assert [int(x) for x in table.loc[4:3 + len(ids), "switch"]] == ids
+    page = core.export([typed], tmp_path / "typed.html").read_text(encoding="utf-8")
+    assert f"{len(typed)} / {typed.n_takeovers} (" in page and f"{len(ids)} typed or forced" in page
 
 
 def test_words_reason_and_base_keep_their_meaning(pair, guided) -> None:

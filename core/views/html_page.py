@@ -84,6 +84,7 @@ def settings_rows(trace: Trace) -> list[tuple[str, str]]:
     problem = meta.get("problem") or {}
     n = len(trace)
     takeovers = trace.n_takeovers
+    forced = int(sum(str(s) == "forced" for s in trace.source))  # the user's tokens: not takeovers, not in ρ
     spikes = trace.annotations.get("spikes")
     rows = [
         ("key", str(trace.key)),
@@ -99,7 +100,8 @@ def settings_rows(trace: Trace) -> list[tuple[str, str]]:
         ("sampling", ", ".join(f"{k}={v}" for k, v in sampling.items()) or "none"),
         ("seed", str(sampling.get("seed"))),
         ("answer / correct", f"{meta.get('answer')} / {meta.get('correct')}"),
-        ("tokens / takeovers", f"{n} / {takeovers} (ρ = {takeovers / n if n else 0:.3f})"),
+        ("tokens / takeovers", f"{n} / {takeovers} (ρ = {takeovers / n if n else 0:.3f})"
+                               + (f" · {forced} typed or forced" if forced else "")),
         ("spike rule", (describe_spike_rule(spikes.get("rule")) or "none") if isinstance(spikes, dict) else "none"),
         ("created", str(meta.get("created"))),
         ("versions", _dumps(meta.get("versions") or {})),
