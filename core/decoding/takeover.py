@@ -335,7 +335,8 @@ def takeover(pair: ModelPair, trace: Trace, at: dict[Any, Any], *, then: str | P
     The child records its parent, its lineage root and every switch in force, so the same switches from any
     ancestor give the same store key. A switch that changes no token gives the parent itself (same key,
     nothing stored). `samples=n` gives a list of n sampled children (one batch; row i is the single call with
-    `seed=sample_seeds(seed or the parent's, first, n)[i]`), at `temperature` (default `fan_temperature`).
+    `seed=sample_seeds(seed or the parent's, first, n)[i]`, so a sample that draws the parent's tokens is the
+    parent), at `temperature` (default `fan_temperature`).
     `on_trace` sees each new child before it goes into `store`; `on_token(pos, token_id, source)` each new
     token as it is decided (streaming).
     """
@@ -357,7 +358,7 @@ def takeover(pair: ModelPair, trace: Trace, at: dict[Any, Any], *, then: str | P
         sampling = child_sampling(trace, max_new_tokens=max_new_tokens, temperature=temp, seed=s, pos=first)
         kids.append(_child(pair, trace, first, at, plan, sampling))
     return decode_children(pair, trace, kids, plan, sampling, store=store, on_trace=on_trace,  # type: ignore[return-value]
-                           lookahead=lookahead, progress=progress, should_stop=should_stop)
+                           no_op=True, lookahead=lookahead, progress=progress, should_stop=should_stop)
 
 
 def switches_in_force(trace: Trace) -> dict[int, Switch]:
