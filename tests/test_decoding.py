@@ -280,8 +280,15 @@ def test_branch_takes_the_reasoners_greedy_token(pair) -> None:
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_branch_with_the_parents_own_token_reproduces_it(pair, temperature: float) -> None:
     parent = core.generate(pair, PROMPTS[0], max_new_tokens=16, temperature=temperature, seed=2)
+    from core.decoding.takeover import _child, child_sampling, decode_children
+
     for pos in (0, 6):
-        child = core.branch(pair, parent, pos, token=int(parent.token_ids[pos]))
+        # no token changes, so core gives the parent itself (issue 31) ...
+        assert core.branch(pair, parent, pos, token=int(parent.token_ids[pos])) is parent
+        # ... and decoding the child anyway reproduces it, forced token and all
+        then, sampling = core.BaseOnly(), child_sampling(parent, pos=pos)
+        child = decode_children(pair, parent, [_child(pair, parent, pos, {pos: int(parent.token_ids[pos])}, then,
+                                                      sampling)], then, sampling)[0]
         np.testing.assert_array_equal(child.token_ids, parent.token_ids)
         assert child.source[pos] == "forced" and (np.delete(child.source, pos) == "base").all()
         for name in METRICS:
