@@ -67,7 +67,7 @@ def main() -> None:
     print(f"demo pair, trace of {len(trace)} tokens, {len(todo)} no-op positions x {args.repeats} repeats "
           f"({len(changes)} positions where a flip changes the text)")
     for k in ("cheap", "decode", "before"):
-        print(f"  {k:7s} median {med[k] * 1e3:8.2f} ms CPU")
+        print(f"  {k:7s} median {med[k] * 1e3:8.2f} ms CPU (min {min(times[k]) * 1e3:.2f}, max {max(times[k]) * 1e3:.2f})")
     print(f"  before / cheap = {med['before'] / med['cheap']:.0f}x   before / decode = {med['before'] / med['decode']:.2f}x")
 
 
