@@ -15,6 +15,7 @@ from spies import FeedLog
 from test_decoding import PROMPTS, assert_greedy
 
 import core
+import core.decoding.takeover as tk
 from core.decoding import CACHES
 from core.decoding.takeover import switches
 from core.errors import InvalidInputError
@@ -259,11 +260,9 @@ def test_a_switch_that_changes_no_token_is_the_parent_and_stores_nothing(pair, g
     if not at:
         return
     child = core.takeover(pair, trace, at, store=store)
-    decoded = core.decoding.takeover.decode_children(
-        pair, trace, [core.decoding.takeover._child(pair, trace, min(at), switches(at, pair.vocab_size),
-                                                    core.decoding.takeover.resolve_then(trace, "policy"),
-                                                    core.decoding.takeover.child_sampling(trace))],
-        core.decoding.takeover.resolve_then(trace, "policy"), core.decoding.takeover.child_sampling(trace))[0]
+    then, sampling = tk.resolve_then(trace, "policy"), tk.child_sampling(trace)
+    decoded = tk.decode_children(pair, trace, [tk._child(pair, trace, min(at), switches(at, pair.vocab_size), then,
+                                                         sampling)], then, sampling)[0]  # no no-op rule: decoded
     if decoded.token_ids.tolist() == trace.token_ids.tolist():
         assert child is trace and store.keys() == []
     else:

@@ -435,14 +435,16 @@ def set_switches_many(pair: ModelPair, trace: Trace, wanted: list[dict[int, Any]
 def branch(pair: ModelPair, trace: Trace, pos: int, token: int | None = None, policy: Policy | None = None, *,
            max_new_tokens: int | None = None, lookahead: int | None = None, store: Any = None,
            progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
-           temperature: float | None = None, seed: int | None = None) -> Trace:
+           temperature: float | None = None, seed: int | None = None,
+           on_trace: Callable[[Trace], Any] | None = None) -> Trace:
     """The one-switch `takeover`: keep `trace`'s first `pos` tokens, emit at `pos` the reasoner's choice (or
-    `token`), continue with `policy` (BaseOnly by default) under the parent's sampling settings."""
+    `token`), continue with `policy` (BaseOnly by default) under the parent's sampling settings; a branch that
+    changes no token is the parent itself."""
     if not isinstance(pos, (int, np.integer)) or isinstance(pos, bool) or not 0 <= pos <= len(trace):
         raise InvalidInputError(f"Branch position {pos!r} is outside the trace (0..{len(trace)})")
     return takeover(pair, trace, {int(pos): REASON if token is None else token},  # type: ignore[return-value]
-                    then=policy or BaseOnly(), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, store=store,
-                    lookahead=lookahead, progress=progress, should_stop=should_stop)
+                    then=policy or BaseOnly(), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                    store=store, on_trace=on_trace, lookahead=lookahead, progress=progress, should_stop=should_stop)
 
 
 def resume(pair: ModelPair, trace: Trace, row: Row, prefix_ids: list[int]) -> dict[str, ModelState]:
