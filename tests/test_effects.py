@@ -118,6 +118,22 @@ def test_effect_is_positive_at_the_decision_token_and_absent_where_models_agree(
     assert rebuilt.set_index("pos").loc[decision, "reason_token"] == " divide"
 
 
+def test_each_continuation_is_stored_once_already_graded(demo, tmp_path) -> None:
+    """The kernel grades a new continuation (on_trace) before its one store write: no ungraded copy first."""
+    pair, trace = demo
+    puts: list[tuple[str, object]] = []
+
+    class Store(core.TraceStore):
+        def put(self, t, **kw):
+            puts.append((t.key, t.meta.get("correct")))
+            return super().put(t, **kw)
+
+    store = Store(tmp_path / "store")
+    frame = fx.takeover_effects(pair, trace, [_decision(trace)], samples=3, store=store)
+    keys = frame.loc[0, "keys_with"].split() + frame.loc[0, "keys_without"].split()
+    assert sorted(k for k, _ in puts) == sorted(keys) and all(c is not None for _, c in puts)
+
+
 def test_a_rerun_reads_every_continuation_back(demo, tmp_path, monkeypatch) -> None:
     pair, trace = demo
     store = core.TraceStore(tmp_path / "store")

@@ -47,9 +47,10 @@ def _continue(pair: ModelPair, trace: Trace, pos: int, who: Sequence[str], sampl
               then: str = "policy", temperature: float, store: Any = None, max_new_tokens: int | None = None,
               should_stop: Callable[[], bool] | None = None) -> list[Trace]:
     """Graded children of `trace`, one per row i: its first `pos` tokens, token `pos` written by `who[i]`
-    ("reason" / "base"), the rest by `then` ("policy": the trace's own; "base"), drawn with `sample_seed[i]`.
-    All rows are one decoding batch. The one seam to `core.takeover` (issue 21): row i is
-    `takeover(pair, trace, {pos: who[i]}, then=then, seed=sample_seed[i], temperature=temperature)`."""
+    ("reason" / "base"), the rest by `then` ("policy": the trace's own; "base"; "reason"), drawn with
+    `sample_seed[i]`. All rows are one batch of the child-trace kernel (`decode_children`, as `core.takeover`):
+    row i has the tokens of `takeover(pair, trace, {pos: who[i]}, then=then, seed=sample_seed[i],
+    temperature=temperature)` (tests/test_takeover.py checks it), under the continuation's own store key."""
     return continue_batch(pair, trace, pos, who, sample_seed, then=then, temperature=temperature,
                           max_new_tokens=max_new_tokens, store=store, should_stop=should_stop)
 
