@@ -28,7 +28,7 @@ _PUBLIC: dict[str, str] = {
     "demo_problems": "core.demo.pair",
     # 3. traces: score a given response, generate new ones, switch takeovers on and off
     "Trace": "core.trace", "score": "core.scoring.teacher_forced", "score_batch": "core.scoring.teacher_forced",
-    "compare": "core.scoring.comparison", "generate": "core.decoding.generation",
+    "compare": "core.analysis.comparison", "generate": "core.decoding.generation",
     "takeover": "core.decoding.takeover", "branch": "core.decoding.takeover",
     # 4. who writes each token: the policy registry and the calibrated gate
     "Policy": "core.decoding.policies", "make_policy": "core.decoding.policies",
@@ -38,10 +38,10 @@ _PUBLIC: dict[str, str] = {
     "list_metrics": "core.scoring.registry", "spikes": "core.annotate.spikes",
     "tag_planning": "core.annotate.planning", "list_analyses": "core.analysis.registry",
     # 6. the store and files others open
-    "TraceStore": "core.io.store", "import_file": "core.io.imports", "export": "core.views.exports",
+    "TraceStore": "core.io.store", "import_file": "core.evaluation.graded_import", "export": "core.views.exports",
     "read_jsonl": "core.views.exports",
     # 7. evaluation
-    "evaluate": "core.evaluation.harness", "grade": "core.evaluation.grading", "reproduce": "core.evaluation.reproduce",
+    "evaluate": "core.evaluation.harness", "grade": "core.evaluation.grading", "reproduce": "core.reports.reproduce",
     # 8. research instruments: does a takeover matter, where is success decided, where does a decision form
     "takeover_effects": "core.instruments.effects", "success_curve": "core.instruments.effects",
     "lens": "core.instruments.lens", "token_stats": "core.instruments.token_stats",

@@ -151,8 +151,8 @@ def test_trace_is_data():
 HEAVY = {
     "core.annotate.planning": "spacy",
     "core.views.notebook": "anywidget",
-    "core.analysis.report": "plotly",
-    "core.analysis.paper": "plotly",
+    "core.reports.report": "plotly",
+    "core.reports.paper": "plotly",
 }
 EDGES = ("core/cli/",)  # the CLI loads each command's stack only when it runs (`forkpoint ls` starts without torch)
 

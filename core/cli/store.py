@@ -136,7 +136,8 @@ def import_(path: str, store_path: str | None, fmt: str | None, report_path: str
     Bad records are reported with their line and reason; the rest are stored. Records already in the
     store are skipped, so re-running an interrupted import finishes it.
     """
-    from core.io.imports import detect_format, import_file
+    from core.evaluation.graded_import import import_file
+    from core.io.imports import detect_format
 
     detect_format(path, fmt)  # a bad suffix fails before the models load
     store = open_store(store_path)
