@@ -56,7 +56,7 @@ _MORE: dict[str, str] = {
     **{name: "core.errors" for name in (
         "ModelLoadError", "VocabularyMismatchError", "PairMismatchError", "StoreError", "WriteError",
         "OutputExistsError", "GradingError", "GenerationCancelled", "ExecutorError")},
-    "widget": "core.views.notebook",  # needs the `notebook` extra (anywidget)
+    "widget": "core.notebook.widget",  # needs the `notebook` extra (anywidget)
     "RayExecutor": "core.scale.ray_executor",  # needs the `ray` extra (docs/SCALE.md)
 }  # fmt: skip
 

@@ -150,7 +150,7 @@ def test_trace_is_data():
 # Modules that load a heavy optional package when imported: the only core modules another may import lazily.
 HEAVY = {
     "core.annotate.planning": "spacy",
-    "core.views.notebook": "anywidget",
+    "core.notebook.widget": "anywidget",
     "core.reports.report": "plotly",
     "core.reports.paper": "plotly",
 }

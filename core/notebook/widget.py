@@ -1,7 +1,7 @@
 """`core.widget(pair, trace)`: the app's token view as a Jupyter widget (anywidget), with branching in the kernel.
 
 The front end is ONE source shared with the app: `app/components/token_view.{js,css}` (read at runtime;
-its default export is renamed to `fpTokenView`) plus the notebook's controls in `core/views/notebook_widget.js`.
+its default export is renamed to `fpTokenView`) plus the notebook's controls in `core/notebook/widget.js`.
 State flows through synced traits: the browser sets `score`, `selected` ({view, pos}) and `request`
 ({action: take_over | show | note, ...}); Python answers with `views` (one payload per shown trace: the
 escaped heatmap from `core.views.heatmap.tokens_html` and hover data), `choices`, `tree`, `notes`, `status`.
@@ -44,7 +44,7 @@ from core.views.presentation import (
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).resolve().parent
-COMPONENT_DIR = _HERE  # token_view.{js,css}: the one front end, shared with the app
+COMPONENT_DIR = _HERE.parent / "views"  # token_view.{js,css}: the one front end, shared with the app
 RANK_SHIFT_LABEL = "Rank shift (unshifted / marginal / shifted)"
 _DEFAULT_EXPORT = re.compile(r"^export\s+default\s+function\s*(\w*)\s*\(", re.MULTILINE)
 
@@ -65,8 +65,8 @@ def _sources(js_mtime: float, css_mtime: float) -> tuple[str, str]:
         raise ImportError(f"{COMPONENT_DIR / 'token_view.js'} has no `export default function (component)`; "
                           "the notebook widget mounts the app's token view through it")
 
-    esm_text = renamed + "\n\n" + _read(_HERE / "notebook_widget.js")
-    css_text = "\n".join([heatmap_css(), _read(COMPONENT_DIR / "token_view.css"), _read(_HERE / "notebook_widget.css")])
+    esm_text = renamed + "\n\n" + _read(_HERE / "widget.js")
+    css_text = "\n".join([heatmap_css(), _read(COMPONENT_DIR / "token_view.css"), _read(_HERE / "widget.css")])
     return esm_text, css_text
 
 
