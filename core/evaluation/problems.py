@@ -24,7 +24,7 @@ QUESTION_FIELDS = ("question", "problem", "prompt", "input", "query")
 ANSWER_FIELDS = ("answer", "final_answer", "gold", "target", "expected_answer")
 SOLUTION_FIELDS = ("solution", "rationale")
 ID_FIELDS = ("id", "unique_id", "problem_id", "qid", "idx")
-FORMATS = ("jsonl", "json", "csv")
+PROBLEM_FORMATS = ("jsonl", "json", "csv")
 GSM8K_MARK = "####"
 
 
@@ -59,8 +59,8 @@ def load_problems(
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise InvalidInputError(f"limit must be a non-negative integer or None, got {limit!r}")
     kind = path.suffix.lower().lstrip(".")
-    if kind not in FORMATS:
-        raise InvalidInputError(f"unknown problem file type {path.name!r}; use one of: .{', .'.join(FORMATS)}")
+    if kind not in PROBLEM_FORMATS:
+        raise InvalidInputError(f"unknown problem file type {path.name!r}; use one of: .{', .'.join(PROBLEM_FORMATS)}")
     if not path.is_file():
         raise InvalidInputError(f"problem file {str(path)!r} does not exist")
     return problems_from_rows(_rows(path, kind), path.stem, where=str(path), question_field=question_field,

@@ -26,10 +26,9 @@ from core.pair.formats import (  # noqa: F401  (re-exported: the pair API names 
     format_spec,
 )
 from core.pair.tokens import display_tokens
+from core.trace import SIDES
 
 log = logging.getLogger(__name__)
-
-SIDES = ("base", "reason")
 
 
 @dataclass(frozen=True)

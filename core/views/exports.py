@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 FORMATS = ("jsonl", "csv", "parquet", "html")
 JSONL_VERSION = 1  # the `forkpoint_trace` field of each JSONL line
 PER_TOKEN_LAYERS = ("tags", "segments")  # annotation layers that become columns in CSV/Parquet
-Decoder = Callable[[int], str]
+TokenDecoder = Callable[[int], str]
 
 
 # -- the annotations every format carries ------------------------------------------------------------
@@ -80,7 +80,7 @@ def tag_column(trace: Trace) -> list[str]:
     return [str(t) if tag_colour(t) is not None else "" for t in tags]
 
 
-def token_decoder(traces: Sequence[Trace]) -> Decoder | None:
+def token_decoder(traces: Sequence[Trace]) -> TokenDecoder | None:
     """Token-id -> text through the tokenizer the traces record (local files only, no download, no remote
     code); None when it cannot be loaded or the traces come from different pairs."""
     ids = {str(((t.meta.get("pair") or {}).get("base") or {}).get("id") or "") for t in traces}
@@ -127,7 +127,7 @@ def _auto_decoder(model_id: str) -> Callable[[list[int]], str]:
     return lambda ids: tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def _topk_text(trace: Trace, side: str, decode: Decoder | None) -> list[list[str]]:
+def _topk_text(trace: Trace, side: str, decode: TokenDecoder | None) -> list[list[str]]:
     ids = np.asarray(trace.topk[side][0])
     show = decode if decode is not None else (lambda i: f"#{i}")
     return [[show(int(i)) for i in row] for row in ids.tolist()] if len(trace) else []
@@ -152,7 +152,7 @@ def _k(ids: Any) -> int:
     return int(np.shape(ids)[-1]) if np.ndim(ids) == 2 else 0
 
 
-def trace_to_record(trace: Trace, decode: Decoder | None = None) -> dict[str, Any]:
+def trace_to_record(trace: Trace, decode: TokenDecoder | None = None) -> dict[str, Any]:
     """One trace as a JSON-ready dict (the JSONL line), with dtypes so that reading it back is exact.
 
     Besides the lossless arrays it carries what the user sees: per token `spike` (bool), `tag` ("" for
@@ -241,7 +241,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Trace]:
 # -- CSV / Parquet: one row per token ---------------------------------------------------------------
 
 
-def long_frame(traces: Sequence[Trace], decode: Decoder | None = None) -> pd.DataFrame:
+def long_frame(traces: Sequence[Trace], decode: TokenDecoder | None = None) -> pd.DataFrame:
     """All traces, one row per token: trace_key, pos, token_id, token, metrics, source, spike (bool),
     tag ("" for none), segment, switch ("" or who a core.takeover switch made write there), and
     topk_{base,reason}_{tokens,probs,ids} as lists."""
@@ -304,7 +304,7 @@ def export(
     *,
     score: str = DEFAULT_SCORE,
     overwrite: bool = False,
-    decode: Decoder | None = None,
+    decode: TokenDecoder | None = None,
     top: float | None = None,
     gate: Any = None,
 ) -> Path:
