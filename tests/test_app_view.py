@@ -402,7 +402,8 @@ def test_forkpoint_app_forwards_every_pair_flag_to_the_app(monkeypatch):
             "--trust-remote-code", "--store", "st", "--base-format", "Q: {problem}\nA:", "--port", "8600"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert seen["cmd"][1:3] == ["-m", "app.serve"]  # Streamlit with the plain-HTTP Host check (app/serve.py)
+    root = Path(__file__).resolve().parents[1]  # st.App with the live route and the plain-HTTP Host check
+    assert seen["cmd"][1:5] == ["-m", "streamlit", "run", str(root / "app" / "serve.py")]
     assert str(Path(__file__).resolve().parents[1]) in seen["env"]["PYTHONPATH"].split(os.pathsep)
     forwarded = seen["cmd"][seen["cmd"].index("--") + 1:]
     config = parse_args(forwarded)

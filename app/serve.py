@@ -1,0 +1,56 @@
+"""`forkpoint app`'s server: Streamlit's public `st.App` around app/main.py, with the Host check on plain HTTP
+(app/host_guard.py) as its middleware and the switchboard's live route (app/live.py) as its route.
+
+    streamlit run app/serve.py --server.address 127.0.0.1 --server.allowedHosts 127.0.0.1 -- <app arguments>
+    uvicorn app.serve:streamlit_app --host 127.0.0.1        # or any ASGI server (app arguments: none, the demo)
+
+`forkpoint app` runs the first line. `streamlit run app/main.py` still serves the app, without the live route
+(a click on the switchboard then switches through a fragment rerun) and without the Host check on plain HTTP.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `streamlit run app/serve.py` puts app/ on the path, not the repo root
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+from app.host_guard import HostGuard  # noqa: E402
+from app.live import ROUTE, LiveRoute  # noqa: E402
+
+MAIN = ROOT / "app" / "main.py"
+
+
+async def _not_found(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """What the live route passes on: nothing, since the route only sees its own path."""
+    await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"not found\n"})
+
+
+def live_path() -> str:
+    """The live route's path under `server.baseUrlPath` (where the Trace page posts its switches)."""
+    from streamlit import config
+
+    base = (config.get_option("server.baseUrlPath") or "").strip("/")
+    return f"/{base}{ROUTE}" if base else ROUTE
+
+
+def routes() -> list[Route]:
+    """The routes `st.App` serves beside Streamlit's own: the switchboard's live route."""
+    return [Route(live_path(), LiveRoute(_not_found))]
+
+
+def middleware() -> list[Middleware]:
+    """What runs before Streamlit's own middleware on every request: the Host check (app/host_guard.py)."""
+    return [Middleware(HostGuard)]
+
+
+# Streamlit finds this by name (`streamlit run app/serve.py`); an ASGI server imports it (`app.serve:streamlit_app`).
+streamlit_app = st.App(MAIN, routes=routes(), middleware=middleware())
