@@ -83,7 +83,7 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
 @main.command()
 @store_option
 @click.argument("keys", nargs=-1)
-@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), help="Output format (default: from the --out suffix).")
+@click.option("--format", "fmt", type=click.Choice(tuple(EXPORT_FORMATS)), help="Output format (default: from the --out suffix).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output file.")
 @click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True,
               help="Score whose top tokens are marked as spikes (every format) and that colours the heatmap (html).")

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,6 @@ from core.views.html_page import html_page
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("jsonl", "csv", "parquet", "html")
 JSONL_VERSION = 1  # the `forkpoint_trace` field of each JSONL line
 PER_TOKEN_LAYERS = ("tags", "segments")  # annotation layers that become columns in CSV/Parquet
 TokenDecoder = Callable[[int], str]
@@ -281,10 +281,68 @@ def _record_header(traces: Sequence[Trace], fmt: str) -> dict[str, Any]:
     }
 
 
+# -- the export formats: one table read by core.export, the CLI's --format and the app's downloads --------
+
+
+def _write_jsonl(traces: list[Trace], path: Path, score: str, decode: TokenDecoder | None) -> None:
+    write_atomic(path, lambda fh: fh.writelines(_dumps(trace_to_record(t, decode)) + "\n" for t in traces))
+
+
+def _write_html(traces: list[Trace], path: Path, score: str, decode: TokenDecoder | None) -> None:
+    page = html_page(traces, score=score, decode=decode)
+    write_atomic(path, lambda fh: fh.write(page))
+
+
+def _write_csv(traces: list[Trace], path: Path, score: str, decode: TokenDecoder | None) -> None:
+    frame = long_frame(traces, decode)
+    for col in [c for c in frame.columns if c.startswith("topk_")]:
+        frame[col] = [json.dumps(v, ensure_ascii=False) for v in frame[col]]
+    header = _record_header(traces, "csv")
+    write_atomic(sidecar_path(path), lambda fh: fh.write(_dumps(header, indent=1)))
+    write_csv(frame, path, what="export")
+
+
+def _write_parquet(traces: list[Trace], path: Path, score: str, decode: TokenDecoder | None) -> None:
+    table = pa.Table.from_pandas(long_frame(traces, decode), preserve_index=False)
+    metadata = {**(table.schema.metadata or {}), b"forkpoint": _dumps(_record_header(traces, "parquet")).encode("utf-8")}
+    table = table.replace_schema_metadata(metadata)
+    write_atomic(path, lambda fh: pq.write_table(table, fh), binary=True)
+
+
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     """Where a CSV export keeps its reproducibility record: `<file>.meta.json`."""
     path = Path(path)
     return path.with_name(path.name + ".meta.json")
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One export format: its writer `write(traces, path, score, decode)`, the file suffix, the file's MIME type,
+    the files written beside it (`sidecars`: path -> path) and how the app names it."""
+
+    name: str
+    label: str
+    suffix: str
+    mime: str
+    write: Callable[[list[Trace], Path, str, TokenDecoder | None], None]
+    sidecars: tuple[Callable[[Path], Path], ...] = ()
+
+    def paths(self, path: str | os.PathLike[str]) -> list[Path]:
+        """Every file an export to `path` writes: the file, then its sidecars."""
+        return [Path(path), *(side(Path(path)) for side in self.sidecars)]
+
+    @property
+    def download(self) -> tuple[str, str]:
+        """(suffix, MIME type) of the one file a download hands over: a format with sidecars comes zipped."""
+        return (".zip", "application/zip") if self.sidecars else (self.suffix, self.mime)
+
+
+FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
+    ExportFormat("jsonl", "JSONL (lossless)", ".jsonl", "application/jsonl", _write_jsonl),
+    ExportFormat("csv", "CSV (+ record, zipped)", ".csv", "text/csv", _write_csv, sidecars=(sidecar_path,)),
+    ExportFormat("parquet", "Parquet", ".parquet", "application/vnd.apache.parquet", _write_parquet),
+    ExportFormat("html", "HTML (self-contained)", ".html", "text/html", _write_html),
+)}  # fmt: skip
 
 
 # -- export entry point -------------------------------------------------------------------------------
@@ -308,7 +366,7 @@ def export(
     top: float | None = None,
     gate: Any = None,
 ) -> Path:
-    """Write traces to `path` as jsonl | csv | parquet | html (default: from the file suffix).
+    """Write traces to `path` in one of `FORMATS` (jsonl | csv | parquet | html; default: from the file suffix).
 
     Every format carries the annotations the app shows (see `annotated`: spikes under `top`/`gate`, else
     the trace's own or the top settings.SPIKE_TOP; planning tags) and the top-k as token strings (through
@@ -320,12 +378,12 @@ def export(
     path = Path(path)
     if format is None and not path.suffix:
         raise InvalidInputError(f"Cannot tell the export format from {str(path)!r} (no suffix): name a "
-                                f"{' / '.join('.' + f for f in FORMATS)} file, or give format=")
-    fmt = check_format(format if format is not None else path.suffix.lstrip(".").lower())
+                                f"{' / '.join(f.suffix for f in FORMATS.values())} file, or give format=")
+    fmt = FORMATS[check_format(format if format is not None else path.suffix.lstrip(".").lower())]
     if not traces:
         raise InvalidInputError("No traces to export")
     check_score(score)
-    targets = [path, sidecar_path(path)] if fmt == "csv" else [path]
+    targets = fmt.paths(path)
     existing = [str(p) for p in targets if p.exists()]
     if existing and not overwrite:
         raise OutputExistsError(f"{', '.join(existing)} already exists; overwrite=True (CLI: --overwrite) replaces it")
@@ -336,24 +394,6 @@ def export(
     traces = [annotated(t, score, top, gate) for t in traces]
     if decode is None:
         decode = token_decoder(traces)
-    if fmt == "jsonl":
-        write_atomic(path, lambda fh: fh.writelines(_dumps(trace_to_record(t, decode)) + "\n" for t in traces))
-    elif fmt == "html":
-
-        page = html_page(traces, score=score, decode=decode)
-        write_atomic(path, lambda fh: fh.write(page))
-    else:
-        frame = long_frame(traces, decode)
-        header = _record_header(traces, fmt)
-        if fmt == "csv":
-            for col in [c for c in frame.columns if c.startswith("topk_")]:
-                frame[col] = [json.dumps(v, ensure_ascii=False) for v in frame[col]]
-            write_atomic(sidecar_path(path), lambda fh: fh.write(_dumps(header, indent=1)))
-            write_csv(frame, path, what="export")
-        else:
-            table = pa.Table.from_pandas(frame, preserve_index=False)
-            metadata = {**(table.schema.metadata or {}), b"forkpoint": _dumps(header).encode("utf-8")}
-            table = table.replace_schema_metadata(metadata)
-            write_atomic(path, lambda fh: pq.write_table(table, fh), binary=True)
-    log.info("exported %d trace(s) to %s (%s)", len(traces), path, fmt)
+    fmt.write(traces, path, score, decode)
+    log.info("exported %d trace(s) to %s (%s)", len(traces), path, fmt.name)
     return path
