@@ -20,10 +20,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core import settings
 from core.annotate.rank_shift import rank_shift
-from core.annotate.spikes import spikes
-from core.annotate.tag_layer import TAGS_BY, current_tags
+from core.annotate.shown import annotated  # noqa: F401  (re-exported: its home before)
 from core.errors import InvalidInputError, OutputExistsError
 from core.io.atomic import clean_temp_files, write_atomic
 from core.io.csvsafe import write_csv
@@ -41,29 +39,7 @@ PER_TOKEN_LAYERS = ("tags", "segments")  # annotation layers that become columns
 TokenDecoder = Callable[[int], str]
 
 
-# -- the annotations every format carries ------------------------------------------------------------
-
-
-def annotated(trace: Trace, score: str = DEFAULT_SCORE, top: float | None = None, gate: Any = None) -> Trace:
-    """The trace with what the user sees: spikes (under `top` or `gate`; else the trace's own layer; else
-    the top settings.SPIKE_TOP) and planning tags / think-answer segments (computed when missing, or when
-    the stored tags are another tagger's: `tag_layer.current_tags`; spaCy loads only then)."""
-    out = trace
-    if gate is not None:
-        out = spikes(out, score=score, gate=gate)
-    elif top is not None or "spikes" not in out.annotations:
-        out = spikes(out, score=score, top=settings.SPIKE_TOP if top is None else top)
-    stale = "tags" in out.annotations and current_tags(out) is None
-    if stale or "tags" not in out.annotations or "segments" not in out.annotations:
-        # spaCy: heavy, loaded only when tags must be computed
-        from core.annotate.planning import annotate_tags
-
-        tagged = annotate_tags(out)
-        out = out.annotate(**{k: tagged.annotations[k] for k in ("tags", "segments")
-                              if k not in out.annotations or (stale and k == "tags")})
-        if stale:
-            out.annotations.pop(TAGS_BY, None)  # the tags are the default tagger's now, not the stored ones'
-    return out
+# -- the annotations every format carries (computed in core/annotate/shown.py) -----------------------
 
 
 def spike_flags(trace: Trace) -> list[bool]:
