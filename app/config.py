@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from core import settings
 from core.errors import InvalidInputError
@@ -66,6 +67,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help=settings.SETTINGS["max_new_tokens"].help + " Default: that setting, capped to the pair's context.")
     return p
+
+
+APP_DIR = Path(__file__).resolve().parent
+
+
+def script_args(argv: Sequence[str]) -> list[str]:
+    """The app's own arguments in a process's command line: what follows app/main.py or app/serve.py (`streamlit
+    run` puts the script first); none when another ASGI server serves `app.serve:streamlit_app` (its own flags)."""
+    return list(argv[1:]) if argv and Path(argv[0]).resolve().parent == APP_DIR else []
 
 
 def parse_args(argv: Sequence[str]) -> AppConfig:

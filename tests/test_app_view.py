@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.components.token_view import build_view
-from app.config import parse_args
+from app.config import parse_args, script_args
 from app.view import (
     SpikeRule,
     annotate_view,
@@ -37,6 +37,16 @@ from core.views.presentation import (
 )
 
 # -- config --------------------------------------------------------------------------------------
+
+
+def test_app_arguments_follow_the_app_script_only():
+    """`streamlit run app/main.py -- X` and `app/serve.py -- X` give the app X; another ASGI server's command line
+    (`uvicorn app.serve:streamlit_app --port 1`) is its own, not the app's."""
+    app_dir = Path(__file__).resolve().parents[1] / "app"
+    assert script_args([str(app_dir / "main.py"), "--store", "s"]) == ["--store", "s"]
+    assert script_args([str(app_dir / "serve.py"), "--base", "b", "--reason", "r"]) == ["--base", "b", "--reason", "r"]
+    assert script_args(["/venv/bin/uvicorn", "app.serve:streamlit_app", "--port", "1"]) == []
+    assert script_args([]) == []
 
 
 def test_parse_args_defaults_to_demo_pair():
