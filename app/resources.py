@@ -40,10 +40,7 @@ def load_pair(spec: PairChoice) -> core.ModelPair:
         device = "cpu" if spec.device == "auto" else spec.device
         dtype = "float32" if spec.dtype == "auto" else spec.dtype
         return demo_pair(device=device, dtype=dtype)
-    return core.load_pair(spec.base, spec.reason, device=spec.device, dtype=spec.dtype,
-                          base_format=spec.base_format or None, reason_format=spec.reason_format or None,
-                          base_revision=spec.base_revision or None, reason_revision=spec.reason_revision or None,
-                          trust_remote_code=spec.trust_remote_code)
+    return core.load_pair(**spec.load_arguments())
 
 
 @st.cache_resource(show_spinner=False)

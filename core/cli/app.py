@@ -17,6 +17,7 @@ from core.cli.common import (
     setting_option,
     store_option,
 )
+from core.pair.options import PAIR_OPTIONS
 
 
 @main.group()
@@ -44,9 +45,9 @@ def demo_train(out: str | None, size: str, seed: int) -> None:
         bar.close()
 
 
-# The pair flags the app forwards to app/main.py (app/config.py parses them on the Streamlit side).
-_FORWARDED = ("base", "reason", "base_format", "reason_format", "base_revision", "reason_revision", "device",
-              "dtype", "store_path", "problems")
+# The flags the app forwards to app/main.py (app/config.py parses them on the Streamlit side): the pair's
+# (core/pair/options.py, the switch --trust-remote-code apart), the store and the problems.
+_FORWARDED = (*(o.name for o in PAIR_OPTIONS if not o.switch), "store_path", "problems")
 
 
 @main.command(context_settings={"ignore_unknown_options": False})
