@@ -14,7 +14,7 @@ from fakes import fake_decode, make_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.components.token_view import build_view
+from core.views.token_payload import view_payload as build_view
 from app.config import parse_args, script_args
 from app.view import (
     SpikeRule,
