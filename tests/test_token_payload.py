@@ -64,3 +64,18 @@ def test_the_notebook_widget_draws_the_same_payload():
         notebook_view = widget.widget_view(trace, score, fake_decode)
         assert {k: v for k, v in notebook_view.items() if k not in ("height", "prob_mode")} == {
             k: v for k, v in app_view.items() if k != "legend"}
+
+
+def test_a_stream_keeps_the_parents_coloured_tokens_before_the_switch_and_escapes_the_new_text():
+    from core.views.token_payload import stream_html, stream_prefix
+
+    trace = spikes(make_trace(20, seed=7), top=0.1)
+    whole = view_payload(trace)
+    out = stream_html(trace, 8, "<b>new</b> text")
+    assert _positions(out) == list(range(8))  # the parent's tokens before the switch, as spans of the view
+    for pos in range(8):  # coloured on the whole trace's scale, as in the full view
+        span = re.search(rf'<span[^>]*data-pos="{pos}"[^>]*>', whole["html"]).group(0)
+        assert span in out
+    assert "<span class='fp-live'>&lt;b&gt;new&lt;/b&gt; text</span>" in out and "▍" in out
+    assert "▍" not in stream_html(trace, 8, "x", done=True, prefix=stream_prefix(trace, 8))
+    assert _positions(stream_html(trace, 0, "all new")) == []

@@ -9,6 +9,7 @@ long trace; `data-pos` stays absolute, spikes are the whole trace's).
 from __future__ import annotations
 
 import hashlib
+import html
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from core.annotate import rank_shift
 from core.annotate.spikes import spikes
 from core.scoring.registry import DEFAULT_SCORE, score_values
 from core.trace import Trace
-from core.views.heatmap import legend_html, tokens_html
+from core.views.heatmap import front_end_source, heatmap_css, legend_html, tokens_html
 from core.views.presentation import hover_data, tail
 
 
@@ -60,6 +61,29 @@ def view_payload(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear"
         "legend": legend_html(trace.annotations.get("tags"), score=score, scale=scale, vmin=lo, vmax=hi,
                               effects=bool(trace.annotations.get("effects"))),
     }
+
+
+def stream_html(trace: Trace, start: int, text: str, *, score: str = DEFAULT_SCORE, scale: str = "linear",
+                decode: Callable[[int], str] | None = None, done: bool = False, prefix: str | None = None) -> str:
+    """A switch streaming in, drawn as the token view draws it over the live route (token_view.js `reflow`): the
+    parent's coloured tokens before `start`, then the new text (escaped) in `fp-live`, in the token view's styles.
+    `prefix`: the parent's part as an earlier call returned it (`stream_prefix`), so each update draws only text."""
+    if prefix is None:
+        prefix = stream_prefix(trace, start, score=score, scale=scale, decode=decode)
+    live = f"<span class='fp-live'>{html.escape(text)}</span>" + ("" if done else "<span style='color:#2563eb'>▍</span>")
+    cut = prefix.rfind("</div>")
+    body = prefix[:cut] + live + prefix[cut:] if cut >= 0 else prefix + live
+    return (f"<style>{heatmap_css()}{front_end_source('token_view.css')}</style>"
+            f"<div class='fp-view'><div class='fp-scroll'>{body}</div></div>")
+
+
+def stream_prefix(trace: Trace, start: int, *, score: str = DEFAULT_SCORE, scale: str = "linear",
+                  decode: Callable[[int], str] | None = None) -> str:
+    """The heatmap HTML of `trace`'s tokens before `start`, coloured on the whole trace's scale (a stream's part
+    that stays)."""
+    if start <= 0:
+        return '<div class="fp-heatmap"></div>'
+    return view_payload(trace, score, scale, decode, end=start)["html"]
 
 
 def _finite(values: Any, pick: Callable) -> float | None:
