@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from core import settings
 from core.errors import InvalidInputError
 from core.evaluation.grading import grade_trace
 from core.io.foreign import ForeignRecord, count_records, detect_format, iter_foreign
@@ -120,7 +121,7 @@ def _record(batch: dict[str, Any], i: int) -> Any:
 
 
 def import_file_ray(pair: Any, path: str | os.PathLike[str], store: Any, *, executor: Any = None,
-                    format: str | None = None, rows_per_block: int = ROWS_PER_BLOCK, batch_size: int = 8,
+                    format: str | None = None, rows_per_block: int = ROWS_PER_BLOCK, batch_size: int = settings.BATCH_SIZE,
                     workers_see_store: bool | None = None, report_path: str | os.PathLike[str] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> Any:
     """`core.import_file` on Ray: score the records of `path` on an actor pool (one pair per
