@@ -5,8 +5,9 @@
     trace = core.score(pair, "What is 2+3?", "2+3 = 5. The answer is 5.")
     trace.frame()
 
-The folders read as the pipeline (docs/ARCHITECTURE.md): `pair/` -> `scoring/` -> `decoding/` ->
-`annotate/` -> `io/` -> `views/` -> `analysis/`, `evaluation/`, `instruments/` -> `scale/`, `cli/`.
+The folders read as the pipeline, each importing only those before it (docs/ARCHITECTURE.md, checked by
+tests/test_architecture.py): `pair/` -> `scoring/` -> `annotate/` -> `decoding/` -> `io/` -> `evaluation/` ->
+`views/` -> `analysis/` -> `instruments/` -> `demo/` -> `reports/` -> `scale/` -> `notebook/`, `cli/`.
 Every public name below loads its module on first use, so `import core` (and a command that only reads
 files) starts without the model stack. No public name equals a module name under `core`.
 """
