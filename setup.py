@@ -1,5 +1,5 @@
 """Package data that lives outside the packages: the top-level assets/ (demo pair, problem sets, planning
-lexicon) go into the wheel as core/_assets/, where core/io/packaged.py finds them. Metadata: pyproject.toml."""
+lexicon) go into the wheel as core/_assets/, where core/packaged.py finds them. Metadata: pyproject.toml."""
 
 import shutil
 from pathlib import Path
@@ -8,7 +8,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-PACKAGED = ("demo", "problems", "planning_lexicon.json")  # = core.io.packaged.PACKAGED
+PACKAGED = ("demo", "problems", "planning_lexicon.json")  # = core.packaged.PACKAGED
 
 
 class BuildWithAssets(build_py):

@@ -8,7 +8,7 @@ Policies come only from core's registry (`list_policies`, `make_policy`); gradin
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import core
 from core import settings
@@ -18,11 +18,10 @@ from core.errors import InvalidInputError
 from core.evaluation.grading import grade_trace, graded_put
 from core.evaluation.problems import Problem
 from core.io.store import TraceStore
+from core.settings import Progress
 from core.trace import Trace
 
 log = logging.getLogger(__name__)
-
-Progress = Callable[[int, int], None]
 
 
 def policy_names() -> list[str]:

@@ -1,6 +1,6 @@
 """Panels for issue 15's views: rank-shift plots, reasoners side by side, stacked heatmap rows, notes.
 
-Display only: the numbers come from core.annotate.rank_shift, core.scoring.comparison and core.io.notes. Pages call these
+Display only: the numbers come from core.annotate.rank_shift, core.analysis.comparison and core.io.notes. Pages call these
 functions (the Dataset page its two tabs, the Compare page its rows, the Trace and Problems pages notes).
 """
 
@@ -16,7 +16,7 @@ import streamlit as st
 from app.view import md_escape
 from core.annotate import rank_shift as rs
 from core.errors import ForkpointError
-from core.scoring.comparison import Comparison, dataset_tables, group_by_reasoner
+from core.analysis.comparison import Comparison, dataset_tables, group_by_reasoner
 from core.scoring.registry import score_label
 from core.trace import Trace
 from core.views.heatmap import heatmap_css, legend_html, tokens_html

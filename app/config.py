@@ -10,24 +10,27 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from core import settings
 from core.errors import InvalidInputError
+from core.pair.options import PAIR_OPTIONS, load_pair_arguments
 
 
 @dataclass(frozen=True)
 class PairChoice:
-    """Which model pair to load: `demo=True`, or a base and a reasoner (hub id, local dir or .gguf)."""
+    """Which model pair to load: `demo=True`, or a base and a reasoner (hub id, local dir or .gguf). The fields
+    after `demo` are core/pair/options.py PAIR_OPTIONS (a test checks it), defaults from there."""
 
     demo: bool = True
     base: str = ""  # hub id, local directory or .gguf file
     reason: str = ""
     base_format: str = ""  # "" = core's default ("Question: {problem}\nAnswer:")
     reason_format: str = ""  # "" = the reasoner's chat template when it has one
-    device: str = "auto"  # auto, cpu, cuda, cuda:N
-    dtype: str = "auto"  # auto, float32, bfloat16, float16
     base_revision: str = ""  # a hub revision to pin ("" = the default branch)
     reason_revision: str = ""
+    device: str = settings.DEVICE  # auto, cpu, cuda, cuda:N
+    dtype: str = settings.DTYPE  # auto, float32, bfloat16, float16
     trust_remote_code: bool = False  # only when the user passed --trust-remote-code
 
     def label(self) -> str:
@@ -38,6 +41,10 @@ class PairChoice:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    def load_arguments(self) -> dict[str, object]:
+        """`core.load_pair`'s keyword arguments for this choice (not the demo pair)."""
+        return load_pair_arguments(asdict(self))
 
 
 @dataclass(frozen=True)
@@ -52,15 +59,11 @@ class AppConfig:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamlit run app/main.py --", add_help=False, allow_abbrev=False)
-    p.add_argument("--base", default="", help="Base model: hub id, local directory or .gguf file.")
-    p.add_argument("--reason", default="", help="Reasoning model: hub id, local directory or .gguf file.")
-    p.add_argument("--base-format", default="", help="Base prompt format (a template with {problem}, or chat).")
-    p.add_argument("--reason-format", default="", help="Reasoning prompt format (default: its chat template).")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N.")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16.")
-    p.add_argument("--base-revision", default="", help="Pin the base model to a hub revision.")
-    p.add_argument("--reason-revision", default="", help="Pin the reasoning model to a hub revision.")
-    p.add_argument("--trust-remote-code", action="store_true", help="Run model code from the hub (only if you trust it).")
+    for o in PAIR_OPTIONS:  # the pair flags, as the CLI's (core/pair/options.py)
+        if o.switch:
+            p.add_argument(o.flag, action="store_true", help=o.describe())
+        else:
+            p.add_argument(o.flag, default=o.default, help=o.describe())
     p.add_argument("--store", default=None, help="Trace store directory (default: $FORKPOINT_STORE or ./forkpoint-store).")
     p.add_argument("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
     p.add_argument("--max-new-tokens", type=int, default=None,
@@ -68,22 +71,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+APP_DIR = Path(__file__).resolve().parent
+
+
+def script_args(argv: Sequence[str]) -> list[str]:
+    """The app's own arguments in a process's command line: what follows app/main.py or app/serve.py (`streamlit
+    run` puts the script first); none when another ASGI server serves `app.serve:streamlit_app` (its own flags)."""
+    return list(argv[1:]) if argv and Path(argv[0]).resolve().parent == APP_DIR else []
+
+
 def parse_args(argv: Sequence[str]) -> AppConfig:
     """Parse the script arguments; InvalidInputError (with the usage) on anything unknown or incomplete."""
     parser = _parser()
     args, unknown = parser.parse_known_args(list(argv))
     if unknown:
-        raise InvalidInputError(
-            f"Unknown app arguments: {' '.join(unknown)}; valid: --base --reason --base-format --reason-format "
-            "--base-revision --reason-revision --trust-remote-code --device --dtype --store --problems --max-new-tokens"
-        )
+        valid = [o.flag for o in PAIR_OPTIONS] + ["--store", "--problems", "--max-new-tokens"]
+        raise InvalidInputError(f"Unknown app arguments: {' '.join(unknown)}; valid: {' '.join(valid)}")
     if bool(args.base) != bool(args.reason):
         raise InvalidInputError("Give both --base and --reason (or neither, for the demo pair)")
-    pair = PairChoice(
-        demo=not args.base, base=args.base, reason=args.reason, base_format=args.base_format,
-        reason_format=args.reason_format, device=args.device, dtype=args.dtype, base_revision=args.base_revision,
-        reason_revision=args.reason_revision, trust_remote_code=args.trust_remote_code,
-    )
+    pair = PairChoice(demo=not args.base, **{o.name: getattr(args, o.name) for o in PAIR_OPTIONS})
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise InvalidInputError(f"--max-new-tokens must be ≥ 1, got {args.max_new_tokens}")
     return AppConfig(pair=pair, store=args.store, problems=args.problems, max_new_tokens=args.max_new_tokens)

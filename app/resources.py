@@ -22,6 +22,7 @@ from core.instruments.effects import attach_effects
 from core.io.notes import attach_notes
 from core.io.store import TraceStore, default_store_path
 from core.trace import Trace
+from core.views.token_payload import view_payload as token_payload
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,7 @@ def load_pair(spec: PairChoice) -> core.ModelPair:
         device = "cpu" if spec.device == "auto" else spec.device
         dtype = "float32" if spec.dtype == "auto" else spec.dtype
         return demo_pair(device=device, dtype=dtype)
-    return core.load_pair(spec.base, spec.reason, device=spec.device, dtype=spec.dtype,
-                          base_format=spec.base_format or None, reason_format=spec.reason_format or None,
-                          base_revision=spec.base_revision or None, reason_revision=spec.reason_revision or None,
-                          trust_remote_code=spec.trust_remote_code)
+    return core.load_pair(**spec.load_arguments())
 
 
 @st.cache_resource(show_spinner=False)
@@ -92,7 +90,7 @@ def render_data(path: str, key: str, score: str, scale: str, rule_key: str, pair
                 _rule: SpikeRule, _pair: Any, vmin: float | None = None, vmax: float | None = None,
                 range_tag: str = "trace", _reference: Any = None, start: int = 0,
                 end: int | None = None, notes_tag: str = "", effects_tag: str = "") -> dict[str, Any]:
-    """The token component's payload for a stored trace (see components.token_view.build_view), coloured
+    """The token component's payload for a stored trace (see core.views.token_payload.view_payload), coloured
     on [vmin, vmax] (`range_tag` names that range for the cache; `_reference` pools rank-scale values), with
     its notes marked (`notes_tag`: core.io.notes.notes_stamp, so a new note makes a new payload) and its
     measured takeover effects (`effects_tag`: core.instruments.effects.effects_stamp; "" when none)."""
@@ -104,13 +102,11 @@ def view_payload(path: str, trace: Trace, score: str, scale: str, pair: Any, vmi
                  vmax: float | None, reference: Any = None, start: int = 0, end: int | None = None,
                  effects: bool = True) -> dict[str, Any]:
     """`render_data` uncached, for an annotated trace: its notes and (with `effects`) measured effects
-    marked, then components.token_view.build_view (also the live channel's view of a new child)."""
-    from app.components.token_view import build_view
-
+    marked, then core.views.token_payload.view_payload (also the live channel's view of a new child)."""
     trace = attach_notes(path, trace)
     if effects:
         trace = attach_effects(get_store(path), trace, score=score)
-    return build_view(trace, score=score, scale=scale, decode=decoder(pair, trace), vmin=vmin, vmax=vmax,
+    return token_payload(trace, score=score, scale=scale, decode=decoder(pair, trace), vmin=vmin, vmax=vmax,
                       reference=reference, start=start, end=end)
 
 

@@ -1,76 +1,56 @@
-"""`forkpoint app` starts Streamlit through here: Streamlit's own server plus a Host check on plain HTTP.
+"""`forkpoint app`'s server: Streamlit's public `st.App` around app/main.py, with the Host check on plain HTTP
+(app/host_guard.py) as its middleware and the switchboard's live route (app/live.py) as its route.
 
-Streamlit checks `server.allowedHosts` on the WebSocket only, so `/`, `/_stcore/health`, `/_stcore/metrics`
-and the static files answer any Host header, and a DNS-rebinding page (attacker.example re-resolved to
-127.0.0.1) can read them. `HostGuard` refuses those requests with 403 by the same rule Streamlit applies
-to the WebSocket (`server.allowedHosts`; empty, as when bound to 0.0.0.0, allows every Host). It is the
-first middleware of Streamlit's Starlette stack, installed before the server starts; the second is the
-switchboard's live route (app/live.py), so it too sits behind the Host check.
+    streamlit run app/serve.py --server.address 127.0.0.1 --server.allowedHosts 127.0.0.1 -- <app arguments>
+    uvicorn app.serve:streamlit_app --host 127.0.0.1        # or any ASGI server (app arguments: none, the demo)
 
-    python -m app.serve run app/main.py --server.allowedHosts 127.0.0.1 ... -- <app arguments>
+`forkpoint app` runs the first line. `streamlit run app/main.py` still serves the app, without the live route
+(a click on the switchboard then switches through a fragment rerun) and without the Host check on plain HTTP.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
-REFUSED = b"Host not allowed: this forkpoint app answers only the address it is bound to (server.allowedHosts).\n"
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `streamlit run app/serve.py` puts app/ on the path, not the repo root
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+from app.host_guard import HostGuard  # noqa: E402
+from app.live import ROUTE, LiveRoute  # noqa: E402
+
+MAIN = ROOT / "app" / "main.py"
 
 
-class HostGuard:
-    """ASGI middleware: an HTTP request whose Host is not allowed gets 403 and never reaches Streamlit."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not host_allowed(scope):
-            await send({"type": "http.response.start", "status": 403,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                                    (b"content-length", str(len(REFUSED)).encode())]})
-            await send({"type": "http.response.body", "body": REFUSED})
-            return
-        await self.app(scope, receive, send)
+async def _not_found(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """What the live route passes on: nothing, since the route only sees its own path."""
+    await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"not found\n"})
 
 
-def host_allowed(scope: dict[str, Any]) -> bool:
-    """Whether the request's Host header passes `server.allowedHosts` (Streamlit's own WebSocket rule)."""
-    from streamlit.web.server.starlette.starlette_websocket import is_host_allowed
+def live_path() -> str:
+    """The live route's path under `server.baseUrlPath` (where the Trace page posts its switches)."""
+    from streamlit import config
 
-    hosts = [value for name, value in scope.get("headers", []) if name == b"host"]
-    if len(hosts) > 1:  # two Host headers: which one a proxy or browser meant cannot be told
-        return False
-    return is_host_allowed(hosts[0].decode("latin-1") if hosts else None)
+    base = (config.get_option("server.baseUrlPath") or "").strip("/")
+    return f"/{base}{ROUTE}" if base else ROUTE
 
 
-def install() -> None:
-    """Put HostGuard first in the middleware of every Starlette app Streamlit creates from now on, then the
-    switchboard's live route (app/live.py)."""
-    from streamlit.web.server.starlette import starlette_app
-
-    original = starlette_app.create_streamlit_middleware
-    if getattr(original, "forkpoint_host_guard", False):
-        return
-
-    def with_guard() -> list[Any]:
-        from starlette.middleware import Middleware
-
-        from app.live import LiveRoute
-
-        return [Middleware(HostGuard), Middleware(LiveRoute), *original()]
-
-    with_guard.forkpoint_host_guard = True  # type: ignore[attr-defined]
-    starlette_app.create_streamlit_middleware = with_guard
+def routes() -> list[Route]:
+    """The routes `st.App` serves beside Streamlit's own: the switchboard's live route."""
+    return [Route(live_path(), LiveRoute(_not_found))]
 
 
-def main() -> None:
-    """`python -m app.serve <streamlit arguments>`: `streamlit <arguments>` with the guard installed."""
-    install()
-    from streamlit.web.cli import main as streamlit_main
-
-    streamlit_main(args=sys.argv[1:], prog_name="streamlit")
+def middleware() -> list[Middleware]:
+    """What runs before Streamlit's own middleware on every request: the Host check (app/host_guard.py)."""
+    return [Middleware(HostGuard)]
 
 
-if __name__ == "__main__":
-    main()
+# Streamlit finds this by name (`streamlit run app/serve.py`); an ASGI server imports it (`app.serve:streamlit_app`).
+streamlit_app = st.App(MAIN, routes=routes(), middleware=middleware())

@@ -15,7 +15,7 @@ from typing import Any
 
 import streamlit as st
 
-from app.config import AppConfig, PairChoice, parse_args
+from app.config import AppConfig, PairChoice, parse_args, script_args
 from app.view import PROB_MODES, RANGES
 from core import settings
 from core.errors import ForkpointError
@@ -70,7 +70,7 @@ def init_state(argv: list[str] | None = None) -> AppConfig:
     first = "config" not in ss
     if first:
         try:
-            config = parse_args(sys.argv[1:] if argv is None else argv)
+            config = parse_args(script_args(sys.argv) if argv is None else argv)
         except ForkpointError as err:
             ss["notice"] = ("error", f"{err}. Using the demo pair.")
             config = AppConfig(pair=PairChoice())

@@ -21,7 +21,7 @@ from core.decoding.takeover import switches_in_force
 from core.errors import ForkpointError
 from core.instruments.ablation import ablate_takeovers
 from core.trace import Trace
-from core.views.heatmap import heatmap_css
+from core.views.token_payload import stream_html, stream_prefix
 
 VIEW_KEY = "tokview"  # the token view's widget key: its .click carries the event
 
@@ -133,16 +133,18 @@ def run_switch_job(ctx: Context, slot) -> None:
 
 def _stream(ctx: Context, parent: Trace, wanted: dict, slot) -> Trace:
     """The live channel's `run_switch` with each new token shown in `slot` as it is decided (escaped text, at
-    most ~20 updates/s): the rerun path, for a server without the live route."""
+    most ~20 updates/s, drawn as the token view draws a live stream): the rerun path, without the live route."""
     start: list[int] = []
     new: list[str] = []
     last = [0.0]
+    decode = resources.decoder(ctx.pair, parent)
+    prefix: list[str] = []  # the parent's tokens before the switch, drawn once as the token view draws them
 
     def show(done: bool = False) -> None:
-        prefix = html.escape("".join(parent.tokens[: start[0]])) if start else ""
-        slot.html(f"<style>{heatmap_css()}{STREAM_CSS}</style><div class='fp-stream fp-heatmap'>"
-                  f"<span class='old'>{prefix}</span><span class='new'>{html.escape(''.join(new))}</span>"
-                  f"{'' if done else '<span class=caret>▍</span>'}</div>")
+        if not prefix:
+            prefix.append(stream_prefix(parent, start[0] if start else 0, score=ctx.settings.score,
+                                        scale=ctx.settings.scale, decode=decode))
+        slot.html(stream_html(parent, start[0] if start else 0, "".join(new), done=done, prefix=prefix[0]))
 
     def on_text(pos: int, text: str) -> None:
         if not start:
@@ -154,16 +156,8 @@ def _stream(ctx: Context, parent: Trace, wanted: dict, slot) -> Trace:
             show()
 
     view = live.LiveView(pair=ctx.pair, store=ctx.store, then=st.session_state.get("sw_then", "policy"),
-                         decode=resources.decoder(ctx.pair, parent))
+                         decode=decode)
     return live.keep(view, live.run_switch(view, parent, wanted, on_text))
-
-
-STREAM_CSS = """
-.fp-stream { border: 1px solid #e5e7eb; border-radius: 6px; padding: 6px 8px; max-height: 60vh; overflow-y: auto; }
-.fp-stream .old { color: #6b7280; }
-.fp-stream .new { background: #fef3c7; }
-.fp-stream .caret { color: #2563eb; }
-"""
 
 
 def switch_controls(ctx: Context, trace: Trace) -> None:

@@ -21,7 +21,7 @@ from core.evaluation.problems import Problem
 from core.record.problems import problem_record
 from core.scoring.registry import DEFAULT_SCORE, SCORES
 from core.trace import Trace
-from core.views.exports import annotated
+from core.annotate.shown import annotated
 from core.views.presentation import policy_text
 
 PROB_MODES = ("prob", "logprob")  # how probabilities are shown
@@ -74,7 +74,7 @@ class SpikeRule:
 
 def annotate_view(trace: Trace, score: str = DEFAULT_SCORE, rule: SpikeRule | None = None) -> Trace:
     """The trace with the layers the Trace page shows: spikes under `rule`, planning tags, segments (the
-    annotations every export carries, `core.views.exports.annotated`, under the sidebar's rule)."""
+    annotations every export carries, `core.annotate.shown.annotated`, under the sidebar's rule)."""
     rule = rule or SpikeRule()
     return annotated(trace, score, top=None if rule.gate else (rule.top or settings.SPIKE_TOP), gate=rule.gate)
 

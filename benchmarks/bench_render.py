@@ -1,7 +1,7 @@
 """Server-side render time of the Trace page's token view: a 4096-token vs a 256-token trace.
 
-Times `app.components.token_view.build_view` (escaped heatmap HTML from core.views.heatmap.tokens_html,
-hover data for both models' top-10, legend) uncached, i.e. what the first view of a trace costs;
+Times `core.views.token_payload.view_payload` (the app's and the notebook's token view payload: escaped
+heatmap HTML from core.views.heatmap.tokens_html, hover data for both models' top-10, legend) uncached, i.e. what the first view of a trace costs;
 a click afterwards reruns only the fragment and hits the cache. Also reports the layer annotation
 (spikes + spaCy planning tags, cached separately) and the JSON payload size.
 
@@ -25,7 +25,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fakes import FAKE_VOCAB, make_trace  # noqa: E402
 
-from app.components.token_view import build_view  # noqa: E402
+from core.views.token_payload import view_payload as build_view  # noqa: E402
 from app.view import SpikeRule, annotate_view  # noqa: E402
 from benchmarks.results import write_section  # noqa: E402
 from core.views.presentation import PAGE_TOKENS
@@ -108,7 +108,7 @@ def report(small: dict, large: dict) -> str:
         SECTION,
         "",
         "`.venv/bin/python benchmarks/bench_render.py --write` — uncached server-side render of the Trace",
-        "page's token view (`build_view`: escaped heatmap HTML + hover data with both top-10 lists + legend),",
+        "page's token view (`view_payload`: escaped heatmap HTML + hover data with both top-10 lists + legend),",
         f"median of repeats; {platform.processor() or platform.machine()}, Python {platform.python_version()}.",
         "",
         "The last column is a whole Trace page run through `streamlit.testing.v1.AppTest` with cold",

@@ -26,7 +26,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from core.io.foreign import ForeignRecord, iter_foreign  # noqa: E402
-from core.io.imports import import_file  # noqa: E402
+from core.evaluation.graded_import import import_file  # noqa: E402
 from core.io.store import TraceStore  # noqa: E402
 
 

@@ -5,8 +5,9 @@
     trace = core.score(pair, "What is 2+3?", "2+3 = 5. The answer is 5.")
     trace.frame()
 
-The folders read as the pipeline (docs/ARCHITECTURE.md): `pair/` -> `record/` -> `scoring/` -> `decoding/` ->
-`annotate/` -> `io/` -> `views/` -> `analysis/`, `evaluation/`, `instruments/` -> `scale/`, `cli/`.
+The folders read as the pipeline, each importing only those before it (docs/ARCHITECTURE.md, checked by
+tests/test_architecture.py): `pair/` -> `record/` -> `scoring/` -> `annotate/` -> `decoding/` -> `io/` -> `evaluation/` ->
+`views/` -> `analysis/` -> `instruments/` -> `demo/` -> `reports/` -> `scale/` -> `notebook/`, `cli/`.
 Every public name below loads its module on first use, so `import core` (and a command that only reads
 files) starts without the model stack. No public name equals a module name under `core`.
 """
@@ -28,7 +29,7 @@ _PUBLIC: dict[str, str] = {
     "demo_problems": "core.demo.pair",
     # 3. traces: score a given response, generate new ones, switch takeovers on and off
     "Trace": "core.trace", "score": "core.scoring.teacher_forced", "score_batch": "core.scoring.teacher_forced",
-    "compare": "core.scoring.comparison", "generate": "core.decoding.generation",
+    "compare": "core.analysis.comparison", "generate": "core.decoding.generation",
     "takeover": "core.decoding.takeover", "branch": "core.decoding.takeover",
     # 4. who writes each token: the policy registry and the calibrated gate
     "Policy": "core.decoding.policies", "make_policy": "core.decoding.policies",
@@ -38,10 +39,10 @@ _PUBLIC: dict[str, str] = {
     "list_metrics": "core.scoring.registry", "spikes": "core.annotate.spikes",
     "tag_planning": "core.annotate.planning", "list_analyses": "core.analysis.registry",
     # 6. the store and files others open
-    "TraceStore": "core.io.store", "import_file": "core.io.imports", "export": "core.views.exports",
+    "TraceStore": "core.io.store", "import_file": "core.evaluation.graded_import", "export": "core.views.exports",
     "read_jsonl": "core.views.exports",
     # 7. evaluation
-    "evaluate": "core.evaluation.harness", "grade": "core.evaluation.grading", "reproduce": "core.evaluation.reproduce",
+    "evaluate": "core.evaluation.harness", "grade": "core.evaluation.grading", "reproduce": "core.reports.reproduce",
     # 8. research instruments: does a takeover matter, where is success decided, where does a decision form
     "takeover_effects": "core.instruments.effects", "success_curve": "core.instruments.success_curve",
     "lens": "core.instruments.lens", "token_stats": "core.instruments.token_stats",
@@ -56,7 +57,7 @@ _MORE: dict[str, str] = {
     **{name: "core.errors" for name in (
         "ModelLoadError", "VocabularyMismatchError", "PairMismatchError", "StoreError", "WriteError",
         "OutputExistsError", "GradingError", "GenerationCancelled", "ExecutorError")},
-    "widget": "core.views.notebook",  # needs the `notebook` extra (anywidget)
+    "widget": "core.notebook.widget",  # needs the `notebook` extra (anywidget)
     "RayExecutor": "core.scale.ray_executor",  # needs the `ray` extra (docs/SCALE.md)
 }  # fmt: skip
 

@@ -84,6 +84,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("samples", 1, "Samples per problem (pass@k uses all of them).", 1, None),
         Setting("batch_size", 8, "Rows decoded or scored together.", 1, None),
         Setting("k", 10, "Top-k ids and probabilities kept per token and model.", 1, None),
+        Setting("hover_k", 20, "Most top-k rows on a token's hover card (the app and the notebook; a trace keeps k).",
+                1, None),
         Setting("window", 16, "Gate window W: the previous W scores whose mean the current one must exceed λ times.", 1, None),
         Setting("ratio", 0.05, "Calibration ratio r: the gate's tau is the (1 - r) quantile of base-rollout scores.",
                 0.0, 1.0, open_low=True, open_high=True, step=0.001),
@@ -112,6 +114,7 @@ SEED: int = SETTINGS["seed"].value
 SAMPLES: int = SETTINGS["samples"].value
 BATCH_SIZE: int = SETTINGS["batch_size"].value
 K: int = SETTINGS["k"].value
+HOVER_K: int = SETTINGS["hover_k"].value
 WINDOW: int = SETTINGS["window"].value
 RATIO: float = SETTINGS["ratio"].value
 CALIBRATION_PROBLEMS: int = SETTINGS["calibration_problems"].value

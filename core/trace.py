@@ -35,7 +35,7 @@ def register_html_renderer(render: Any) -> None:
     _HTML_RENDERER[:] = [render]
 
 
-def note_column(layer: list[dict[str, Any]], n: int) -> list[str]:
+def note_texts(layer: list[dict[str, Any]], n: int) -> list[str]:
     """Per token, the text of the notes of a "notes" layer covering it, joined with " | " ("" for none; "🔖"
     for an empty bookmark): the `note` column of `frame()` and of CSV/Parquet exports."""
     col: list[list[str]] = [[] for _ in range(n)]
@@ -167,7 +167,7 @@ class Trace:
                     switch[int(pos)] = str(what)
             data["switch"] = switch
         if self.annotations.get("notes"):  # the notes layer (core/io/notes.py attach_notes): text per token
-            data["note"] = note_column(self.annotations["notes"], n)
+            data["note"] = note_texts(self.annotations["notes"], n)
         return pd.DataFrame(data)
 
     def _repr_html_(self) -> str | None:

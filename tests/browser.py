@@ -75,11 +75,11 @@ def pair_args(tmp_path_factory) -> list[str]:
 
 @contextmanager
 def run_app(app_args: list[str], log: Path, env: Mapping[str, str] | None = None) -> Iterator[str]:
-    """`streamlit run app/main.py -- *app_args` on a free local port, through app/serve.py as `forkpoint app`
-    starts it (the Host check and the switchboard's live route), output to `log`; yields the app's URL once
-    healthy, and stops the server on exit. `env` is added to the environment."""
+    """The app (app/main.py) with `app_args` on a free local port, served as `forkpoint app` serves it
+    (`streamlit run app/serve.py`: st.App with the Host check and the switchboard's live route), output to
+    `log`; yields the app's URL once healthy, and stops the server on exit. `env` is added to the environment."""
     port = free_port()
-    cmd = [sys.executable, "-m", "app.serve", "run", str(ROOT / "app" / "main.py"), "--server.headless", "true",
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "serve.py"), "--server.headless", "true",
            "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
            "--", *app_args]
     with open(log, "w") as fh:

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import pytest
 from fakes import make_trace
 
-from core.analysis import report as R
+from core.reports import report as R
 from core.analysis import tables as A
 from core.errors import ForkpointError, InvalidInputError
 

@@ -3,7 +3,10 @@ and core errors shown as messages (never tracebacks). Runs the real app on a tin
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +17,8 @@ from app.downloads import export_file_bytes
 from core.io.store import TraceStore
 from core.views.exports import annotated, read_jsonl
 from tests.apptest import start_app, tiny_argv, write_problems
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROBLEMS = [
     {"id": "p1", "question": "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?", "answer": "10"},
@@ -468,7 +473,7 @@ def test_host_guard_refuses_plain_http_with_a_foreign_host(monkeypatch):
 
     from streamlit import config
 
-    from app.serve import HostGuard, install
+    from app.host_guard import HostGuard
 
     reached = []
 
@@ -495,15 +500,29 @@ def test_host_guard_refuses_plain_http_with_a_foreign_host(monkeypatch):
     monkeypatch.setattr(config, "get_option", lambda name: [])  # bound to 0.0.0.0: every Host
     assert status([b"attacker.example"]) is None
 
-    from streamlit.web.server.starlette import starlette_app
 
-    install()
-    install()  # once only
-    stack = starlette_app.create_streamlit_middleware()
-    assert stack[0].cls is HostGuard and sum(m.cls is HostGuard for m in stack) == 1
-    from app.live import LiveRoute
-
-    assert stack[1].cls is LiveRoute  # the switchboard's live route sits behind the Host check
+def test_forkpoint_app_serves_st_app_with_the_guard_first_and_the_live_route():
+    """`forkpoint app`'s server is Streamlit's public st.App (app/serve.py): HostGuard is the middleware run before
+    Streamlit's own, so the live route (app/live.py) sits behind the Host check; no Streamlit module is patched.
+    In a subprocess: building an st.App sets Streamlit's process-wide main script."""
+    code = (
+        "import json, streamlit as st\n"
+        "from starlette.routing import Route\n"
+        "from app import serve\n"
+        "from app.host_guard import HostGuard\n"
+        "from app.live import ROUTE, LiveRoute, serving\n"
+        "(route,) = serve.routes()\n"
+        "print(json.dumps({'app': isinstance(serve.streamlit_app, st.App),\n"
+        "                  'script': str(serve.streamlit_app.script_path) == str(serve.MAIN),\n"
+        "                  'middleware': [m.cls is HostGuard for m in serve.middleware()],\n"
+        "                  'route': [isinstance(route, Route), route.path == ROUTE, isinstance(route.app, LiveRoute)],\n"
+        "                  'served': serving()}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {"app": True, "script": True, "middleware": [True],
+                                                       "route": [True, True, True], "served": True}
 
 
 def _ws_status(port: int, host: str) -> int:

@@ -14,8 +14,8 @@ from fakes import fake_decode, make_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.components.token_view import build_view
-from app.config import parse_args
+from core.views.token_payload import view_payload as build_view
+from app.config import parse_args, script_args
 from app.view import (
     SpikeRule,
     annotate_view,
@@ -37,6 +37,16 @@ from core.views.presentation import (
 )
 
 # -- config --------------------------------------------------------------------------------------
+
+
+def test_app_arguments_follow_the_app_script_only():
+    """`streamlit run app/main.py -- X` and `app/serve.py -- X` give the app X; another ASGI server's command line
+    (`uvicorn app.serve:streamlit_app --port 1`) is its own, not the app's."""
+    app_dir = Path(__file__).resolve().parents[1] / "app"
+    assert script_args([str(app_dir / "main.py"), "--store", "s"]) == ["--store", "s"]
+    assert script_args([str(app_dir / "serve.py"), "--base", "b", "--reason", "r"]) == ["--base", "b", "--reason", "r"]
+    assert script_args(["/venv/bin/uvicorn", "app.serve:streamlit_app", "--port", "1"]) == []
+    assert script_args([]) == []
 
 
 def test_parse_args_defaults_to_demo_pair():
@@ -402,7 +412,8 @@ def test_forkpoint_app_forwards_every_pair_flag_to_the_app(monkeypatch):
             "--trust-remote-code", "--store", "st", "--base-format", "Q: {problem}\nA:", "--port", "8600"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert seen["cmd"][1:3] == ["-m", "app.serve"]  # Streamlit with the plain-HTTP Host check (app/serve.py)
+    root = Path(__file__).resolve().parents[1]  # st.App with the live route and the plain-HTTP Host check
+    assert seen["cmd"][1:5] == ["-m", "streamlit", "run", str(root / "app" / "serve.py")]
     assert str(Path(__file__).resolve().parents[1]) in seen["env"]["PYTHONPATH"].split(os.pathsep)
     forwarded = seen["cmd"][seen["cmd"].index("--") + 1:]
     config = parse_args(forwarded)

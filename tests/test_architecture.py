@@ -14,9 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "core"
-ROOT_MODULES = {"__init__.py", "errors.py", "settings.py", "trace.py"}  # what every stage shares
-ROOMS = {"pair", "record", "scoring", "decoding", "annotate", "io", "views", "analysis", "evaluation",
-         "instruments", "scale", "demo", "cli"}
+ROOT_MODULES = {"__init__.py", "errors.py", "settings.py", "packaged.py", "trace.py"}  # what every stage shares
+ROOMS = {"pair", "record", "scoring", "decoding", "annotate", "io", "views", "analysis", "evaluation", "instruments",
+         "scale", "demo", "reports", "notebook", "cli"}
 
 
 def module_names() -> dict[str, Path]:
@@ -150,9 +150,9 @@ def test_trace_is_data():
 # Modules that load a heavy optional package when imported: the only core modules another may import lazily.
 HEAVY = {
     "core.annotate.planning": "spacy",
-    "core.views.notebook": "anywidget",
-    "core.analysis.report": "plotly",
-    "core.analysis.paper": "plotly",
+    "core.notebook.widget": "anywidget",
+    "core.reports.report": "plotly",
+    "core.reports.paper": "plotly",
 }
 EDGES = ("core/cli/",)  # the CLI loads each command's stack only when it runs (`forkpoint ls` starts without torch)
 
@@ -212,3 +212,169 @@ def test_every_core_name_in_a_message_or_docstring_exists():
         warnings.simplefilter("ignore", DeprecationWarning)
         missing = sorted(f"{name} ({where})" for name, where in found.items() if not _resolves(name))
     assert not missing, f"names that do not exist: {missing}"
+
+
+# The rooms of core in pipeline order (docs/ARCHITECTURE.md lists them in this order): a room may import from
+# the rooms before it, never from one after it. `core` is the package's own __init__ (the lazy public API).
+ROOM_ORDER = ("core.errors", "core.settings", "core.packaged", "core.trace", "core.pair", "core.record", "core.scoring",
+              "core.annotate", "core.decoding", "core.io", "core.evaluation", "core.views", "core.analysis",
+              "core.instruments", "core.demo", "core.reports", "core.scale", "core.notebook", "core", "core.cli")
+SHARED = {"core.errors", "core.settings"}  # a leaf module importing only these may be imported from any room
+
+
+def room_of(module: str, modules: dict[str, Path]) -> str:
+    """The folder-level node of a module: its subpackage (core.io for core.io.store), or the root module itself."""
+    parts = module.split(".")
+    if len(parts) <= 2:
+        return module
+    return ".".join(parts[:2])
+
+
+def room_graph(graph: dict[str, set[str]], modules: dict[str, Path]) -> tuple[dict[str, set[str]], dict]:
+    """room -> the rooms it imports, and (room, room) -> the module edges behind it. An edge into a leaf module
+    (one that imports nothing of core but errors and settings) does not count: a leaf sits in no stage."""
+    leaves = {m for m in modules if graph.get(m, set()) <= SHARED}
+    rooms: dict[str, set[str]] = defaultdict(set)
+    why: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for a, targets in graph.items():
+        for b in targets:
+            ra, rb = room_of(a, modules), room_of(b, modules)
+            if ra != rb and b not in leaves:
+                rooms[ra].add(rb)
+                why[(ra, rb)].append(f"{a} -> {b}")
+    return rooms, why
+
+
+def test_rooms_of_core_import_each_other_without_a_cycle():
+    """Stage order at folder level: each subpackage and each root module is a node; no circle of rooms."""
+    modules = module_names()
+    rooms, why = room_graph(import_graph(modules), modules)
+    loops = cycles(rooms)
+    detail = "\n".join(
+        f"{loop}:\n" + "\n".join(f"  {a} -> {b}: {', '.join(sorted(why[(a, b)]))}"
+                                  for a in loop for b in sorted(rooms[a]) if b in loop) for loop in loops
+    )
+    assert not loops, f"rooms of core that import each other in a circle:\n{detail}"
+
+
+def test_rooms_import_only_rooms_before_them():
+    """The order docs/ARCHITECTURE.md lists is the import order: no room imports a room listed after it."""
+    modules = module_names()
+    rooms, why = room_graph(import_graph(modules), modules)
+    known = {room_of(m, modules) for m in modules}
+    assert known <= set(ROOM_ORDER), f"rooms missing from ROOM_ORDER: {sorted(known - set(ROOM_ORDER))}"
+    rank = {room: i for i, room in enumerate(ROOM_ORDER)}
+    upward = sorted(f"{a} -> {b}: {', '.join(sorted(why[(a, b)]))}"
+                    for a, targets in rooms.items() for b in targets if rank[b] > rank[a])
+    assert not upward, "imports that climb up the stage order:\n" + "\n".join(upward)
+
+
+def test_architecture_lists_the_rooms_in_stage_order():
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = text.split("## Rooms in stage order", 1)[1].split("\n## ", 1)[0]
+    listed = [line.split("`")[1].rstrip("/").replace("/", ".").removesuffix(".py")
+              for line in section.splitlines() if line.startswith(tuple("0123456789")) and "`" in line]
+    expected = [r.removeprefix("core.") if r != "core" else "__init__" for r in ROOM_ORDER]
+    assert listed == expected, (listed, expected)
+
+
+def test_the_room_graph_ignores_edges_into_leaves_only():
+    modules = {m: Path(f"{m}.py") for m in ("core.a.x", "core.a.y", "core.b.leaf", "core.b.z", "core.errors")}
+    graph = {"core.a.x": {"core.b.leaf"}, "core.b.leaf": {"core.errors"}, "core.b.z": {"core.a.y"},
+             "core.a.y": {"core.a.x"}}
+    rooms, _ = room_graph(graph, modules)
+    assert cycles(rooms) == []
+    graph["core.a.x"].add("core.b.z")
+    rooms, _ = room_graph(graph, modules)
+    assert cycles(rooms) == [["core.a", "core.b"]]
+
+
+# Names two core modules still both define, while their merge is under way elsewhere (each entry must still be a
+# duplicate: remove it when its second definition goes).
+PENDING_DUPLICATES = {"SwitchPolicy", "THEN", "WHO"}
+MODULE_LOCAL = {"log", "logger"}  # each module's own logger
+
+
+def top_level_definitions() -> dict[str, list[str]]:
+    """Public name -> the core modules (outside the CLI edge, whose commands are named for the API) defining it
+    at top level (def, class or assignment; imports are not definitions)."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for path in sorted(CORE.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel.startswith(EDGES):
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            else:
+                names = []
+            for name in names:
+                if not name.startswith("_") and name not in MODULE_LOCAL and rel not in found[name]:
+                    found[name].append(rel)
+    return found
+
+
+def test_each_public_name_is_defined_in_one_core_module():
+    found = top_level_definitions()
+    twice = {name: where for name, where in found.items() if len(where) > 1 and name not in PENDING_DUPLICATES}
+    assert not twice, f"names with two homes (give one a name of its own, or import it): {twice}"
+    stale = sorted(name for name in PENDING_DUPLICATES if len(found.get(name, [])) < 2)
+    assert not stale, f"no longer duplicated, remove from PENDING_DUPLICATES: {stale}"
+
+
+def _streamlit_aliases(tree: ast.AST) -> set[str]:
+    """Local names bound to streamlit or one of its modules (`import streamlit as st`, `from streamlit.web
+    import server`)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == "streamlit"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "streamlit":
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+STATE_OBJECTS = {"session_state", "query_params"}  # streamlit's documented state: writing into it is the API
+
+
+def _assigned_into(tree: ast.AST, names: set[str]) -> list[int]:
+    """Line numbers of assignments to an attribute of a streamlit module bound to one of `names`
+    (`starlette_app.create_streamlit_middleware = ...`, `st.x.y = ...`, `setattr(st, ...)`); writing into
+    `st.session_state` or `st.query_params` is streamlit's API, not a patch."""
+    lines = []
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("setattr", "delattr") and node.args:
+            targets = [ast.Attribute(value=node.args[0], attr="?")]
+        for target in targets:
+            chain = []
+            while isinstance(target, (ast.Attribute, ast.Subscript)):
+                chain.append(target.attr if isinstance(target, ast.Attribute) else "[]")
+                target = target.value
+            if chain and isinstance(target, ast.Name) and target.id in names and not STATE_OBJECTS & set(chain):
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "app").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_app_assigns_nothing_into_streamlit_modules(path):
+    """The app uses Streamlit's public API (st.App for the live route), never a patched private function."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    lines = _assigned_into(tree, _streamlit_aliases(tree))
+    assert not lines, f"{path.relative_to(ROOT)} assigns into a streamlit module at lines {lines}"
+
+
+def test_the_streamlit_assignment_check_finds_a_patch():
+    tree = ast.parse("from streamlit.web.server.starlette import starlette_app\n"
+                     "import streamlit as st\n"
+                     "def f():\n    starlette_app.create_streamlit_middleware = g\n"
+                     "st.session_state['x'] = 1\nst.query_params.k = 1\nst.x.y = 2\nsetattr(st, 'z', 3)\n")
+    assert _assigned_into(tree, _streamlit_aliases(tree)) == [4, 7, 8]

@@ -1,4 +1,4 @@
-"""core/scoring/comparison.py: one response against several reasoners that share the base."""
+"""core/analysis/comparison.py: one response against several reasoners that share the base."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import core
 from core.analysis import tables as A
 from core.annotate.rank_shift import shifted_ratio
 from core.errors import InvalidInputError, PairMismatchError
-from core.scoring import comparison as cmp
+from core.analysis import comparison as cmp
 from tests.apptest import tiny_app
 from tests.fakes import make_trace
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from core.demo import card as demo_card
+from core.reports import demo_card
 from core.demo import train as demo_train
 
 

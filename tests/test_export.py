@@ -127,6 +127,34 @@ def test_format_validation_and_overwrite(tmp_path, traces):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temp files left behind
 
 
+def test_every_format_in_the_table_writes_exactly_its_files(tmp_path, traces):
+    """FORMATS is the one table: each row's writer makes the file under its suffix plus its sidecars and nothing
+    else; the CLI's --format choices and the app's download buttons read the same rows."""
+    from click import Choice
+
+    from app.downloads import export_file_bytes, file_name, mime_type
+    from core.cli.store import export as export_command
+
+    for name, spec in FORMATS.items():
+        folder = tmp_path / name
+        out = export(traces, folder / f"t{spec.suffix}")
+        assert sorted(folder.iterdir()) == sorted(spec.paths(out)), name
+        assert file_name(["abcdefgh12"], name) == "forkpoint-abcdefgh" + (".zip" if spec.sidecars else spec.suffix)
+        assert mime_type(name) == ("application/zip" if spec.sidecars else spec.mime)
+        data = export_file_bytes(traces, name)
+        if spec.sidecars:  # one zip of the file and its sidecars
+            import io
+            import zipfile
+
+            names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+            assert names == [p.name for p in spec.paths(tmp_path / f"traces{spec.suffix}")], name
+        else:  # the file itself (same kind: its first bytes; the provenance time may differ)
+            assert data[:4] == out.read_bytes()[:4] and len(data) > 100, name
+    assert FORMATS["csv"].paths(tmp_path / "x.csv") == [tmp_path / "x.csv", sidecar_path(tmp_path / "x.csv")]
+    (option,) = [p for p in export_command.params if p.name == "fmt"]
+    assert isinstance(option.type, Choice) and list(option.type.choices) == list(FORMATS)
+
+
 # -- CSV / Parquet ---------------------------------------------------------------------------------------
 
 

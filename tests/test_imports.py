@@ -33,10 +33,9 @@ from core.io.foreign import (
     iter_foreign,
     json_depth_exceeds,
 )
+from core.evaluation.graded_import import import_file, import_jsonl
 from core.io.imports import (
     ImportResult,
-    import_file,
-    import_jsonl,
     read_foreign_jsonl,
     record_key,
 )

@@ -25,7 +25,7 @@ PROMPT = "What is 2+3?"
 RESPONSE = "2+3 = 5. Wait, 5. The answer is 5."
 SYNCED = ("score", "scores", "views", "selected", "selection_label", "choices", "tree", "notes", "can_note", "status")
 
-notebook = pytest.importorskip("core.views.notebook")  # the `notebook` extra (anywidget)
+notebook = pytest.importorskip("core.notebook.widget")  # the `notebook` extra (anywidget)
 
 
 @pytest.fixture(scope="module")

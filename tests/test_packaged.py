@@ -1,4 +1,4 @@
-"""core.io.packaged: a wheel (`pip install .`, not editable) ships the demo pair, problem sets and lexicon.
+"""core.packaged: a wheel (`pip install .`, not editable) ships the demo pair, problem sets and lexicon.
 
 Builds the wheel from a copy of the source (no network: --no-index, --no-build-isolation), installs it
 with --no-deps into a fresh venv that reuses this venv's packages through a .pth line, and loads the
@@ -15,7 +15,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from core.io.packaged import CHECKOUT_ASSETS, PACKAGED, assets_dir
+from core.packaged import CHECKOUT_ASSETS, PACKAGED, assets_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def test_a_wheel_install_has_the_demo_pair_problems_and_lexicon(tmp_path):
 
     probe = (
         "import json, core\n"
-        "from core.io.packaged import assets_dir\n"
+        "from core.packaged import assets_dir\n"
         "from core.annotate.planning import DEFAULT_LEXICON, load_lexicon\n"
         "pair = core.demo_pair()\n"
         "print(json.dumps({'core': core.__file__, 'assets': str(assets_dir()), 'problems': len(core.demo_problems()),\n"

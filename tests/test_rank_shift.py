@@ -100,7 +100,7 @@ def test_at_positions_with_a_top_rule_uses_the_score():
 
 
 def test_the_analysis_report_has_the_rank_shift_table(tmp_path):
-    from core.analysis.report import report_html, report_tables
+    from core.reports.report import report_html, report_tables
 
     traces = [make_trace(n_tokens=60, seed=s, annotate=True, reason_share=0.3) for s in range(3)]
     tables = report_tables(traces, score="cross_entropy", top=0.05)

@@ -1,4 +1,4 @@
-"""core/evaluation/records.py: a run's records on disk give the policy table the in-memory records give,
+"""core/evaluation/record_table.py: a run's records on disk give the policy table the in-memory records give,
 number for number, and come back in run order."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import core.evaluation.harness as ev
-from core.evaluation.records import RECORD_COLUMNS, RecordTable, frame_groups
+from core.evaluation.record_table import RECORD_COLUMNS, RecordTable, frame_groups
 from core.trace import RowSummary
 
 

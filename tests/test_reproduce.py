@@ -1,4 +1,4 @@
-"""`reproduce` (core.evaluation.reproduce, `forkpoint reproduce`): the paper's protocol end to end on the demo
+"""`reproduce` (core.reports.reproduce, `forkpoint reproduce`): the paper's protocol end to end on the demo
 pair, the paper-style table's averages and recovery reference, sampling presets, calibration hold-out,
 and `forkpoint analyze --overwrite`."""
 
@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from core import settings
-from core.analysis.paper import AVERAGE, paper_table
+from core.reports.paper import AVERAGE, paper_table
 from core.cli import main
 from core.demo.pair import DEMO_DIR, demo_formats, demo_pair, demo_problems
 from core.evaluation import harness as ev
-from core.evaluation.reproduce import reproduce, resolve_sampling, split_calibration
+from core.reports.reproduce import reproduce, resolve_sampling, split_calibration
 from core.io.store import TraceStore
 
 # -- pure parts ------------------------------------------------------------------------------------------
@@ -176,7 +176,7 @@ def test_analyze_twice_needs_overwrite(tmp_path, qwen_pair):
 def test_demo_measure_command_exists_as_the_card_says():
     import inspect
 
-    from core.demo.card import write_card
+    from core.reports.demo_card import write_card
 
     assert inspect.signature(write_card).parameters["command"].default == "forkpoint demo measure"
     result = CliRunner().invoke(main, ["demo", "measure", "--help"])
@@ -184,7 +184,7 @@ def test_demo_measure_command_exists_as_the_card_says():
 
 
 def test_headline_picks_this_runs_values():
-    from core.analysis.paper import headline
+    from core.reports.paper import headline
 
     density = pd.DataFrame({"bin_left": [0.0], "bin_right": [1.0], "count": [1], "density": [1.0], "uniform": [1.0]})
     density.attrs["median_u"] = 0.07
@@ -208,7 +208,7 @@ def test_headline_picks_this_runs_values():
 
 
 def test_headline_per_benchmark_with_the_papers_numbers_beside():
-    from core.analysis.paper import headline
+    from core.reports.paper import headline
 
     auroc = pd.DataFrame({"benchmark": ["gsm8k", "gsm8k", "math500", "math500", "all", "all"],
                           "signal": ["cross_entropy", "entropy_base"] * 3, "auroc": [0.9, 0.8, 0.7, 0.6, 0.75, 0.65]})
@@ -229,7 +229,7 @@ def test_headline_per_benchmark_with_the_papers_numbers_beside():
 
 
 def test_setting_labels_and_fixed_rho_rows():
-    from core.analysis.paper import setting_label
+    from core.reports.paper import setting_label
 
     assert setting_label({"policy": "entropy_gated", "config": "r=0.05"}) == "entropy-gated r=0.05"
     assert setting_label({"policy": "random_positions", "config": "ρ=0.25"}) == "random positions, ρ = 0.25"

@@ -522,7 +522,7 @@ def test_killed_worker_batch_is_retried(ray_executor, demo, problems, tmp_path):
 
 
 def test_ray_data_import_matches_in_process(ray_executor, demo, problems, tmp_path):
-    from core.io.imports import import_file
+    from core.evaluation.graded_import import import_file
     from core.scale.ray_data import import_file_ray
 
     path = tmp_path / "rollouts.jsonl"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import core
 from core.annotate.spikes import spikes_or_top
 from core.errors import InvalidInputError
-from core.instruments.token_stats import COLUMNS, occurrences, token_stats
+from core.instruments.token_stats import TOKEN_STATS_COLUMNS, occurrences, token_stats
 from core.scoring.registry import score_values
 from tests.fakes import make_trace
 
@@ -48,7 +48,7 @@ def test_stats_equal_a_brute_force_count(seeds: list[int], by: str, score: str, 
     measured = {(t.key, int(p)): float(rng.uniform(-1, 1)) for t in traces for p in rng.choice(len(t), 3, replace=False)}
     effects = pd.DataFrame([{"trace": k, "pos": p, "effect": e} for (k, p), e in measured.items()])
     frame = token_stats(traces, score=score, by=by, effects=effects)
-    assert list(frame.columns) == [by, *COLUMNS]
+    assert list(frame.columns) == [by, *TOKEN_STATS_COLUMNS]
     ref = _brute(traces, by, score, measured)
     assert set(frame[by]) == set(ref) and frame["count"].sum() == sum(len(t) for t in traces)
     for row in frame.itertuples(index=False):

@@ -12,7 +12,7 @@ from app.context import get_context
 from app.view import md_code, md_escape
 from core.annotate import rank_shift as rs
 from core.errors import ForkpointError
-from core.scoring.comparison import compare, reasoner_name, with_reasoner
+from core.analysis.comparison import compare, reasoner_name, with_reasoner
 from core.scoring.registry import score_label
 
 SELF = "the base model itself (a reference: its KL and JSD against the base are 0)"

@@ -11,7 +11,7 @@ from app.context import get_context
 from app.instruments_panels import dataset_instruments
 from app.view import select_rows, with_policy_labels
 from core import settings
-from core.analysis import report as R
+from core.reports import report as R
 from core.analysis import tables as A
 from core.analysis.registry import (
     Analysis,

@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import resources, state
 from app.context import get_context
-from app.downloads import MIME, export_file_bytes, file_name
+from app.downloads import export_file_bytes, file_name, mime_type
 from app.filters import trace_filter
 from app.view import md_code, md_escape, trace_table
 from core.errors import ForkpointError
@@ -56,9 +56,7 @@ def main() -> None:
         if not keys:
             st.info("No traces match.")
             return
-    fmt = st.radio("Format", FORMATS, horizontal=True, key="ex_format",
-                   format_func={"jsonl": "JSONL (lossless)", "csv": "CSV (+ record, zipped)", "parquet": "Parquet",
-                                "html": "HTML (self-contained)"}.get)
+    fmt = st.radio("Format", tuple(FORMATS), horizontal=True, key="ex_format", format_func=lambda f: FORMATS[f].label)
     s = ctx.settings
     name = file_name(keys, fmt)
     tag = "none" if ctx.pair is None else repr(ctx.pair.fingerprint())
@@ -68,7 +66,7 @@ def main() -> None:
     except ForkpointError as err:
         st.error(f"Export failed: {md_escape(err, 400)}")
         return
-    st.download_button(f"Download {name}", data=data, file_name=name, mime=MIME[fmt], type="primary",
+    st.download_button(f"Download {name}", data=data, file_name=name, mime=mime_type(fmt), type="primary",
                        key="ex_download", on_click="ignore")
     st.caption(f"{len(data) / 1024:.1f} KiB · every file carries each trace's reproducibility record, the spikes "
                f"({s.rule.describe()}), planning tags and both top-k lists as token strings.")

@@ -1,6 +1,6 @@
 """The analysis registry: every dataset-level analysis once, read by the report, the CLI and the Dataset page.
 
-An `Analysis` turns traces into named tables (`run`) and names the figure of `core/analysis/report.py`
+An `Analysis` turns traces into named tables (`run`) and names the figure of `core/reports/report.py`
 that draws them. `forkpoint analyze`, `report_tables`/`report_html` and the app's Dataset tabs iterate
 `ANALYSES`, so a new analysis is one entry here (and, for a plot, one figure function).
 """
@@ -27,7 +27,7 @@ Tables = dict[str, pd.DataFrame]
 @dataclass(frozen=True)
 class Analysis:
     """One analysis: `run(traces, score, top, segment)` gives named tables; `figure` (a function name in
-    core/analysis/report.py) draws `figure_tables` of them; `detail` is the table shown under the figure."""
+    core/reports/report.py) draws `figure_tables` of them; `detail` is the table shown under the figure."""
 
     name: str
     label: str

@@ -3,7 +3,7 @@
 Every function takes `score=` (a name from `core.scoring.registry.SCORES`) and `segment=None|"think"|
 "answer"`: with a segment, a trace that carries annotations["segments"] is cut to the positions of
 that segment (and analysed as if that were the whole response); a trace without the layer is kept
-whole. Figures live in `core.analysis.report`; failure prediction in `failure`, decision pairs in
+whole. Figures live in `core.reports.report`; failure prediction in `failure`, decision pairs in
 `decisions` (both re-exported here).
 """
 

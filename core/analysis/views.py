@@ -11,7 +11,7 @@ from core.errors import InvalidInputError
 from core.scoring.registry import check_score, score_values
 from core.trace import Trace
 
-SEGMENTS = (None, "think", "answer")
+SEGMENTS = (None, "think", "answer")  # None: the whole response
 POOLED = "pooled"
 ENTROPY = "entropy_base"
 

@@ -53,7 +53,6 @@ CATEGORIES: tuple[str, ...] = ("plan", "reflect", "verify", "conclude", "execute
 DEFAULT = "execute"
 MATCHED = CATEGORIES[:-1]  # categories a lexicon may list; earlier wins a tie between equal spans
 PLANNING_CATEGORIES = MATCHED  # the paper's "planning" side of the planning/execution split
-SEGMENTS = ("think", "answer")
 
 # Token-pattern attributes -> what a pipeline must assign for them to mean anything.
 _NEEDS = {

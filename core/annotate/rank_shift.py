@@ -24,7 +24,7 @@ from core.trace import Trace
 
 # The categories are defined beside the metric they read (core/scoring/registry.py); this module draws and counts them.
 NAME, METRIC, CATEGORIES, UNKNOWN = registry.RANK_SHIFT, registry.RANK_SHIFT_METRIC, registry.RANK_SHIFT_CATEGORIES, registry.RANK_SHIFT_UNKNOWN
-MARGINAL_MAX_RANK = registry.MARGINAL_MAX_RANK
+
 categorise = registry.rank_shift_category
 
 # Categorical colours (light enough for black text): green = base agrees, amber = close call, red = shifted.

@@ -13,10 +13,10 @@ import hashlib
 import importlib.metadata
 from pathlib import Path
 
-from core.io.packaged import assets_dir
+from core.packaged import assets_dir
 from core.trace import Trace
 
-DEFAULT_LEXICON = assets_dir() / "planning_lexicon.json"  # checkout or wheel (core/io/packaged.py)
+DEFAULT_LEXICON = assets_dir() / "planning_lexicon.json"  # checkout or wheel (core/packaged.py)
 DEFAULT_PIPELINE = "en_core_web_sm"
 RULES_VERSION = 1  # bump when planning.py's own rules change what a tagger writes (sentence starts, splits)
 TAGS_BY = "tags_by"  # the layer naming the tagger that wrote a trace's "tags"

@@ -17,6 +17,7 @@ from core.cli.common import (
     setting_option,
     store_option,
 )
+from core.pair.options import PAIR_OPTIONS
 
 
 @main.group()
@@ -44,9 +45,9 @@ def demo_train(out: str | None, size: str, seed: int) -> None:
         bar.close()
 
 
-# The pair flags the app forwards to app/main.py (app/config.py parses them on the Streamlit side).
-_FORWARDED = ("base", "reason", "base_format", "reason_format", "base_revision", "reason_revision", "device",
-              "dtype", "store_path", "problems")
+# The flags the app forwards to app/main.py (app/config.py parses them on the Streamlit side): the pair's
+# (core/pair/options.py, the switch --trust-remote-code apart), the store and the problems.
+_FORWARDED = (*(o.name for o in PAIR_OPTIONS if not o.switch), "store_path", "problems")
 
 
 @main.command(context_settings={"ignore_unknown_options": False})
@@ -71,9 +72,9 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
     app_args += (["--max-new-tokens", str(max_new_tokens)] if max_new_tokens is not None else []) + (
         ["--trust-remote-code"] if trust_remote_code else [])
     root = Path(__file__).resolve().parents[2]
-    main_py = root / "app" / "main.py"
-    # app.serve is `streamlit` plus a Host check on plain HTTP (Streamlit checks the WebSocket only)
-    cmd = [sys.executable, "-m", "app.serve", "run", str(main_py), "--server.address", address,
+    # app/serve.py is an st.App around app/main.py: the live route, and a Host check on plain HTTP (Streamlit
+    # checks the WebSocket only)
+    cmd = [sys.executable, "-m", "streamlit", "run", str(root / "app" / "serve.py"), "--server.address", address,
            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
            "--server.enableXsrfProtection", "true", *_allowed_hosts(address), "--", *app_args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
@@ -95,7 +96,7 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
 
 
 def _allowed_hosts(address: str) -> list[str]:
-    """`--server.allowedHosts` flags: the WebSocket (Streamlit) and every plain HTTP request (app.serve's
+    """`--server.allowedHosts` flags: the WebSocket (Streamlit) and every plain HTTP request (app/host_guard.py's
     HostGuard) refuse any Host header but the bound address (and the loopback names when bound to
     loopback), which stops DNS rebinding (a page at attacker.example whose name re-resolves to 127.0.0.1).
     Binding 0.0.0.0 / :: accepts any Host: then the network must protect."""

@@ -56,17 +56,16 @@ def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str
 
 
 def pair_options(fn):
-    """--base/--reason/... : the model pair (the bundled demo pair when neither is given)."""
+    """--base/--reason/... : the model pair (the bundled demo pair when neither is given), one option per row of
+    core/pair/options.py PAIR_OPTIONS (settings rows through `setting_option`: their ranges and choices)."""
+    from core.pair.options import PAIR_OPTIONS
+
+    checks = {"device": _check_device}
     options = [
-        click.option("--base", help="Base model: hub id, local directory or .gguf file (default: demo pair)."),
-        click.option("--reason", help="Reasoning model: hub id, local directory or .gguf file."),
-        click.option("--base-format", help="Base prompt format: a template with {problem}, or chat[:think|:nothink]."),
-        click.option("--reason-format", help="Reasoning prompt format (default: chat template if any)."),
-        click.option("--base-revision", help="Pin the base model to a hub revision."),
-        click.option("--reason-revision", help="Pin the reasoning model to a hub revision."),
-        setting_option("device", callback=_check_device),
-        setting_option("dtype"),
-        click.option("--trust-remote-code", is_flag=True, help="Run model code from the hub (only if you trust it)."),
+        setting_option(o.name, **({"callback": checks[o.name]} if o.name in checks else {})) if o.setting
+        else click.option(o.flag, is_flag=True, help=o.describe()) if o.switch
+        else click.option(o.flag, help=o.describe())
+        for o in PAIR_OPTIONS
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -80,6 +79,7 @@ def store_option(fn):
 
 def pair_from_options(opts: dict[str, Any]):
     from core.pair.loading import load_pair
+    from core.pair.options import load_pair_arguments
 
     if not opts.get("base") and not opts.get("reason"):
         import torch
@@ -91,12 +91,7 @@ def pair_from_options(opts: dict[str, Any]):
         return demo_pair(device=opts.get("device", settings.DEVICE), **({} if dtype == "auto" else {"dtype": dtype}))
     if not (opts.get("base") and opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
-    return load_pair(
-        opts["base"], opts["reason"], device=opts["device"], dtype=opts["dtype"],
-        base_format=opts.get("base_format"), reason_format=opts.get("reason_format"),
-        base_revision=opts.get("base_revision"), reason_revision=opts.get("reason_revision"),
-        trust_remote_code=opts.get("trust_remote_code", False),
-    )
+    return load_pair(**load_pair_arguments(opts))
 
 
 def ray_option(fn):
@@ -130,16 +125,14 @@ def pair_or_spec(opts: dict[str, Any], executor: Any):
     """With an executor, the pair as a PairSpec (only the workers load it); else the loaded pair."""
     if executor is None:
         return pair_from_options(opts)
+    from core.pair.options import load_pair_arguments
     from core.scale import PairSpec
 
     if not opts.get("base") and not opts.get("reason"):
         return PairSpec.demo()
     if not (opts.get("base") and opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
-    return PairSpec(opts["base"], opts["reason"], base_format=opts.get("base_format"),
-                    reason_format=opts.get("reason_format"), base_revision=opts.get("base_revision"),
-                    reason_revision=opts.get("reason_revision"), dtype=opts.get("dtype", "auto"),
-                    trust_remote_code=opts.get("trust_remote_code", False))
+    return PairSpec(**load_pair_arguments(opts, per_worker=False))
 
 
 def close_executor(executor: Any) -> None:

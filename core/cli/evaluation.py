@@ -50,7 +50,7 @@ BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-toke
 def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, only: tuple[str, ...]) -> None:
     """Write a self-contained HTML report with every registered analysis, and the tables as CSV."""
     from core.analysis.registry import analysis
-    from core.analysis.report import report_html
+    from core.reports.report import report_html
 
     names = [analysis(name).name for name in only] or None  # an unknown name is a message listing the choices
 
@@ -196,7 +196,7 @@ def _write_eval_outputs(raw, table, markdown: str, out: Path) -> None:
     cap, its points the ratios r (`raw`: the sweep's rows before their labels name the configuration)."""
     import pandas as pd
 
-    from core.analysis.report import recovery_figure
+    from core.reports.report import recovery_figure
     from core.io.atomic import write_atomic
     from core.io.csvsafe import write_csv
 
@@ -285,7 +285,7 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
     """The paper's table and figures in one run: calibrate, sweep r, Guided, the entropy-gated variant and
     the random / early baselines (at Guided's realised ρ and at 0.25), base, guide and thinking reference,
     every analysis per benchmark; one report.html plus CSVs. Rerun to resume."""
-    from core.evaluation.reproduce import reproduce as run
+    from core.reports.reproduce import reproduce as run
 
     ratio_list, budget_list, ref = float_list(ratios, "ratio", "--ratios"), _budgets(budgets), _reference(reference)
     check_output(out, "--out", folder=True)
@@ -319,7 +319,7 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
 
     click.echo(to_markdown(shown, index="setting", columns=["accuracy", "ungraded", "pass@k", "recovery@k", "rho"]))
     click.echo(f"recovery against: {result.info['reference']}")
-    from core.analysis.paper import headline
+    from core.reports.paper import headline
 
     findings = headline(result.analyses).rename(columns={"benchmark": "on"})  # one row per finding, not pivoted
     click.echo(to_markdown(findings, index="finding", columns=["on", "this run", "paper"]))
@@ -348,7 +348,7 @@ def _reference(text: str | None) -> Any:
 @fail_cleanly
 def demo_measure(demo_dir: str | None, n: int, samples: int) -> None:
     """Measure the demo pair's properties and rewrite its CARD.md and measure.json."""
-    from core.demo.card import write_card
+    from core.reports.demo_card import write_card
     from core.demo.pair import DEMO_DIR
 
     check_output(demo_dir or DEMO_DIR, "--demo-dir", folder=True)

@@ -83,7 +83,7 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
 @main.command()
 @store_option
 @click.argument("keys", nargs=-1)
-@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), help="Output format (default: from the --out suffix).")
+@click.option("--format", "fmt", type=click.Choice(tuple(EXPORT_FORMATS)), help="Output format (default: from the --out suffix).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output file.")
 @click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True,
               help="Score whose top tokens are marked as spikes (every format) and that colours the heatmap (html).")
@@ -136,7 +136,8 @@ def import_(path: str, store_path: str | None, fmt: str | None, report_path: str
     Bad records are reported with their line and reason; the rest are stored. Records already in the
     store are skipped, so re-running an interrupted import finishes it.
     """
-    from core.io.imports import detect_format, import_file
+    from core.evaluation.graded_import import import_file
+    from core.io.imports import detect_format
 
     detect_format(path, fmt)  # a bad suffix fails before the models load
     store = open_store(store_path)

@@ -136,7 +136,7 @@ def _calibration_split(calibrate_on: str | None, problems: list[Any], problems_p
                        n: int) -> tuple[list[Any], list[Any]]:
     """(calibration problems, problems to generate) for a gate policy: held out unless --calibrate-on in-sample."""
     from core.demo.pair import demo_problems
-    from core.evaluation.reproduce import split_calibration
+    from core.reports.reproduce import split_calibration
     from core.evaluation.sources import load_source
 
     if calibrate_on == "in-sample":

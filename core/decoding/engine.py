@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from core.decoding.policies import Policy, Step
-from core.decoding.records import TokenRecord
+from core.decoding.token_record import TokenRecord
 from core.decoding.sampling import Sampling, position_generator, sample_token
 from core.decoding.state import ModelState
 from core.errors import GenerationCancelled, InvalidInputError

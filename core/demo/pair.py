@@ -8,10 +8,10 @@ from typing import Any
 
 from core.errors import InvalidInputError, ModelLoadError
 from core.evaluation.problems import load_problems
-from core.io.packaged import assets_dir
+from core.packaged import assets_dir
 from core.pair.loading import load_pair
 
-DEMO_DIR = assets_dir() / "demo"  # the checkout's assets/, or the wheel's package data (core/io/packaged.py)
+DEMO_DIR = assets_dir() / "demo"  # the checkout's assets/, or the wheel's package data (core/packaged.py)
 PROBLEMS_DIR = assets_dir() / "problems"
 SPLITS = {"test": "demo_test.jsonl", "calib": "demo_calib.jsonl"}
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 EOS = "<|endoftext|>"
 PROMPT_FORMAT = "Question: {problem}\nAnswer:"
-CHAT_TEMPLATE = (
+QA_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'user' %}Question: {{ message['content'] }}\nAnswer:"
     "{% elif message['role'] == 'assistant' %}{{ message['content'] }}" + EOS + "{% endif %}"
@@ -153,7 +153,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, unk_token=None,
                                    model_max_length=1024, clean_up_tokenization_spaces=False)
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = QA_CHAT_TEMPLATE
     return fast
 
 

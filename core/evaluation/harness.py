@@ -25,7 +25,7 @@ from core.decoding.policies import BaseOnly, Policy, ReasonOnly, policy_spec
 from core.errors import ForkpointError, InvalidInputError
 from core.evaluation.grading import GRADER, gold_text, grade_trace
 from core.evaluation.problems import ANSWER_FIELDS
-from core.evaluation.records import RECORD_COLUMNS, RecordTable, record_groups  # noqa: F401  RECORD_COLUMNS: re-exported
+from core.evaluation.record_table import RECORD_COLUMNS, RecordTable, record_groups  # noqa: F401  RECORD_COLUMNS: re-exported
 from core.evaluation.thinking import Solo
 from core.io.stored_traces import StoredTraces
 from core.record.problems import problem_record

@@ -28,7 +28,7 @@ from core.record.problems import (  # noqa: F401  (the field names are re-export
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("jsonl", "json", "csv")
+PROBLEM_FORMATS = ("jsonl", "json", "csv")
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def load_problems(
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise InvalidInputError(f"limit must be a non-negative integer or None, got {limit!r}")
     kind = path.suffix.lower().lstrip(".")
-    if kind not in FORMATS:
-        raise InvalidInputError(f"unknown problem file type {path.name!r}; use one of: .{', .'.join(FORMATS)}")
+    if kind not in PROBLEM_FORMATS:
+        raise InvalidInputError(f"unknown problem file type {path.name!r}; use one of: .{', .'.join(PROBLEM_FORMATS)}")
     if not path.is_file():
         raise InvalidInputError(f"problem file {str(path)!r} does not exist")
     return problems_from_rows(_rows(path, kind), path.stem, where=str(path), question_field=question_field,

@@ -46,7 +46,7 @@ from core.settings import StageProgress
 
 log = logging.getLogger(__name__)
 
-ENTROPY = "entropy_base"  # the entropy-gated variant's signal
+ENTROPY_SIGNAL = "entropy_base"  # the entropy-gated variant's signal
 
 DEFAULT_RATIOS = settings.RATIOS  # the sweep's r values (core/settings.py)
 REALISED = "realised"  # a baseline ρ: the one Guided realised on the benchmark
@@ -171,7 +171,7 @@ def budget_sweep(pair: Any, problems: Any, calibration: Sequence[Any], ratios: S
     rows = [ends.assign(config=ends["policy"])]
     rollouts = calibration_rollouts(pair, calibration, keep=keep, progress=bar("calibration rollouts"), **common)
     gates = fit_gates(rollouts, ratios, window, score)
-    thresholds = ({r: g.tau for r, g in fit_gates(rollouts, ratios, window, ENTROPY).items()}
+    thresholds = ({r: g.tau for r, g in fit_gates(rollouts, ratios, window, ENTROPY_SIGNAL).items()}
                   if entropy_gated else {})
     for ratio in ratios:
         for budget in budgets:

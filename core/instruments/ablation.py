@@ -12,7 +12,7 @@ from core.evaluation.grading import graded_put
 from core.pair.loading import ModelPair
 from core.trace import Trace
 
-COLUMNS = ["pos", "token", "answer", "correct", "same_answer", "n_tokens", "key"]
+ABLATION_COLUMNS = ["pos", "token", "answer", "correct", "same_answer", "n_tokens", "key"]
 
 
 def ablation_switches(trace: Trace) -> list[tuple[int, dict[int, int | str]]]:
@@ -30,7 +30,7 @@ def ablate_takeovers(pair: ModelPair, trace: Trace, *, store: Any = None,
     graded_put(None, trace)
     wanted = ablation_switches(trace)
     if not wanted:
-        return pd.DataFrame([], columns=COLUMNS)
+        return pd.DataFrame([], columns=ABLATION_COLUMNS)
     n = len(wanted)
 
     def step(t: int, limit: int) -> None:  # the batch's decoding position, as a share of the takeovers
@@ -46,4 +46,4 @@ def ablate_takeovers(pair: ModelPair, trace: Trace, *, store: Any = None,
                      "same_answer": answer == trace.meta.get("answer"), "n_tokens": len(child), "key": child.key})
     if progress is not None:
         progress(n, n)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(rows, columns=ABLATION_COLUMNS)

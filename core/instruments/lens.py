@@ -44,7 +44,7 @@ ARCHITECTURES: dict[str, LensSpec] = {
     "gemma": _DECODER, "gemma2": _DECODER, "gemma3_text": _DECODER,
     "gpt2": LensSpec("transformer.h", "transformer.ln_f"),
 }
-COLUMNS = ["side", "pos", "layer", "token", "top_ids", "top_tokens", "top_probs", "entropy", "p_emitted",
+LENS_COLUMNS = ["side", "pos", "layer", "token", "top_ids", "top_tokens", "top_probs", "entropy", "p_emitted",
            "rank_emitted", "other_token", "p_other", "rank_other", "p_reason_top", "kl_to_final"]
 
 
@@ -115,7 +115,7 @@ def lens(pair: ModelPair, trace: Trace, pos: int, *, window: int = 0, k: int = 5
         hidden = residuals(model, ids, len(prompt) - 1 + first)  # entry j predicts response token first + j
         other = top["reason" if side == "base" else "base"]
         frames.append(_table(pair, side, model, hidden, first, targets, other, top["reason"], min(k, pair.vocab_size)))
-    return pd.concat(frames, ignore_index=True)[COLUMNS]
+    return pd.concat(frames, ignore_index=True)[LENS_COLUMNS]
 
 
 @torch.inference_mode()

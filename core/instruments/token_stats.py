@@ -17,7 +17,7 @@ from core.scoring.registry import check_score, score_values
 from core.trace import TAKEOVER_SOURCE, Trace
 
 BY = ("token", "tag")  # group by the token's display string, or by its planning category
-COLUMNS = ["count", "traces", "mean_score", "max_score", "spike_rate", "takeover_rate", "mean_effect", "n_effects"]
+TOKEN_STATS_COLUMNS = ["count", "traces", "mean_score", "max_score", "spike_rate", "takeover_rate", "mean_effect", "n_effects"]
 OCCURRENCE_COLUMNS = ["trace", "index", "pos", "token", "tag", "score", "spike", "source", "effect"]
 
 
@@ -82,7 +82,7 @@ def token_stats(traces: Sequence[Trace], *, score: str | None = None, by: str = 
     `takeover_effects` frames)."""
     occ = occurrence_frame(traces, score=score, by=by, effects=effects)
     if occ.empty:
-        return pd.DataFrame(columns=[by, *COLUMNS])
+        return pd.DataFrame(columns=[by, *TOKEN_STATS_COLUMNS])
     occ = occ.assign(takeover=occ["source"] == TAKEOVER_SOURCE)
     grouped = occ.groupby(by, sort=False)
     out = pd.DataFrame({

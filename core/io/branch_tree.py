@@ -8,31 +8,31 @@ from __future__ import annotations
 
 from typing import Any
 
-Row = dict[str, Any]
+SummaryRow = dict[str, Any]
 
 
-def branch_order(row: Row) -> tuple[Any, ...]:
+def branch_order(row: SummaryRow) -> tuple[Any, ...]:
     """Children by branch position (unknown last), then creation time, then key."""
     pos = row.get("branch_pos")
     return (pos is None, pos or 0, str(row.get("created") or ""), row["key"])
 
 
-def root_of(rows: list[Row], problem_id: str) -> str | None:
+def root_of(rows: list[SummaryRow], problem_id: str) -> str | None:
     """Key of the oldest trace of a problem that is not a branch (None when there is none)."""
     roots = [r for r in rows if not r.get("parent") and str(r.get("problem")) == str(problem_id)]
     return min(roots, key=lambda r: (str(r.get("created") or ""), r["key"]))["key"] if roots else None
 
 
-def children(rows: list[Row], key: str) -> list[str]:
+def children(rows: list[SummaryRow], key: str) -> list[str]:
     """Keys of the traces whose parent is `key`, by branch position then creation time."""
     return [r["key"] for r in sorted((r for r in rows if r.get("parent") == key), key=branch_order)]
 
 
-def tree(rows: list[Row], key: str) -> dict[str, Any]:
+def tree(rows: list[SummaryRow], key: str) -> dict[str, Any]:
     """The branch tree holding `key` (one of `rows`): the oldest ancestor in `rows`, with nested
     "children" lists (a cycle of parents, impossible in a healthy store, is cut)."""
     by_key = {r["key"]: r for r in rows}
-    kids: dict[str, list[Row]] = {}
+    kids: dict[str, list[SummaryRow]] = {}
     for r in rows:
         if r.get("parent"):
             kids.setdefault(r["parent"], []).append(r)

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import GradingError, WriteError
-from core.evaluation.grading import grade_trace
 from core.io.atomic import os_error_reason
 from core.io.foreign import (  # noqa: F401  (re-exported)
     IMPORT_FORMATS,
@@ -118,8 +117,10 @@ class _Log:
 class _Run:
     """One import's state: outcomes so far, what was seen, and the record being stored right now."""
 
-    def __init__(self, pair: Any, store: Any, score_fn: Callable[..., Trace], source: str, log_entry: _Log) -> None:
+    def __init__(self, pair: Any, store: Any, score_fn: Callable[..., Trace], source: str, log_entry: _Log,
+                 grade: Callable[[Trace], Any] | None = None) -> None:
         self.pair, self.store, self.score_fn, self.source, self.log = pair, store, score_fn, source, log_entry
+        self.grader = grade
         self.identity = _pair_identity(pair)
         self.result = ImportResult()
         self.first_seen: dict[str, int] = {}  # record key -> first line
@@ -160,7 +161,7 @@ class _Run:
             trace = trace.annotate()  # a copy: the scorer's trace is left alone
             trace.meta.update(kind="import", key=key)
             trace.meta["import"] = {"file": self.source, "line": rec.line, "id": rec.id, "extra": rec.extra}
-            if rec.answer is not None:
+            if rec.answer is not None and self.grader is not None:
                 self.grade(trace, rec.line)
             self.store.put(trace)
         except WriteError:
@@ -176,7 +177,7 @@ class _Run:
         the trace ungraded with a note, never unstored."""
 
         try:
-            grade_trace(trace)
+            self.grader(trace)
         except GradingError as exc:
             self.result.notes.append((line, f"not graded: {exc}"))
 
@@ -214,7 +215,7 @@ class _Run:
         return result
 
 
-def import_file(
+def import_records(
     pair: Any,
     path: str | os.PathLike[str],
     store: Any,
@@ -224,10 +225,12 @@ def import_file(
     format: str | None = None,
     report_path: str | os.PathLike[str] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    grade: Callable[[Trace], Any] | None = None,
 ) -> ImportResult:
     """Score each record with `score_fn(pair, {"id", "prompt", "gold"}, response)` (default
-    `core.scoring.teacher_forced.score`), mark it kind="import", grade it when the record gives an answer (`grade_trace`,
-    as generated traces are) and put it in `store`, one record at a time.
+    `core.scoring.teacher_forced.score`), mark it kind="import", call the `grade` hook on it when the record gives an
+    answer (`core.import_file` passes `grade_trace`; a `GradingError` leaves a note and the trace ungraded) and put it
+    in `store`, one record at a time. The hook keeps grading out of the store's room.
 
     Never raises for a bad record, a failed scoring, Ctrl-C or a full disk: the result says what
     happened. `progress(lines done, lines total)`; `should_stop()` is asked before each record.
@@ -236,7 +239,7 @@ def import_file(
     fmt = detect_format(path, format)
     records = iter_foreign(path, fmt)  # raises InvalidInputError for a missing or unusable file
     total = count_records(path, fmt) if progress is not None else 0
-    run = _Run(pair, store, score_fn, Path(path).name, _Log(report_path))
+    run = _Run(pair, store, score_fn, Path(path).name, _Log(report_path), grade)
     with run.settling() as result:
         for item in records:
             line = item.line if isinstance(item, ForeignRecord) else item[0]
@@ -252,5 +255,3 @@ def import_file(
                 progress(line, max(total, line))
     return result
 
-
-import_jsonl = import_file  # the original name (JSONL was the first format); same function

@@ -29,7 +29,7 @@ from core.io.atomic import clean_temp_files, os_error_reason, write_atomic
 from core.io.store import TraceStore
 from core.io.tracefile import check_key
 from core.trace import Trace
-from core.trace import note_column as trace_note_column
+from core.trace import note_texts
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ NOTES_DIR = "notes"
 NOTES_VERSION = 1
 LAYER = "notes"  # the annotation layer name on a Trace
 MAX_TEXT = 20_000  # characters per note
-SEARCH_COLUMNS = ("key", "id", "start", "end", "bookmark", "text", "created", "problem")
+NOTE_SEARCH_COLUMNS = ("key", "id", "start", "end", "bookmark", "text", "created", "problem")
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ def all_notes(store: Any) -> tuple[dict[str, list[Note]], list[tuple[Path, str]]
 def search_notes(store: Any, query: str = "", *, bookmarks_only: bool = False,
                  problems: dict[str, str] | None = None) -> pd.DataFrame:
     """Notes whose text (or trace key, or the trace's problem from `problems` {key: id}) contains `query`
-    (case-insensitive; "" = all), one row each (SEARCH_COLUMNS), by key then position."""
+    (case-insensitive; "" = all), one row each (NOTE_SEARCH_COLUMNS), by key then position."""
     q = str(query).strip().lower()
     rows = []
     for key, notes in all_notes(store)[0].items():
@@ -222,7 +222,7 @@ def search_notes(store: Any, query: str = "", *, bookmarks_only: bool = False,
             if q and q not in note.text.lower() and q not in key.lower() and q not in str(problem).lower():
                 continue
             rows.append({"key": key, **note.to_dict(), "problem": problem})
-    return pd.DataFrame(rows, columns=list(SEARCH_COLUMNS))
+    return pd.DataFrame(rows, columns=list(NOTE_SEARCH_COLUMNS))
 
 
 def attach_notes(store: Any, traces: Trace | Iterable[Trace]) -> Any:
@@ -244,7 +244,7 @@ def trace_notes(trace: Trace) -> list[Note]:
 def note_column(trace: Trace) -> list[str]:
     """Per token, the text of the notes covering it joined with " | " ("" for none; "🔖" for an empty bookmark):
     the `note` column of CSV/Parquet exports."""
-    return trace_note_column([n.to_dict() for n in trace_notes(trace)], len(trace))
+    return note_texts([n.to_dict() for n in trace_notes(trace)], len(trace))
 
 
 def notes_html(trace: Trace) -> str:

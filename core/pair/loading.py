@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from core import settings
 from core.errors import InvalidInputError, ModelLoadError, VocabularyMismatchError
 from core.pair.attention import use_block_attention
 from core.pair.formats import (  # noqa: F401  (re-exported: the pair API names them)
@@ -26,10 +27,9 @@ from core.pair.formats import (  # noqa: F401  (re-exported: the pair API names 
     format_spec,
 )
 from core.pair.tokens import display_tokens
+from core.trace import SIDES
 
 log = logging.getLogger(__name__)
-
-SIDES = ("base", "reason")
 
 
 @dataclass(frozen=True)
@@ -323,8 +323,8 @@ def check_same_vocabulary(tok_a: Any, tok_b: Any, names: tuple[str, str] = ("bas
 def load_pair(
     base: str,
     reason: str,
-    device: str = "auto",
-    dtype: str | torch.dtype = "auto",
+    device: str = settings.DEVICE,
+    dtype: str | torch.dtype = settings.DTYPE,
     base_format: str | None = None,
     reason_format: str | None = None,
     base_revision: str | None = None,

@@ -6,7 +6,7 @@
     .iter_batches() on the driver            in file order: duplicates, "already stored", writes
 
 Ray Data streams: blocks flow through with back-pressure, so a million-row file is never held whole
-(by the reader, the actors or the driver). The driver keeps `core.io.imports.import_file`'s rules,
+(by the reader, the actors or the driver). The driver keeps `core.import_file`'s rules,
 so the stored traces and the `ImportResult` are the ones an in-process import gives.
 """
 
@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from core import settings
 from core.errors import InvalidInputError
+from core.evaluation.grading import grade_trace
 from core.io.foreign import ForeignRecord, count_records, detect_format, iter_foreign
 from core.io.imports import _Log, _Run, record_key
 from core.io.store import TraceStore
@@ -119,10 +121,10 @@ def _record(batch: dict[str, Any], i: int) -> Any:
 
 
 def import_file_ray(pair: Any, path: str | os.PathLike[str], store: Any, *, executor: Any = None,
-                    format: str | None = None, rows_per_block: int = ROWS_PER_BLOCK, batch_size: int = 8,
+                    format: str | None = None, rows_per_block: int = ROWS_PER_BLOCK, batch_size: int = settings.BATCH_SIZE,
                     workers_see_store: bool | None = None, report_path: str | os.PathLike[str] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> Any:
-    """`core.io.imports.import_file` on Ray: score the records of `path` on an actor pool (one pair per
+    """`core.import_file` on Ray: score the records of `path` on an actor pool (one pair per
     actor), and settle them here, in file order, by the importer's own rules (duplicates, already stored,
     failures, the report file). Returns the same `ImportResult` and stores the same traces.
 
@@ -173,7 +175,7 @@ def _settle(pair: Any, batches: Iterator[dict[str, Any]], store: Any, source: st
             raise InvalidInputError("a worker skipped this record as stored, but the store does not hold it")
         return made[0]
 
-    run = _Run(pair, store, worker_made, source, _Log(report_path))
+    run = _Run(pair, store, worker_made, source, _Log(report_path), grade_trace)
     with run.settling() as result:
         for batch in batches:
             for i in range(len(batch["line"])):

@@ -6,13 +6,15 @@ traces made there carry the same fingerprint, hence the same store keys, as trac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
 
+from core import settings
 from core.demo.pair import DEMO_DIR, demo_formats
 from core.errors import InvalidInputError
 from core.pair.loading import load_pair
+from core.pair.options import load_pair_arguments
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,8 @@ class PairSpec:
     reason_format: str | None = None
     base_revision: str | None = None
     reason_revision: str | None = None
-    dtype: str = "auto"
-    trust_remote_code: bool = False
+    dtype: str = settings.DTYPE
+    trust_remote_code: bool = False  # the fields: core/pair/options.py PAIR_OPTIONS but the per-worker device
 
     @classmethod
     def from_pair(cls, pair: Any) -> PairSpec:
@@ -56,10 +58,7 @@ class PairSpec:
         """Load the pair on `device` (auto: CUDA when this process sees a GPU, else CPU); device_map="auto"
         spreads each model over every GPU this process sees instead."""
 
-        return load_pair(self.base, self.reason, device=device, dtype=self.dtype, base_format=self.base_format,
-                         reason_format=self.reason_format, base_revision=self.base_revision,
-                         reason_revision=self.reason_revision, trust_remote_code=self.trust_remote_code,
-                         device_map=device_map)
+        return load_pair(**load_pair_arguments(asdict(self), per_worker=False), device=device, device_map=device_map)
 
     def token_text(self, token_id: int) -> str:
         """One token's own text, as `ModelPair.token_text` gives it, from the base tokenizer alone: a driver

@@ -13,7 +13,8 @@ import logging
 
 from core.scoring.registry import DEFAULT_SCORE
 from core.trace import Trace
-from core.views.exports import annotated, token_decoder
+from core.annotate.shown import annotated
+from core.views.exports import token_decoder
 from core.views.html_page import html_page
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core import settings
 from core.annotate.rank_shift import rank_shift
-from core.annotate.spikes import spikes
-from core.annotate.tag_layer import TAGS_BY, current_tags
+from core.annotate.shown import annotated  # noqa: F401  (re-exported: its home before)
 from core.errors import InvalidInputError, OutputExistsError
 from core.io.atomic import clean_temp_files, write_atomic
 from core.io.csvsafe import write_csv
@@ -35,35 +34,12 @@ from core.views.html_page import html_page
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("jsonl", "csv", "parquet", "html")
 JSONL_VERSION = 1  # the `forkpoint_trace` field of each JSONL line
 PER_TOKEN_LAYERS = ("tags", "segments")  # annotation layers that become columns in CSV/Parquet
-Decoder = Callable[[int], str]
+TokenDecoder = Callable[[int], str]
 
 
-# -- the annotations every format carries ------------------------------------------------------------
-
-
-def annotated(trace: Trace, score: str = DEFAULT_SCORE, top: float | None = None, gate: Any = None) -> Trace:
-    """The trace with what the user sees: spikes (under `top` or `gate`; else the trace's own layer; else
-    the top settings.SPIKE_TOP) and planning tags / think-answer segments (computed when missing, or when
-    the stored tags are another tagger's: `tag_layer.current_tags`; spaCy loads only then)."""
-    out = trace
-    if gate is not None:
-        out = spikes(out, score=score, gate=gate)
-    elif top is not None or "spikes" not in out.annotations:
-        out = spikes(out, score=score, top=settings.SPIKE_TOP if top is None else top)
-    stale = "tags" in out.annotations and current_tags(out) is None
-    if stale or "tags" not in out.annotations or "segments" not in out.annotations:
-        # spaCy: heavy, loaded only when tags must be computed
-        from core.annotate.planning import annotate_tags
-
-        tagged = annotate_tags(out)
-        out = out.annotate(**{k: tagged.annotations[k] for k in ("tags", "segments")
-                              if k not in out.annotations or (stale and k == "tags")})
-        if stale:
-            out.annotations.pop(TAGS_BY, None)  # the tags are the default tagger's now, not the stored ones'
-    return out
+# -- the annotations every format carries (computed in core/annotate/shown.py) -----------------------
 
 
 def spike_flags(trace: Trace) -> list[bool]:
@@ -80,7 +56,7 @@ def tag_column(trace: Trace) -> list[str]:
     return [str(t) if tag_colour(t) is not None else "" for t in tags]
 
 
-def token_decoder(traces: Sequence[Trace]) -> Decoder | None:
+def token_decoder(traces: Sequence[Trace]) -> TokenDecoder | None:
     """Token-id -> text through the tokenizer the traces record (local files only, no download, no remote
     code); None when it cannot be loaded or the traces come from different pairs."""
     ids = {str(((t.meta.get("pair") or {}).get("base") or {}).get("id") or "") for t in traces}
@@ -127,7 +103,7 @@ def _auto_decoder(model_id: str) -> Callable[[list[int]], str]:
     return lambda ids: tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def _topk_text(trace: Trace, side: str, decode: Decoder | None) -> list[list[str]]:
+def _topk_text(trace: Trace, side: str, decode: TokenDecoder | None) -> list[list[str]]:
     ids = np.asarray(trace.topk[side][0])
     show = decode if decode is not None else (lambda i: f"#{i}")
     return [[show(int(i)) for i in row] for row in ids.tolist()] if len(trace) else []
@@ -152,7 +128,7 @@ def _k(ids: Any) -> int:
     return int(np.shape(ids)[-1]) if np.ndim(ids) == 2 else 0
 
 
-def trace_to_record(trace: Trace, decode: Decoder | None = None) -> dict[str, Any]:
+def trace_to_record(trace: Trace, decode: TokenDecoder | None = None) -> dict[str, Any]:
     """One trace as a JSON-ready dict (the JSONL line), with dtypes so that reading it back is exact.
 
     Besides the lossless arrays it carries what the user sees: per token `spike` (bool), `tag` ("" for
@@ -241,7 +217,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Trace]:
 # -- CSV / Parquet: one row per token ---------------------------------------------------------------
 
 
-def long_frame(traces: Sequence[Trace], decode: Decoder | None = None) -> pd.DataFrame:
+def long_frame(traces: Sequence[Trace], decode: TokenDecoder | None = None) -> pd.DataFrame:
     """All traces, one row per token: trace_key, pos, token_id, token, metrics, source, spike (bool),
     tag ("" for none), segment, switch ("" or who a core.takeover switch made write there), and
     topk_{base,reason}_{tokens,probs,ids} as lists."""
@@ -281,10 +257,68 @@ def _record_header(traces: Sequence[Trace], fmt: str) -> dict[str, Any]:
     }
 
 
+# -- the export formats: one table read by core.export, the CLI's --format and the app's downloads --------
+
+
+def _write_jsonl(traces: list[Trace], path: Path, score: str, decode: TokenDecoder | None) -> None:
+    write_atomic(path, lambda fh: fh.writelines(_dumps(trace_to_record(t, decode)) + "\n" for t in traces))
+
+
+def _write_html(traces: list[Trace], path: Path, score: str, decode: TokenDecoder | None) -> None:
+    page = html_page(traces, score=score, decode=decode)
+    write_atomic(path, lambda fh: fh.write(page))
+
+
+def _write_csv(traces: list[Trace], path: Path, score: str, decode: TokenDecoder | None) -> None:
+    frame = long_frame(traces, decode)
+    for col in [c for c in frame.columns if c.startswith("topk_")]:
+        frame[col] = [json.dumps(v, ensure_ascii=False) for v in frame[col]]
+    header = _record_header(traces, "csv")
+    write_atomic(sidecar_path(path), lambda fh: fh.write(_dumps(header, indent=1)))
+    write_csv(frame, path, what="export")
+
+
+def _write_parquet(traces: list[Trace], path: Path, score: str, decode: TokenDecoder | None) -> None:
+    table = pa.Table.from_pandas(long_frame(traces, decode), preserve_index=False)
+    metadata = {**(table.schema.metadata or {}), b"forkpoint": _dumps(_record_header(traces, "parquet")).encode("utf-8")}
+    table = table.replace_schema_metadata(metadata)
+    write_atomic(path, lambda fh: pq.write_table(table, fh), binary=True)
+
+
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     """Where a CSV export keeps its reproducibility record: `<file>.meta.json`."""
     path = Path(path)
     return path.with_name(path.name + ".meta.json")
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One export format: its writer `write(traces, path, score, decode)`, the file suffix, the file's MIME type,
+    the files written beside it (`sidecars`: path -> path) and how the app names it."""
+
+    name: str
+    label: str
+    suffix: str
+    mime: str
+    write: Callable[[list[Trace], Path, str, TokenDecoder | None], None]
+    sidecars: tuple[Callable[[Path], Path], ...] = ()
+
+    def paths(self, path: str | os.PathLike[str]) -> list[Path]:
+        """Every file an export to `path` writes: the file, then its sidecars."""
+        return [Path(path), *(side(Path(path)) for side in self.sidecars)]
+
+    @property
+    def download(self) -> tuple[str, str]:
+        """(suffix, MIME type) of the one file a download hands over: a format with sidecars comes zipped."""
+        return (".zip", "application/zip") if self.sidecars else (self.suffix, self.mime)
+
+
+FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
+    ExportFormat("jsonl", "JSONL (lossless)", ".jsonl", "application/jsonl", _write_jsonl),
+    ExportFormat("csv", "CSV (+ record, zipped)", ".csv", "text/csv", _write_csv, sidecars=(sidecar_path,)),
+    ExportFormat("parquet", "Parquet", ".parquet", "application/vnd.apache.parquet", _write_parquet),
+    ExportFormat("html", "HTML (self-contained)", ".html", "text/html", _write_html),
+)}  # fmt: skip
 
 
 # -- export entry point -------------------------------------------------------------------------------
@@ -304,11 +338,11 @@ def export(
     *,
     score: str = DEFAULT_SCORE,
     overwrite: bool = False,
-    decode: Decoder | None = None,
+    decode: TokenDecoder | None = None,
     top: float | None = None,
     gate: Any = None,
 ) -> Path:
-    """Write traces to `path` as jsonl | csv | parquet | html (default: from the file suffix).
+    """Write traces to `path` in one of `FORMATS` (jsonl | csv | parquet | html; default: from the file suffix).
 
     Every format carries the annotations the app shows (see `annotated`: spikes under `top`/`gate`, else
     the trace's own or the top settings.SPIKE_TOP; planning tags) and the top-k as token strings (through
@@ -320,12 +354,12 @@ def export(
     path = Path(path)
     if format is None and not path.suffix:
         raise InvalidInputError(f"Cannot tell the export format from {str(path)!r} (no suffix): name a "
-                                f"{' / '.join('.' + f for f in FORMATS)} file, or give format=")
-    fmt = check_format(format if format is not None else path.suffix.lstrip(".").lower())
+                                f"{' / '.join(f.suffix for f in FORMATS.values())} file, or give format=")
+    fmt = FORMATS[check_format(format if format is not None else path.suffix.lstrip(".").lower())]
     if not traces:
         raise InvalidInputError("No traces to export")
     check_score(score)
-    targets = [path, sidecar_path(path)] if fmt == "csv" else [path]
+    targets = fmt.paths(path)
     existing = [str(p) for p in targets if p.exists()]
     if existing and not overwrite:
         raise OutputExistsError(f"{', '.join(existing)} already exists; overwrite=True (CLI: --overwrite) replaces it")
@@ -336,24 +370,6 @@ def export(
     traces = [annotated(t, score, top, gate) for t in traces]
     if decode is None:
         decode = token_decoder(traces)
-    if fmt == "jsonl":
-        write_atomic(path, lambda fh: fh.writelines(_dumps(trace_to_record(t, decode)) + "\n" for t in traces))
-    elif fmt == "html":
-
-        page = html_page(traces, score=score, decode=decode)
-        write_atomic(path, lambda fh: fh.write(page))
-    else:
-        frame = long_frame(traces, decode)
-        header = _record_header(traces, fmt)
-        if fmt == "csv":
-            for col in [c for c in frame.columns if c.startswith("topk_")]:
-                frame[col] = [json.dumps(v, ensure_ascii=False) for v in frame[col]]
-            write_atomic(sidecar_path(path), lambda fh: fh.write(_dumps(header, indent=1)))
-            write_csv(frame, path, what="export")
-        else:
-            table = pa.Table.from_pandas(frame, preserve_index=False)
-            metadata = {**(table.schema.metadata or {}), b"forkpoint": _dumps(header).encode("utf-8")}
-            table = table.replace_schema_metadata(metadata)
-            write_atomic(path, lambda fh: pq.write_table(table, fh), binary=True)
-    log.info("exported %d trace(s) to %s (%s)", len(traces), path, fmt)
+    fmt.write(traces, path, score, decode)
+    log.info("exported %d trace(s) to %s (%s)", len(traces), path, fmt.name)
     return path

@@ -17,7 +17,7 @@ import numpy as np
 from core.annotate.rank_shift import colours as rank_shift_colours
 from core.errors import InvalidInputError
 from core.scoring.registry import DEFAULT_SCORE, score_values
-from core.trace import Trace, note_column
+from core.trace import Trace, note_texts
 from core.views.colours import (
     NAN_COLOUR,
     SCALES,
@@ -161,7 +161,7 @@ def token_tips(
     s = np.asarray(score_values(trace.metrics, score), dtype=np.float64).tolist()
     k = min(trace.k if k is None else k, trace.k)
     notes = trace.annotations.get("notes") or []
-    note_text = note_column(notes, n) if notes else [""] * n
+    note_text = note_texts(notes, n) if notes else [""] * n
     measured = effects_by_pos(trace.annotations.get("effects"))
     ids = {side: np.asarray(trace.topk[side][0])[:, :k].tolist() for side in ("base", "reason")}
     probs = {side: np.asarray(trace.topk[side][1], dtype=np.float64)[:, :k].tolist() for side in ("base", "reason")}
@@ -282,7 +282,7 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
     selected_set = _positions(selected)
     marked_set = _positions(marked)
     notes = trace.annotations.get("notes") or []
-    note_text = note_column(notes, n) if notes else None
+    note_text = note_texts(notes, n) if notes else None
     bookmarked = {p for nt in notes if nt.get("bookmark") for p in range(int(nt["start"]), int(nt["end"]) + 1)}
     switched = {int(p): w for p, w in (trace.meta.get("switches") or {}).items()}  # core.takeover's switches
     measured = effects_by_pos(trace.annotations.get("effects"))

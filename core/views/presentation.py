@@ -14,7 +14,7 @@ import pandas as pd
 
 from core.errors import InvalidInputError
 from core.scoring.registry import DEFAULT_SCORE, METRICS, score_values
-from core.trace import SIDES, Trace, note_column
+from core.trace import SIDES, Trace, note_texts
 
 # Metrics shown on hover, in order; their labels come from core.scoring.metrics' registry.
 HOVER_METRICS: tuple[str, ...] = (
@@ -121,7 +121,7 @@ def hover_data(trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int],
         "prob_mode": prob_mode,
         "vocab": vocab,
         "tags": [str(t) if t is not None else "" for t in trace.annotations.get("tags", [""] * len(trace))],
-        "notes": note_column(trace.annotations.get("notes") or [], len(trace)),
+        "notes": note_texts(trace.annotations.get("notes") or [], len(trace)),
         "effects": {str(pos): {k: _sig(v, 4).item() for k, v in rec.items()}
                     for pos, rec in effects_by_pos(trace.annotations.get("effects")).items() if pos < len(trace)},
     }

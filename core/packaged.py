@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-CHECKOUT_ASSETS = Path(__file__).resolve().parents[2] / "assets"
+CHECKOUT_ASSETS = Path(__file__).resolve().parents[1] / "assets"
 PACKAGED = ("demo", "problems", "planning_lexicon.json")  # what a wheel ships (not the README screenshot)
 
 

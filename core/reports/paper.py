@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from core.analysis import report as R
+from core.reports import report as R
 from core.evaluation.harness import add_recovery
 from core.io.atomic import write_atomic
 

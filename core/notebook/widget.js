@@ -1,4 +1,4 @@
-// forkpoint notebook widget (anywidget front end). core/views/notebook.py appends this to the app's
+// forkpoint notebook widget (anywidget front end). core/notebook/widget.py appends this to the app's
 // core/views/token_view.js, whose default export is renamed `fpTokenView`: the token view, hover
 // cards and spike keys are that one renderer. This file only adds the notebook's controls around it:
 // metric selector, take-over choices, notes, the branch beside the original and the branch tree.

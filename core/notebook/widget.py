@@ -1,7 +1,7 @@
 """`core.widget(pair, trace)`: the app's token view as a Jupyter widget (anywidget), with branching in the kernel.
 
 The front end is ONE source shared with the app: `app/components/token_view.{js,css}` (read at runtime;
-its default export is renamed to `fpTokenView`) plus the notebook's controls in `core/views/notebook_widget.js`.
+its default export is renamed to `fpTokenView`) plus the notebook's controls in `core/notebook/widget.js`.
 State flows through synced traits: the browser sets `score`, `selected` ({view, pos}) and `request`
 ({action: take_over | show | note, ...}); Python answers with `views` (one payload per shown trace: the
 escaped heatmap from `core.views.heatmap.tokens_html` and hover data), `choices`, `tree`, `notes`, `status`.
@@ -12,7 +12,6 @@ Needs the `notebook` extra (anywidget); `import core` never imports it.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import re
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ import traitlets
 
 from core import settings
 from core.annotate import rank_shift
-from core.annotate.spikes import spikes
 from core.decoding import branch
 from core.decoding.takeover import flipped, set_switches, switches_in_force
 from core.errors import ForkpointError, InvalidInputError
@@ -33,20 +31,20 @@ from core.evaluation.grading import grade_trace, graded_put
 from core.io.notes import add_note, attach_notes, read_notes
 from core.scoring.registry import DEFAULT_SCORE, METRICS, SCORES, check_score
 from core.trace import Trace
-from core.views.heatmap import heatmap_css, tokens_html
+from core.views.heatmap import heatmap_css
 from core.views.presentation import (
     branch_token_text,
-    hover_data,
     no_change_line,
     switch_text,
     takeover_choices,
     tree_label,
 )
+from core.views.token_payload import view_payload
 
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).resolve().parent
-COMPONENT_DIR = _HERE  # token_view.{js,css}: the one front end, shared with the app
+COMPONENT_DIR = _HERE.parent / "views"  # token_view.{js,css}: the one front end, shared with the app
 RANK_SHIFT_LABEL = "Rank shift (unshifted / marginal / shifted)"
 _DEFAULT_EXPORT = re.compile(r"^export\s+default\s+function\s*(\w*)\s*\(", re.MULTILINE)
 
@@ -67,8 +65,8 @@ def _sources(js_mtime: float, css_mtime: float) -> tuple[str, str]:
         raise ImportError(f"{COMPONENT_DIR / 'token_view.js'} has no `export default function (component)`; "
                           "the notebook widget mounts the app's token view through it")
 
-    esm_text = renamed + "\n\n" + _read(_HERE / "notebook_widget.js")
-    css_text = "\n".join([heatmap_css(), _read(COMPONENT_DIR / "token_view.css"), _read(_HERE / "notebook_widget.css")])
+    esm_text = renamed + "\n\n" + _read(_HERE / "widget.js")
+    css_text = "\n".join([heatmap_css(), _read(COMPONENT_DIR / "token_view.css"), _read(_HERE / "widget.css")])
     return esm_text, css_text
 
 
@@ -89,26 +87,11 @@ def css() -> str:
     return _sources(_mtime(COMPONENT_DIR / "token_view.js"), _mtime(COMPONENT_DIR / "token_view.css"))[1]
 
 
-def view_payload(trace: Trace, score: str = DEFAULT_SCORE, decode: Any = None, k: int = settings.K) -> dict[str, Any]:
-    """The token view's `data` for one trace (as the app's component gets it): escaped heatmap HTML (one
-    data-pos span per token), hover data (both top-k), spike positions and a content version."""
-
-    colours = None
-    if score == rank_shift.NAME:  # categorical colours; hover and spikes stay on the default score
-        colours, score = rank_shift.colours(trace), DEFAULT_SCORE
-    if "spikes" not in trace.annotations:
-        trace = spikes(trace, score=score, top=settings.SPIKE_TOP)
-    body = tokens_html(trace, score=score, decode=decode, tips=False, css_tips=False, colours=colours)
-    return {
-        "html": body,
-        "version": hashlib.blake2b(body.encode("utf-8"), digest_size=8).hexdigest(),
-        "hover": hover_data(trace, score, decode, k),
-        "spikes": trace.spike_positions,
-        "offset": 0,
-        "n": len(trace),
-        "height": 420,
-        "prob_mode": "prob",
-    }
+def widget_view(trace: Trace, score: str = DEFAULT_SCORE, decode: Any = None, k: int = settings.HOVER_K) -> dict[str, Any]:
+    """The token view's `data` for one trace: the app's payload (core/views/token_payload.py: same hover k, rank
+    shifts and paging) without the legend, in the widget's frame (height, probabilities as probabilities)."""
+    view = view_payload(trace, score=score, decode=decode, k=k)
+    return {**{key: v for key, v in view.items() if key != "legend"}, "height": 420, "prob_mode": "prob"}
 
 
 @dataclass(frozen=True)
@@ -140,7 +123,7 @@ class TokenWidget(anywidget.AnyWidget):
     status = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, pair: Any, trace: Trace, *, score: str = DEFAULT_SCORE, store: Any = None,
-                 max_new_tokens: int | None = None, k: int = settings.K) -> None:
+                 max_new_tokens: int | None = None, k: int = settings.HOVER_K) -> None:
         super().__init__(_esm=esm(), _css=css())
         if not isinstance(trace, Trace):
             raise InvalidInputError(f"widget needs a core.Trace, got {type(trace).__name__}")
@@ -325,7 +308,7 @@ class TokenWidget(anywidget.AnyWidget):
             if self.store is not None and trace.key:  # notes are marked on their tokens, the text on hover
                 trace = attach_notes(self.store, trace)
             views.append({"title": f"{title} · {len(trace)} tokens", "key": trace.key,
-                          "data": view_payload(trace, self.score, self._decode, self.k)})
+                          "data": widget_view(trace, self.score, self._decode, self.k)})
         self.views = views
 
     def _refresh_tree(self) -> None:
@@ -363,7 +346,7 @@ def widget_tree_rows(root: Trace, branches: list[Trace], decode: Any = None) -> 
 
 
 def widget(pair: Any, trace: Trace, *, score: str = DEFAULT_SCORE, store: Any = None,
-           max_new_tokens: int | None = None, k: int = settings.K) -> TokenWidget:
+           max_new_tokens: int | None = None, k: int = settings.HOVER_K) -> TokenWidget:
     """An interactive token view of `trace` for Jupyter: metric selector, hover top-k, click a token and branch
     there (`core.branch` runs in the kernel; the branch shows beside the original, with the branch tree).
     With `store`, branches are stored and notes can be added."""

@@ -139,8 +139,8 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
     took over), the paper-style table, the CSVs and the HTML report in `out`. `benches` (the evaluation
     problems by benchmark) says which benchmark each trace is from; `pair` lets the t = 0 warning suggest
     the fix that fits it."""
-    from core.analysis.paper import paper_table, reproduce_html
-    from core.analysis.report import benchmark_tables, pooled
+    from core.reports.paper import paper_table, reproduce_html
+    from core.reports.report import benchmark_tables, pooled
 
     if not isinstance(reference, str):
         sweep.attrs["reference_numbers"] = reference
@@ -192,7 +192,7 @@ def split_by_benchmark(traces: Sequence[Any], benches: Mapping[str, list[Any]] |
 
 def _with_all(groups: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
     """The groups plus, with several, all of them pooled (as `benchmark_tables` does)."""
-    from core.analysis.report import ALL_BENCHMARKS, pooled
+    from core.reports.report import ALL_BENCHMARKS, pooled
 
     out = dict(groups)
     if len(groups) > 1:
