@@ -289,9 +289,6 @@ def test_the_room_graph_ignores_edges_into_leaves_only():
     assert cycles(rooms) == [["core.a", "core.b"]]
 
 
-# Names two core modules still both define, while their merge is under way elsewhere (each entry must still be a
-# duplicate: remove it when its second definition goes).
-PENDING_DUPLICATES = {"SwitchPolicy", "THEN", "WHO"}
 MODULE_LOCAL = {"log", "logger"}  # each module's own logger
 
 
@@ -320,10 +317,8 @@ def top_level_definitions() -> dict[str, list[str]]:
 
 def test_each_public_name_is_defined_in_one_core_module():
     found = top_level_definitions()
-    twice = {name: where for name, where in found.items() if len(where) > 1 and name not in PENDING_DUPLICATES}
+    twice = {name: where for name, where in found.items() if len(where) > 1}
     assert not twice, f"names with two homes (give one a name of its own, or import it): {twice}"
-    stale = sorted(name for name in PENDING_DUPLICATES if len(found.get(name, [])) < 2)
-    assert not stale, f"no longer duplicated, remove from PENDING_DUPLICATES: {stale}"
 
 
 def _streamlit_aliases(tree: ast.AST) -> set[str]:
