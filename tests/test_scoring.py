@@ -241,8 +241,10 @@ def test_assemble_reuses_the_parents_prefix_rows(qwen_pair, monkeypatch) -> None
     arrays = {**{name: full.metrics[name] for name in METRICS},
               **{f"topk_{side}_{part}": full.topk[side][j] for side in SIDES for j, part in enumerate(("ids", "probs"))}}
     decoded: list[int] = []
-    real = scoring.display_tokens
-    monkeypatch.setattr(scoring, "display_tokens", lambda tok, ids, known=(): decoded.append(len(ids) - len(known))
+    from core.record import assembly
+
+    real = assembly.display_tokens
+    monkeypatch.setattr(assembly, "display_tokens", lambda tok, ids, known=(): decoded.append(len(ids) - len(known))
                         or real(tok, ids, known))
     for rows in ({n: v[keep:] for n, v in arrays.items()}, arrays):
         child = scoring.assemble(qwen_pair, child_ids, full.prompt_ids, rows, full.source, dict(full.meta),
