@@ -1,5 +1,5 @@
 """What the app was started with: `forkpoint app --base X --reason Y --store DIR` (which runs
-`streamlit run app/main.py -- --base X ...`).
+`streamlit run app/serve.py -- --base X ...`; `streamlit run app/main.py -- ...` takes the same arguments).
 
 Everything after `--` reaches the script as `sys.argv[1:]`. No arguments: the bundled demo pair and
 $FORKPOINT_STORE (else ./forkpoint-store). Plain values only; no streamlit here.

@@ -15,6 +15,10 @@ files) starts without the model stack. No public name equals a module name under
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+import types
 import warnings
 from typing import Any
 
@@ -62,6 +66,34 @@ _MORE: dict[str, str] = {
 }  # fmt: skip
 
 _DEPRECATED = {"import_jsonl": "import_file"}  # old name -> new name (same function)
+
+# Module paths the docs once gave, moved into the room of their stage: importing the old path warns and gives
+# the new module's names (a stand-in module, so the moved module keeps its own name).
+_MOVED_MODULES = {"core.scoring.comparison": "core.analysis.comparison",
+                  "core.evaluation.records": "core.evaluation.record_table"}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds only the old paths in `_MOVED_MODULES`, after every real module (nothing on disk has those names)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        return importlib.util.spec_from_loader(name, self) if name in _MOVED_MODULES else None
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        new = _MOVED_MODULES[spec.name]
+        warnings.warn(f"{spec.name} moved to {new}; import it from there", DeprecationWarning, stacklevel=2)
+        module = types.ModuleType(spec.name, f"Deprecated alias of {new}.")
+        target = importlib.import_module(new)
+        module.__getattr__ = lambda attr: getattr(target, attr)  # type: ignore[method-assign]
+        module.__dir__ = lambda: dir(target)  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
 
 __all__ = list(_PUBLIC)
 

@@ -132,6 +132,23 @@ def test_import_jsonl_is_a_deprecated_alias() -> None:
         assert core.import_jsonl is core.import_file
 
 
+def test_documented_old_module_paths_are_deprecated_aliases() -> None:
+    """Paths the docs once gave keep working, with a warning naming the new home."""
+    code = ("import warnings, json; warnings.simplefilter('always'); import core\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    warnings.simplefilter('always')\n"
+            "    from core.scoring.comparison import with_reasoner\n"
+            "    from core.evaluation.records import RecordTable\n"
+            "import core.analysis.comparison as new, core.evaluation.record_table as table\n"
+            "print(json.dumps([with_reasoner is new.with_reasoner, RecordTable is table.RecordTable,\n"
+            "                  new.__name__, [str(w.message) for w in seen if w.category is DeprecationWarning]]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True, cwd=ROOT)
+    same, same_table, name, warned = json.loads(out.stdout.strip().splitlines()[-1])
+    assert same and same_table and name == "core.analysis.comparison"
+    assert warned == ["core.scoring.comparison moved to core.analysis.comparison; import it from there",
+                      "core.evaluation.records moved to core.evaluation.record_table; import it from there"]
+
+
 def test_import_core_loads_no_model_stack() -> None:
     """`import core` and the store's modules load neither torch nor transformers (file-only commands start fast)."""
     code = ("import json, sys; import core, core.io.store, core.views.exports; "

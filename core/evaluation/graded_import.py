@@ -10,6 +10,7 @@ from typing import Any
 
 from core.evaluation.grading import grade_trace
 from core.io.imports import ImportResult, import_records
+from core.settings import Progress
 from core.trace import Trace
 
 
@@ -18,7 +19,7 @@ def import_file(
     path: str | os.PathLike[str],
     store: Any,
     score_fn: Callable[..., Trace] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
     *,
     format: str | None = None,
     report_path: str | os.PathLike[str] | None = None,
