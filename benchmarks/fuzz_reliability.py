@@ -27,6 +27,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from core.io.foreign import ForeignRecord, iter_foreign  # noqa: E402
 from core.io.imports import import_file  # noqa: E402
+from core.io.maintenance import repair, verify
 from core.io.store import TraceStore  # noqa: E402
 
 
@@ -193,8 +194,8 @@ def fuzz_store(rng: random.Random, tmp: Path, n_files: int) -> str:
     silent = [k for k in damaged if k not in bad and fresh.get(k) != make_trace(30, seed=keys.index(k))]
     assert not silent, f"damage read back as a different trace: {silent}"
     assert {t.key for t in traces} == set(keys) - bad and len(skipped) == len(bad)
-    report = fresh.repair()
-    assert {k for k, _, _ in report.set_aside} == bad and TraceStore(store.path).verify().ok
+    report = repair(fresh)
+    assert {k for k, _, _ in report.set_aside} == bad and verify(TraceStore(store.path)).ok
     harmless = len(damaged) - len(bad)
     return (f"Store: {n_files} traces, {len(damaged)} damaged in {len(kinds)} ways: {len(bad)} detected and set aside by repair, "
             f"{harmless} harmless (read back identical), 0 silent changes; the rest always loaded")

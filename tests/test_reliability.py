@@ -25,6 +25,7 @@ from spies import FeedLog
 import core.io.atomic as atomic
 from core.cli import main
 from core.errors import InvalidInputError, StoreError, WriteError
+from core.io.maintenance import repair, verify
 from core.io.store import TraceStore
 from core.views.exports import export, read_jsonl
 
@@ -144,7 +145,7 @@ def test_put_on_a_damaged_key_rewrites_it_and_keeps_the_damaged_file_aside(tmp_p
         assert fresh.put(trace) == key and fresh.get(key) == trace
     kept = store.set_aside_files()
     assert len(kept) == 3 and all(p.name.startswith(key) for p in kept)
-    assert TraceStore(tmp_path).verify().ok
+    assert verify(TraceStore(tmp_path)).ok
 
 
 def test_put_of_identical_content_writes_nothing(tmp_path):
@@ -225,7 +226,7 @@ def test_verify_repair_remove(tmp_path):
     (store.traces_dir / "Bad Name.parquet").write_bytes(b"x")
     with open(store.index_path, "ab") as fh:
         fh.write(b'{"forged": 1}\n')
-    check = TraceStore(store.path).verify()
+    check = verify(TraceStore(store.path))
     assert not check.ok and check.n_files == 5 and check.n_readable == 3
     assert {p.name for p, _ in check.damaged} == {f"{keys[0]}.parquet", "Bad Name.parquet"}
     assert check.bad_index_lines == 1 and check.index_lines == 5
@@ -242,10 +243,10 @@ def test_verify_repair_remove(tmp_path):
     assert code == 0 and keys[1] not in TraceStore(store.path).keys()
     code, out = cli("remove", "--store", str(store.path), "deadbeef", "--yes")
     assert code == 1 and "No trace with key 'deadbeef'" in out
-    check = TraceStore(store.path).verify()
+    check = verify(TraceStore(store.path))
     assert check.n_readable == 2 and check.bad_index_lines == 0 and len(check.damaged) == 1
     code, out = cli("remove", "--store", str(store.path), "--damaged", "--yes")
-    assert code == 0 and out.strip() == "removed Bad Name.parquet" and TraceStore(store.path).verify().ok
+    assert code == 0 and out.strip() == "removed Bad Name.parquet" and verify(TraceStore(store.path)).ok
     code, out = cli("remove", "--store", str(store.path), "--damaged", "--yes")
     assert code == 0 and "No unreadable" in out
 
@@ -286,7 +287,7 @@ def test_temp_files_of_killed_writers_are_removed_on_open_live_ones_kept(tmp_pat
         fresh = TraceStore(tmp_path)
         assert [p.name.split(".")[1] for p in fresh.removed_temp_files] == ["dead"]
         assert [p.name.split(".")[1] for p in fresh.live_temp_files] == ["live"]
-        assert [state for _, state in fresh.verify().temp_files] == ["removed: left by a writer that died", "in use"]
+        assert [state for _, state in verify(fresh).temp_files] == ["removed: left by a writer that died", "in use"]
     finally:
         os.kill(procs[1].pid, signal.SIGKILL)
         procs[1].join()
@@ -354,7 +355,7 @@ def test_a_real_file_size_limit(tmp_path):
     assert outcome[1][0] == "error" and "the file-size limit was reached; it was not written" in outcome[1][1]
     fresh = TraceStore(tmp_path)
     assert sorted(fresh.summaries()["key"]) == sorted([make_trace(10, seed=s).key for s in (1, 2)])
-    assert fresh.verify().ok and fresh.verify().temp_files == []
+    assert verify(fresh).ok and verify(fresh).temp_files == []
 
 
 def test_a_full_disk_while_writing_a_trace_is_a_clear_error(tmp_path, monkeypatch):
@@ -571,3 +572,101 @@ def test_a_context_overrun_is_said_once_per_pair(qwen_pair, monkeypatch, caplog)
             qwen_pair.check_context(qwen_pair.prompt_ids(prompt), 100)
     said = [r for r in caplog.records if "exceeds" in r.getMessage() and r.levelno >= logging.WARNING]
     assert len(said) == 2 and {"base", "reason"} == {r.args[2] for r in said}  # one per model
+
+
+# -- issue 33: side files (notes) are isolated like trace files ----------------------------------------
+
+
+def _store_with_notes(tmp_path, n: int = 6):
+    from core.io import notes as nt
+
+    store = TraceStore(tmp_path / "s")
+    keys = [store.put(make_trace(12, seed=s)) for s in range(n)]
+    for i, key in enumerate(keys):
+        nt.add_note(store, key, 1, 2, f"note {i}")
+    return store, keys
+
+
+@pytest.mark.parametrize("damage_how", ["truncate", "deep", "not_utf8", "folder"])
+def test_a_damaged_notes_file_is_reported_and_never_stops_the_export(tmp_path, damage_how):
+    from core.io import notes as nt
+
+    store, keys = _store_with_notes(tmp_path)
+    bad = nt.notes_path(store, keys[2])
+    if damage_how == "truncate":  # `truncate -s 10`
+        bad.write_bytes(bad.read_bytes()[:10])
+    elif damage_how == "deep":
+        bad.write_text("[" * 5000 + "]" * 5000)
+    elif damage_how == "not_utf8":
+        bad.write_bytes(b'{"forkpoint_notes": 1, "notes": [\xff]}')
+    else:
+        bad.unlink()
+        bad.mkdir()
+    for fmt in ("jsonl", "csv", "html"):
+        out = tmp_path / f"x.{fmt}"
+        code, text = cli("export", "--store", str(store.path), "--out", str(out))
+        assert code == 0, text
+        assert f"{len(keys)} traces -> {out} (1 without their damaged notes)" in text
+        assert f"1 damaged notes file(s) left out" in text and bad.name in text
+    back = {t.key: t for t in read_jsonl(tmp_path / "x.jsonl")}
+    assert set(back) == set(keys)
+    assert [n["text"] for n in back[keys[0]].annotations["notes"]] == ["note 0"]
+    assert "notes" not in back[keys[2]].annotations
+
+    code, text = cli("verify", "--store", str(store.path))
+    found = json.loads(text)
+    assert code == 1 and not found["ok"] and [d["path"] for d in found["damaged_side_files"]] == [str(bad)]
+    assert found["damaged"] == [] and found["readable"] == len(keys)
+    code, text = cli("repair", "--store", str(store.path))
+    report = json.loads(text)
+    assert code == 0 and report["ok"] and [e["key"] for e in report["set_aside"]] == [keys[2]]
+    assert not bad.exists() and any(p.name.startswith(f"{keys[2]}.notes.") for p in store.set_aside_files())
+    assert verify(TraceStore(store.path)).ok
+    assert [n.text for n in nt.read_notes(store, keys[3])] == ["note 3"]  # the others untouched
+    nt.add_note(store, keys[2], 0, 0, "a fresh note")  # the set-aside file no longer blocks a write
+    assert [n.text for n in nt.read_notes(store, keys[2])] == ["a fresh note"]
+
+
+def test_attach_notes_reports_damage_per_trace(tmp_path):
+    from core.io import notes as nt
+
+    store, keys = _store_with_notes(tmp_path, 3)
+    nt.notes_path(store, keys[1]).write_text('{"forkpoint_notes": 1, "notes": [{"id": 3}]}')
+    damaged: list = []
+    traces = nt.attach_notes(store, [store.get(k) for k in keys], damaged=damaged)
+    assert [bool(t.annotations.get("notes")) for t in traces] == [True, False, True]
+    assert [p for p, _ in damaged] == [nt.notes_path(store, keys[1])] and "damaged" in damaged[0][1]
+    (store.path / "notes" / "Bad Name.json").write_text("{}")  # a file name that is no key is listed, not raised
+    assert {p.name for p, _ in nt.unreadable_notes(store)} == {f"{keys[1]}.json", "Bad Name.json"}
+
+
+def test_repair_exits_non_zero_when_a_damaged_file_cannot_be_moved(tmp_path, monkeypatch):
+    store = TraceStore(tmp_path / "s")
+    keys = [store.put(make_trace(20, seed=s)) for s in range(2)]
+    damage(trace_path(store, keys[0]), "page")
+
+    def refuse(self, key, why=""):  # e.g. damaged/ on a read-only mount (root ignores chmod here)
+        raise WriteError(f"Cannot move damaged trace {key} aside: permission denied")
+
+    monkeypatch.setattr(TraceStore, "set_aside", refuse)
+    code, text = cli("repair", "--store", str(store.path))
+    report = json.loads(text[: text.rindex("}") + 1])
+    assert code == 1 and not report["ok"] and [f["path"] for f in report["failed"]] == [str(trace_path(store, keys[0]))]
+    assert "could not be moved aside" in text and trace_path(store, keys[0]).exists()
+
+
+def test_maintenance_uses_only_the_stores_public_api_and_the_store_does_not_import_it():
+    import ast
+    import inspect
+
+    import core.io.maintenance as maintenance
+    import core.io.store as store_module
+
+    tree = ast.parse(inspect.getsource(maintenance))
+    private = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+                      and isinstance(n.value, ast.Name) and n.value.id == "store"})
+    assert private == []
+    imported = {a.name for n in ast.walk(ast.parse(inspect.getsource(store_module))) if isinstance(n, ast.ImportFrom)
+                for a in n.names} | {n.module for n in ast.walk(ast.parse(inspect.getsource(store_module)))
+                                     if isinstance(n, ast.ImportFrom)}
+    assert "maintenance" not in imported and "core.io.maintenance" not in imported

@@ -24,6 +24,7 @@ from core.cli.common import (
     store_option,
 )
 from core.errors import ForkpointError
+from core.io import maintenance
 from core.io.foreign import IMPORT_FORMATS
 from core.scoring.registry import DEFAULT_SCORE, SCORES
 from core.views.exports import FORMATS as EXPORT_FORMATS
@@ -106,7 +107,13 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
         warn_unreadable(bad)
     from core.io.notes import attach_notes
 
-    traces = attach_notes(store, traces)  # notes and bookmarks travel with every export
+    bad_notes: list[tuple[Path, str]] = []
+    traces = attach_notes(store, traces, damaged=bad_notes)  # notes and bookmarks travel with every export
+    if bad_notes:
+        click.echo(f"{len(bad_notes)} damaged notes file(s) left out (`forkpoint verify` lists them, "
+                   "`forkpoint repair` sets them aside):", err=True)
+        for path, reason in bad_notes:
+            click.echo(f"  {path.name}: {one_line(reason)}", err=True)
     try:
         run_export(traces, out, fmt, overwrite=overwrite, score=score_name)
     except OSError as exc:
@@ -115,7 +122,8 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
         from core.io.atomic import os_error_reason
 
         raise click.BadParameter(f"cannot write {out}: {os_error_reason(exc)}", param_hint="--out") from exc
-    click.echo(f"{len(traces)} traces -> {out}" + (f" ({len(bad)} unreadable skipped)" if bad else ""))
+    left_out = [f"{len(bad)} unreadable skipped"] * bool(bad) + [f"{len(bad_notes)} without their damaged notes"] * bool(bad_notes)
+    click.echo(f"{len(traces)} traces -> {out}" + (f" ({'; '.join(left_out)})" if left_out else ""))
 
 
 @main.command(name="import")
@@ -175,9 +183,9 @@ def import_(path: str, store_path: str | None, fmt: str | None, report_path: str
 def verify(store_path: str | None) -> None:
     """Deep check: read every trace in full (page and footer checksums), the index and temp files.
 
-    Prints a JSON report; exits 1 when a trace file is damaged or the index is unusable.
+    Prints a JSON report; exits 1 when a trace file or a side file (notes) is damaged or the index is unusable.
     """
-    check = existing_store(store_path).verify()
+    check = maintenance.verify(existing_store(store_path))
     click.echo(json.dumps(check.to_dict(), indent=1))
     if not check.ok:
         sys.exit(1)
@@ -188,9 +196,14 @@ def verify(store_path: str | None) -> None:
 @fail_cleanly
 def repair(store_path: str | None) -> None:
     """Set damaged trace files aside (into <store>/damaged/, never deleted), remove dead writers' temp
-    files, and rebuild the index. Re-running the request that made a set-aside trace recomputes it."""
-    report = existing_store(store_path).repair()
+    files, and rebuild the index. Re-running the request that made a set-aside trace recomputes it.
+    Exits 1 when a damaged file could not be moved."""
+    report = maintenance.repair(existing_store(store_path))
     click.echo(json.dumps(report.to_dict(), indent=1))
+    if not report.ok:
+        click.echo(f"{len(report.failed)} damaged file(s) could not be moved aside (see failed); "
+                   "fix their folder's permissions or move them by hand, then run repair again.", err=True)
+        sys.exit(1)
 
 
 @main.command()

@@ -90,8 +90,8 @@ def read_notes(store: Any, key: str) -> list[Note]:
         record = json.loads(raw)
         version = record.get("forkpoint_notes") if isinstance(record, dict) else None
         notes = [Note.from_dict(n) for n in record.get("notes", [])] if version == NOTES_VERSION else None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise StoreError(f"The notes file {path} is damaged: {exc}") from exc
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise StoreError(f"The notes file {path} is damaged: {' '.join(str(exc).split())[:200]}") from exc
     if notes is None:
         raise StoreError(f"The notes file {path} is damaged: not a forkpoint notes file (version {version!r}, "
                          f"this forkpoint reads {NOTES_VERSION})")
@@ -204,8 +204,13 @@ def all_notes(store: Any) -> tuple[dict[str, list[Note]], list[tuple[Path, str]]
         try:
             out[key] = read_notes(store, key)
         except (StoreError, InvalidInputError) as exc:
-            bad.append((notes_path(store, key), str(exc)))
+            bad.append((_root(store) / NOTES_DIR / f"{key}.json", str(exc)))
     return out, bad
+
+
+def unreadable_notes(store: Any) -> list[tuple[Path, str]]:
+    """(path, reason) for every notes file that cannot be read (for `verify` and `repair`); nothing is moved."""
+    return sorted(all_notes(store)[1])
 
 
 def search_notes(store: Any, query: str = "", *, bookmarks_only: bool = False,
@@ -225,13 +230,24 @@ def search_notes(store: Any, query: str = "", *, bookmarks_only: bool = False,
     return pd.DataFrame(rows, columns=list(SEARCH_COLUMNS))
 
 
-def attach_notes(store: Any, traces: Trace | Iterable[Trace]) -> Any:
+def attach_notes(store: Any, traces: Trace | Iterable[Trace], *, damaged: list[tuple[Path, str]] | None = None) -> Any:
     """The trace(s) with their stored notes as the "notes" annotation layer (list of note dicts); a trace
-    without notes (or without a key) is returned unchanged. Token data is never touched."""
+    without notes (or without a key) is returned unchanged. Token data is never touched.
+
+    A damaged notes file never stops the others: its trace goes without notes, and (path, reason) is
+    appended to `damaged` (logged as a warning when no list is given)."""
     single = isinstance(traces, Trace)
     out = []
     for trace in [traces] if single else list(traces):
-        notes = read_notes(store, trace.key) if trace.key else []
+        try:
+            notes = read_notes(store, trace.key) if trace.key else []
+        except (StoreError, InvalidInputError) as exc:
+            notes = []
+            path = _root(store) / NOTES_DIR / f"{trace.key}.json"
+            if damaged is None:
+                log.warning("notes of trace %s left out: %s", trace.key, exc)
+            else:
+                damaged.append((path, str(exc)))
         out.append(trace.annotate(**{LAYER: [n.to_dict() for n in notes]}) if notes else trace)
     return out[0] if single else out
 
