@@ -55,7 +55,7 @@ class Setting:
             return value
         kind = type(self.value) if self.value is not None else float
         if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                     or (kind is int and not float(value).is_integer()) or math.isnan(value)):
+                                     or not math.isfinite(value) or (kind is int and not float(value).is_integer())):
             raise InvalidInputError(f"{label} must be a {'whole number' if kind is int else 'number'} "
                                     f"{self.range_text()}; got {value!r}")
         too_low = self.low is not None and (value <= self.low if self.open_low else value < self.low)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import re
 import sys
@@ -101,7 +102,7 @@ def pair_from_options(opts: dict[str, Any]):
 
 def ray_option(fn):
     """--ray [ADDRESS], --workers N, --gpus-per-worker G: run on Ray workers (docs/SCALE.md)."""
-    fn = click.option("--gpus-per-worker", type=click.FloatRange(min=0), default=None, metavar="G",
+    fn = click.option("--gpus-per-worker", type=FiniteFloat(min=0), default=None, metavar="G",
                       help="With --ray: GPUs per worker (default 1; above 1, whole GPUs, and each worker spreads "
                            "the pair over its GPUs: a pair larger than one GPU).")(fn)
     fn = click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
@@ -216,18 +217,32 @@ class _TqdmLogHandler(logging.Handler):
             self.handleError(record)
 
 
+class FiniteFloat(click.FloatRange):
+    """A float option that refuses NaN and ±inf (they pass every range comparison), then checks the range:
+    the one float type of every CLI option, so a bad number is refused before anything loads (exit 2)."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            where = self._describe_range() if (self.min is not None or self.max is not None) else "a finite number"
+            self.fail(f"{value!r} is not a finite number; give a number {where}", param, ctx)
+        return super().convert(number, param, ctx)
+
+
 def _range_type(kind: type, low: float | None, high: float | None, choices: tuple[str, ...] = (),
                 open_low: bool = False, open_high: bool = False) -> Any:
     """A click type that checks the range at the edge, so a bad value is reported against its flag."""
     if choices:
         return click.Choice(choices)
+    if kind is float:
+        return FiniteFloat(low, high, min_open=open_low, max_open=open_high)
     if low is None and high is None:
         return kind
     if kind is int:
         return click.IntRange(None if low is None else int(low), None if high is None else int(high),
                               min_open=open_low, max_open=open_high)
-    if kind is float:
-        return click.FloatRange(low, high, min_open=open_low, max_open=open_high)
     return kind
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from core.cli.common import (
+    FiniteFloat,
     Bar,
     close_executor,
     fail_cleanly,
@@ -65,7 +66,7 @@ def _stored(store: Any, keys: tuple[str, ...]) -> list[Any]:
 @click.option("--positions", default="spikes", show_default=True,
               help="'spikes' (each trace's top tokens by --score) or comma-separated token positions.")
 @setting_option("effect_samples", dest="samples", flag="--samples")
-@click.option("--sample-temperature", type=click.FloatRange(0), default=None,
+@click.option("--sample-temperature", type=FiniteFloat(0), default=None,
               help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
 @click.option("--out", default="effects.csv", show_default=True, type=click.Path(dir_okay=False), help="CSV to write.")
 @click.option("--overwrite", is_flag=True, help="Replace --out (stored continuations are reused, not decoded again).")
@@ -205,7 +206,7 @@ def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv
 @store_option
 @click.argument("key")
 @setting_option("effect_samples", dest="samples", flag="--samples")
-@click.option("--sample-temperature", type=click.FloatRange(0), default=None,
+@click.option("--sample-temperature", type=FiniteFloat(0), default=None,
               help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the whole curve as CSV.")
 @fail_cleanly
