@@ -670,3 +670,16 @@ def test_maintenance_uses_only_the_stores_public_api_and_the_store_does_not_impo
                 for a in n.names} | {n.module for n in ast.walk(ast.parse(inspect.getsource(store_module)))
                                      if isinstance(n, ast.ImportFrom)}
     assert "maintenance" not in imported and "core.io.maintenance" not in imported
+
+
+@pytest.mark.parametrize("address", ["999.1.1.1", "no-such-host.invalid", "8.8.8.8", "1.2.3.4.5", "\udc80x"])
+def test_app_with_a_bad_address_is_a_clean_message_before_streamlit_starts(address, monkeypatch):
+    import subprocess
+
+    def started(*args, **kwargs):
+        raise AssertionError("Streamlit was started with a bad --address")
+
+    monkeypatch.setattr(subprocess, "Popen", started)
+    result = CliRunner().invoke(main, ["app", "--address", address])
+    assert result.exit_code == 2 and "--address" in result.output, (result.output, result.exception)
+    assert "Traceback" not in result.output and "gaierror" not in result.output
