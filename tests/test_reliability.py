@@ -523,7 +523,9 @@ def test_unreadable_reasons_are_one_line_each(tmp_path):
     code, out = cli("ls", "--store", str(store.path), "--unreadable")
     lines = out.splitlines()
     assert code == 0 and len(lines) == 3 and all(line.count("\t") == 1 for line in lines), out
-    assert [line.split("\t")[1] for line in lines] == [" ".join(r.split()) for r in raw]
+    from core.cli.common import terminal_text  # issue 33.6: a control byte in pyarrow's reason is shown escaped
+
+    assert [line.split("\t")[1] for line in lines] == [terminal_text(" ".join(r.split())) for r in raw]
     code, out = cli("ls", "--store", str(store.path))
     assert len([line for line in out.splitlines() if line.startswith("  ") and ".parquet: " in line]) == 3
 
@@ -683,3 +685,131 @@ def test_app_with_a_bad_address_is_a_clean_message_before_streamlit_starts(addre
     result = CliRunner().invoke(main, ["app", "--address", address])
     assert result.exit_code == 2 and "--address" in result.output, (result.output, result.exception)
     assert "Traceback" not in result.output and "gaierror" not in result.output
+
+
+# -- issue 33.2: every text is checked once where it enters (lone surrogates, NUL, size) -------------------
+
+
+@pytest.fixture()
+def no_pair(monkeypatch):
+    import core.cli.common as common
+    import core.cli.traces as traces
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model pair was loaded before the text was checked")
+
+    for mod in (common, traces):
+        monkeypatch.setattr(mod, "pair_from_options", loaded)
+
+
+SURROGATE_BYTES = os.fsdecode(b"bad \xed\xa0\x80 x")  # $'bad \xed\xa0\x80 x' as Python decodes argv
+
+
+@pytest.mark.parametrize("args, flag, why", [
+    (["score", "--prompt", SURROGATE_BYTES, "--response", "x y"], "--prompt", "not UTF-8 text: byte 0xed"),
+    (["score", "--prompt", "p", "--response", "a\ud800b"], "--response", "lone surrogate (\\ud800"),
+    (["score", "--prompt", "p\x00q", "--response", "x"], "--prompt", "NUL character"),
+    (["generate", "--prompt", SURROGATE_BYTES], "--prompt", "not UTF-8 text"),
+    (["generate", "--prompt", "x", "--base-format", "{problem}\x00"], "--base-format", "NUL"),
+    (["search", "a\udcffb"], "PATTERN", "not UTF-8 text: byte 0xff"),
+    (["takeover", "0" * 32, "--at", "3='\ud800'"], "--at", "lone surrogate"),
+])  # fmt: skip
+def test_bad_text_in_a_flag_is_refused_naming_it_before_any_model_loads(tmp_path, no_pair, args, flag, why):
+    result = CliRunner().invoke(main, [*args, "--store", str(tmp_path / "s")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert flag in result.output and why in result.output and "Traceback" not in result.output, result.output
+
+
+def test_bad_text_in_a_response_file_or_problem_file_names_the_file_line_and_field(tmp_path, no_pair):
+    resp = tmp_path / "r.txt"
+    resp.write_text("fine\x00not fine")
+    code, out = cli("score", "--prompt", "p", "--response", f"@{resp}")
+    assert code == 2 and "--response" in out and "r.txt" in out and "NUL" in out
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"question": "ok", "answer": "1"}\n{"question": "bad \\ud800 x", "answer": "2"}\n')
+    code, out = cli("generate", "--problems", str(problems), "--store", str(tmp_path / "s"))
+    assert code == 1 and f"{problems}:2: field 'question' holds a lone surrogate" in out, out
+    from core.evaluation.problems import load_problems
+
+    assert [p.prompt for p in load_problems(problems, skip_bad=True)] == ["ok"]
+
+
+def test_the_api_refuses_bad_text_with_a_clear_error(qwen_pair):
+    import core
+
+    for prompt, response in (("a\ud800", "x y"), ("p", "x\udc80"), ("p", "x" * (core.settings.MAX_TEXT_CHARS + 1))):
+        with pytest.raises(InvalidInputError, match="problem text|response"):
+            core.score(qwen_pair, prompt, response)
+
+
+def test_import_texts_are_named_by_line_and_field(tmp_path):
+    import pandas as pd
+
+    from core.io.foreign import read_foreign_jsonl
+
+    bad_csv = tmp_path / "x.csv"
+    bad_csv.write_bytes(b"id,prompt,response\na,p,fine\nb,p\xff,not utf-8\nc,p,has \\u0000 no\nd,p,nul\x00here\n")
+    good, errors = read_foreign_jsonl(bad_csv)
+    assert [r.id for r in good] == ["a", "c"]
+    assert dict(errors) == {3: "field 'prompt' is not UTF-8 text: byte 0xff at character 1 is not valid UTF-8 "
+                               "(save the file or text as UTF-8)",
+                            5: "field 'response' holds a NUL character (at character 3); remove it"}
+    pq_path = tmp_path / "x.parquet"
+    pd.DataFrame({"id": ["a", "b"], "prompt": ["p", "q"], "response": [5, 6]}).to_parquet(pq_path)
+    good, errors = read_foreign_jsonl(pq_path)
+    assert good == [] and errors[0] == (1, "'response' must be a string or a list of token ids, got int 5")
+    jsonl = tmp_path / "x.jsonl"
+    jsonl.write_text('{"id": "a", "prompt": 3, "response": "r"}\n')
+    assert read_foreign_jsonl(jsonl)[1] == [(1, "'prompt' must be a string, got int 3")]
+
+
+def test_import_refuses_a_device_and_a_parquet_file_read_as_text_before_any_model_loads(tmp_path, monkeypatch):
+    import pandas as pd
+
+    import core.cli.store as store_cli
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model pair was loaded before the file was checked")
+
+    monkeypatch.setattr(store_cli, "pair_or_spec", loaded)
+    code, out = cli("import", "/dev/zero", "--format", "jsonl", "--store", str(tmp_path / "s"))
+    assert code == 1 and "/dev/zero is not a regular file" in out and "No such file" not in out
+    pq_path = tmp_path / "x.parquet"
+    pd.DataFrame({"id": ["a"], "prompt": ["p\x1b]0;T\x07"], "response": ["r"]}).to_parquet(pq_path)
+    code, out = cli("import", str(pq_path), "--format", "csv", "--store", str(tmp_path / "s"))
+    assert code == 1 and "is a Parquet file (it starts with PAR1), not csv" in out
+    assert all(ch in "\n\t" or " " <= ch < "\x7f" or ch > "\x9f" for ch in out), repr(out)
+
+
+# -- issue 33.6: one sanitiser for everything printed to a terminal ---------------------------------------------
+
+
+def test_terminal_text_shows_every_control_and_escape_escaped():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from core.cli.common import terminal_text
+
+    assert terminal_text("a\x1b]0;title\x07b\x1b[31mred\r\x9b\u202etxt\udc80\tx\ny") == \
+        "a\\x1b]0;title\\x07b\\x1b[31mred\\x0d\\x9b\\u202etxt\\udc80\tx\ny"
+
+    @given(st.text())
+    def safe(text):
+        out = terminal_text(text)
+        assert not any(ord(c) < 0x20 and c not in "\t\n" or 0x7f <= ord(c) <= 0x9f or 0xD800 <= ord(c) <= 0xDFFF
+                       for c in out)
+        out.encode("utf-8")  # always printable (a lone surrogate would raise here)
+
+    safe()
+
+
+def test_ls_search_and_messages_print_stored_text_escaped(tmp_path):
+    hostile = "p\x1b]0;PWNED\x07\x1b[2J\r\x07"
+    store = TraceStore(tmp_path / "s")
+    store.put(make_trace(10, seed=1, text="the answer \x1b]0;T\x07 is four", meta={
+        "problem": {"id": hostile, "prompt": hostile, "gold": "4"}}))
+    for args in (["ls"], ["ls", "--csv"], ["search", "answer"], ["export", "--out", str(tmp_path / "x.jsonl")]):
+        code, out = cli(*args, "--store", str(store.path))
+        assert code == 0, out
+        assert "\x1b" not in out and "\x07" not in out and "\r" not in out, (args, repr(out))
+    assert "p\\x1b]0;PWNED\\x07" in cli("ls", "--store", str(store.path))[1]

@@ -22,6 +22,25 @@ from core.decoding.policies import Param, list_policies
 from core.errors import ForkpointError
 
 
+# What stored or imported text may not send to a terminal: C0 controls but tab and newline (ESC starts CSI and
+# OSC sequences, BEL ends OSC, CR rewrites the line), DEL and C1 controls, bidirectional overrides (they reorder
+# what is shown) and lone surrogates (they cannot be printed at all).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def terminal_text(text: Any) -> str:
+    """`text` as it may be printed: every control or escape character (and lone surrogate) shown escaped
+    (\\x1b, \\x07, \\u202e), so no stored or imported text can drive the terminal. The one sanitiser
+    for everything the CLI prints (`echo`, error messages, log lines)."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                       str(text))
+
+
+def echo(message: Any = "", *, err: bool = False, nl: bool = True) -> None:
+    """click.echo through `terminal_text`: how every CLI command prints."""
+    click.echo(terminal_text(message), err=err, nl=nl)
+
+
 def fail_cleanly(fn):
     """Show ForkpointError messages as CLI errors, not tracebacks, naming CLI flags for Python arguments."""
 
@@ -31,7 +50,7 @@ def fail_cleanly(fn):
             return fn(*args, **kwargs)
         except ForkpointError as err:
             close_bars()  # the message starts on a clean line, not on a progress bar's
-            raise click.ClickException(cli_words(str(err))) from err
+            raise click.ClickException(terminal_text(cli_words(str(err)))) from err
         except (click.ClickException, KeyboardInterrupt):
             close_bars()
             raise
@@ -48,6 +67,20 @@ def cli_words(message: str) -> str:
     return re.sub(r"(?<![\w.-])(format|score|store)=(?![\w'\"])", r"--\1", message)  # "give format=" -> "give --format"
 
 
+def checked_text(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:
+    """Click callback for every free-text option or argument: `settings.check_text` (lone surrogates or bytes
+    that are not UTF-8, NUL, size) at the edge, a usage error naming the flag, before anything loads."""
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return tuple(checked_text(ctx, param, v) for v in value)
+    flag = max(param.opts, key=len) if isinstance(param, click.Option) else (param.human_readable_name if param else "text")
+    try:
+        return settings.check_text(value, flag, from_bytes=True)  # argv is decoded with surrogateescape
+    except ForkpointError as err:
+        raise click.BadParameter(str(err).removeprefix(f"{flag} "), ctx, param) from None
+
+
 def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """--device's spelling, checked before anything loads (whether that CUDA device exists is the loader's
     check, which needs torch)."""
@@ -61,8 +94,9 @@ def pair_options(fn):
     options = [
         click.option("--base", help="Base model: hub id, local directory or .gguf file (default: demo pair)."),
         click.option("--reason", help="Reasoning model: hub id, local directory or .gguf file."),
-        click.option("--base-format", help="Base prompt format: a template with {problem}, or chat[:think|:nothink]."),
-        click.option("--reason-format", help="Reasoning prompt format (default: chat template if any)."),
+        click.option("--base-format", callback=checked_text,
+                     help="Base prompt format: a template with {problem}, or chat[:think|:nothink]."),
+        click.option("--reason-format", callback=checked_text, help="Reasoning prompt format (default: chat template if any)."),
         click.option("--base-revision", help="Pin the base model to a hub revision."),
         click.option("--reason-revision", help="Pin the reasoning model to a hub revision."),
         setting_option("device", callback=_check_device),
@@ -149,7 +183,7 @@ def close_executor(executor: Any) -> None:
         return
     summary = executor.summary()
     if not summary.empty:
-        click.echo("per-worker throughput:\n" + summary.to_string(index=False), err=True)
+        echo("per-worker throughput:\n" + summary.to_string(index=False), err=True)
     executor.close()
 
 
@@ -212,7 +246,7 @@ class _TqdmLogHandler(logging.Handler):
         try:
             from tqdm import tqdm
 
-            tqdm.write(self.format(record), file=sys.stderr)
+            tqdm.write(terminal_text(self.format(record)), file=sys.stderr)
         except Exception:  # noqa: BLE001  logging must never fail the command
             self.handleError(record)
 

@@ -11,6 +11,7 @@ import click
 
 from core import settings
 from core.cli.common import (
+    echo,
     check_output,
     close_bars,
     close_executor,
@@ -73,7 +74,7 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
         raise click.ClickException(f"The store {store.path} has no traces; generate some first")
     Path(out).mkdir(parents=True, exist_ok=True)
     report_html(traces, str(html), score=score_name, overwrite=True, outdir=out, only=names)
-    click.echo(f"report -> {html}")
+    echo(f"report -> {html}")
 
 
 def _baseline_rhos(given: tuple[str, ...]) -> list[str | float]:
@@ -185,8 +186,8 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     table = table.assign(policy=[p if p == c else f"{p} ({c})" for p, c in zip(table["policy"], table["config"])])
     markdown = to_markdown(table, columns=["accuracy", "ungraded", "pass@k", "rho", "mean_tokens", "recovery",
                                            "recovery@k"])
-    click.echo(markdown)
-    click.echo(f"recovery against: {table['reference'].iloc[0]}")
+    echo(markdown)
+    echo(f"recovery against: {table['reference'].iloc[0]}")
     if out:
         _write_eval_outputs(raw, table, markdown, Path(out))
 
@@ -317,14 +318,14 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
     shown = result.table[result.table["benchmark"] == result.table["benchmark"].iloc[-1]]
     from core.evaluation.harness import to_markdown
 
-    click.echo(to_markdown(shown, index="setting", columns=["accuracy", "ungraded", "pass@k", "recovery@k", "rho"]))
-    click.echo(f"recovery against: {result.info['reference']}")
+    echo(to_markdown(shown, index="setting", columns=["accuracy", "ungraded", "pass@k", "recovery@k", "rho"]))
+    echo(f"recovery against: {result.info['reference']}")
     from core.analysis.paper import headline
 
     findings = headline(result.analyses).rename(columns={"benchmark": "on"})  # one row per finding, not pivoted
-    click.echo(to_markdown(findings, index="finding", columns=["on", "this run", "paper"]))
-    click.echo(f"report -> {result.report}", err=False)
-    print(f"CSVs -> {result.out}", file=sys.stderr)
+    echo(to_markdown(findings, index="finding", columns=["on", "this run", "paper"]))
+    echo(f"report -> {result.report}", err=False)
+    echo(f"CSVs -> {result.out}", err=True)
 
 
 def _reference(text: str | None) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from core.cli.common import (
+    echo,
     Bar,
     check_output,
     fail_cleanly,
@@ -44,10 +45,10 @@ def existing_store(store_path: str | None):
 def warn_unreadable(bad: list[tuple[Path, str]]) -> None:
     """Tell the user (on stderr) which trace files were skipped as unreadable, and what to do."""
     if bad:
-        click.echo(f"{len(bad)} unreadable trace file(s) skipped (`forkpoint verify` checks every file, "
+        echo(f"{len(bad)} unreadable trace file(s) skipped (`forkpoint verify` checks every file, "
                    "`forkpoint repair` sets damaged ones aside):", err=True)
         for path, reason in bad:
-            click.echo(f"  {path.name}: {one_line(reason)}", err=True)
+            echo(f"  {path.name}: {one_line(reason)}", err=True)
 
 
 def one_line(text: str) -> str:
@@ -65,7 +66,7 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
     store = existing_store(store_path)
     if unreadable:  # the deep check: every file read in full
         for path, reason in store.unreadable():
-            click.echo(f"{path}\t{one_line(reason)}")
+            echo(f"{path}\t{one_line(reason)}")
         return
     frame, bad = store.listing()
     frame.insert(1, "status", "ok")
@@ -75,9 +76,9 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
         damaged = pd.DataFrame({"key": [p.name.removesuffix(".parquet") for p, _ in bad], "status": "DAMAGED"})
         frame = pd.concat([frame.astype(object), damaged], ignore_index=True).reindex(columns=frame.columns)
     if not len(frame):
-        click.echo(f"The store {store.path} has no traces.")
+        echo(f"The store {store.path} has no traces.")
         return
-    click.echo(frame.to_csv(index=False) if as_csv else frame.to_string(index=False, max_colwidth=40, na_rep=""))
+    echo(frame.to_csv(index=False) if as_csv else frame.to_string(index=False, max_colwidth=40, na_rep=""))
     warn_unreadable(bad)
 
 
@@ -110,10 +111,10 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
     bad_notes: list[tuple[Path, str]] = []
     traces = attach_notes(store, traces, damaged=bad_notes)  # notes and bookmarks travel with every export
     if bad_notes:
-        click.echo(f"{len(bad_notes)} damaged notes file(s) left out (`forkpoint verify` lists them, "
+        echo(f"{len(bad_notes)} damaged notes file(s) left out (`forkpoint verify` lists them, "
                    "`forkpoint repair` sets them aside):", err=True)
         for path, reason in bad_notes:
-            click.echo(f"  {path.name}: {one_line(reason)}", err=True)
+            echo(f"  {path.name}: {one_line(reason)}", err=True)
     try:
         run_export(traces, out, fmt, overwrite=overwrite, score=score_name)
     except OSError as exc:
@@ -123,7 +124,7 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
 
         raise click.BadParameter(f"cannot write {out}: {os_error_reason(exc)}", param_hint="--out") from exc
     left_out = [f"{len(bad)} unreadable skipped"] * bool(bad) + [f"{len(bad_notes)} without their damaged notes"] * bool(bad_notes)
-    click.echo(f"{len(traces)} traces -> {out}" + (f" ({'; '.join(left_out)})" if left_out else ""))
+    echo(f"{len(traces)} traces -> {out}" + (f" ({'; '.join(left_out)})" if left_out else ""))
 
 
 @main.command(name="import")
@@ -169,9 +170,9 @@ def import_(path: str, store_path: str | None, fmt: str | None, report_path: str
         bar.close()
         if executor is not None:
             executor.close()
-    click.echo(json.dumps({**result.to_dict(), "report": report_path}, default=str))
+    echo(json.dumps({**result.to_dict(), "report": report_path}, default=str))
     if result.stopped:
-        click.echo(f"Import stopped early: {result.stopped}. Stored {len(result.stored)}, skipped "
+        echo(f"Import stopped early: {result.stopped}. Stored {len(result.stored)}, skipped "
                    f"{len(result.skipped)}, failed {len(result.errors)}; lines after {result.last_line} were not "
                    "read. Run the same command again to finish (stored records are skipped).", err=True)
         sys.exit(130 if "Ctrl-C" in result.stopped else 1)
@@ -186,7 +187,7 @@ def verify(store_path: str | None) -> None:
     Prints a JSON report; exits 1 when a trace file or a side file (notes) is damaged or the index is unusable.
     """
     check = maintenance.verify(existing_store(store_path))
-    click.echo(json.dumps(check.to_dict(), indent=1))
+    echo(json.dumps(check.to_dict(), indent=1))
     if not check.ok:
         sys.exit(1)
 
@@ -199,9 +200,9 @@ def repair(store_path: str | None) -> None:
     files, and rebuild the index. Re-running the request that made a set-aside trace recomputes it.
     Exits 1 when a damaged file could not be moved."""
     report = maintenance.repair(existing_store(store_path))
-    click.echo(json.dumps(report.to_dict(), indent=1))
+    echo(json.dumps(report.to_dict(), indent=1))
     if not report.ok:
-        click.echo(f"{len(report.failed)} damaged file(s) could not be moved aside (see failed); "
+        echo(f"{len(report.failed)} damaged file(s) could not be moved aside (see failed); "
                    "fix their folder's permissions or move them by hand, then run repair again.", err=True)
         sys.exit(1)
 
@@ -218,12 +219,12 @@ def remove(store_path: str | None, keys: tuple[str, ...], damaged: bool, yes: bo
     bad = [path for path, _ in store.unreadable()] if damaged else []
     if not keys and not bad:
         if damaged:
-            click.echo(f"No unreadable trace files in {store.path}.")
+            echo(f"No unreadable trace files in {store.path}.")
             return
         raise click.UsageError("Give the keys to remove, or --damaged")
     if not yes:
         click.confirm(f"Delete {len(keys) + len(bad)} trace file(s) from {store.path}?", abort=True)
     for key in store.remove(dict.fromkeys(keys)):
-        click.echo(f"removed {key}")
+        echo(f"removed {key}")
     for path in store.remove_unreadable() if damaged else []:
-        click.echo(f"removed {path.name}")
+        echo(f"removed {path.name}")

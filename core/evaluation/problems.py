@@ -17,6 +17,7 @@ from typing import Any
 from core.errors import InvalidInputError
 from core.evaluation.grading import last_boxed
 from core.io.foreign import MAX_DEPTH, MAX_LINE_BYTES, json_depth_exceeds
+from core.settings import check_text
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,7 @@ def _problem(
     prompt = _text(row[q_name])
     if prompt is None:
         raise InvalidInputError(f"empty question in field {q_name!r}")
+    check_text(prompt, f"field {q_name!r}")
     a_name = _pick(row, answer_field, ANSWER_FIELDS, "answer")
     s_name = _pick(row, None, tuple(n for n in SOLUTION_FIELDS if n != a_name), "solution")
     i_name = _pick(row, id_field, ID_FIELDS, "id")
@@ -188,6 +190,9 @@ def _problem(
 
         gold = last_boxed(solution)
     pid = _text(row[i_name]) if i_name else None
+    for name, text in ((a_name, answer), (s_name, solution), (i_name, pid)):
+        if text is not None:
+            check_text(text, f"field {name!r}")
     used = {q_name, a_name, s_name, i_name}
     meta = {k: v for k, v in row.items() if k not in used}
     return Problem(pid or f"{stem}-{index}", prompt, gold, solution, meta)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from core import settings
 from core.errors import InvalidInputError, ModelLoadError, VocabularyMismatchError
 from core.pair.attention import use_block_attention
 from core.pair.formats import (  # noqa: F401  (re-exported: the pair API names them)
@@ -71,11 +72,13 @@ class ModelPair:
 
     def prompt_ids(self, problem: str) -> dict[str, list[int]]:
         """Each model's formatted prompt for `problem`, as token ids (each with its own tokenizer's template)."""
+        settings.check_text(problem, "the problem text")  # for API callers; the CLI, files and app check first
         return {side: self.formats[side].render(self.prompt_tokenizers.get(side, self.tokenizer), problem)
                 for side in SIDES}
 
     def encode(self, text: str) -> list[int]:
         """Response text -> token ids (no special tokens added)."""
+        settings.check_text(text, "the response text")
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
