@@ -813,3 +813,86 @@ def test_ls_search_and_messages_print_stored_text_escaped(tmp_path):
         assert code == 0, out
         assert "\x1b" not in out and "\x07" not in out and "\r" not in out, (args, repr(out))
     assert "p\\x1b]0;PWNED\\x07" in cli("ls", "--store", str(store.path))[1]
+
+
+# -- issue 33.9: messages and exit codes ---------------------------------------------------------------------
+
+
+def test_remove_checks_every_key_before_asking(tmp_path):
+    store = TraceStore(tmp_path / "s")
+    key = store.put(make_trace(10, seed=1))
+    for bad in ("../../x", "a/b", ".hidden"):
+        result = CliRunner().invoke(main, ["remove", "--store", str(store.path), key, bad], input="y\n")
+        assert result.exit_code == 2 and "Invalid trace key" in result.output and "KEYS" in result.output
+        assert "Delete" not in result.output and key in TraceStore(store.path).keys()
+    result = CliRunner().invoke(main, ["remove", "--store", str(store.path), key, "f" * 32], input="y\n")
+    assert result.exit_code == 1 and "No trace with key 'ffff" in result.output and "Delete" not in result.output
+    assert key in TraceStore(store.path).keys()
+
+
+def _odd_model(tmp_path):
+    from conftest import TINY
+
+    from core.demo.tiny import build_tiny_model, build_tiny_tokenizer
+
+    other = build_tiny_tokenizer(["Completely different words: zebra quantum xylophone jazz."] * 3, vocab_size=300)
+    return build_tiny_model(tmp_path / "odd", other, "qwen3", seed=5, **TINY)
+
+
+def test_a_pair_is_checked_on_its_tokenizers_before_any_weights_load(tmp_path, tiny_dirs, monkeypatch):
+    import transformers
+
+    import core
+
+    odd = _odd_model(tmp_path)
+
+    def weights(*args, **kwargs):
+        raise AssertionError("weights were loaded before the vocabularies were compared")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", weights)
+    with pytest.raises(core.VocabularyMismatchError, match="tokenizers differ"):
+        core.load_pair(str(tiny_dirs["qwen_base"]), str(odd), device="cpu")
+    result = CliRunner().invoke(main, ["score", "--base", str(tiny_dirs["qwen_base"]), "--reason", str(odd),
+                                       "--prompt", "p", "--response", "r", "--device", "cpu"])
+    assert result.exit_code == 2 and "--base / --reason" in result.output and "tokenizers differ" in result.output
+    for flag, args in (("--base", [str(tmp_path / "nope"), str(odd)]), ("--reason", [str(odd), str(tmp_path / "nope")])):
+        result = CliRunner().invoke(main, ["score", "--base", args[0], "--reason", args[1], "--prompt", "p",
+                                           "--response", "r", "--device", "cpu"])
+        assert result.exit_code == 2 and f"Invalid value for {flag}" in result.output and "does not exist" in \
+            result.output, result.output
+    with pytest.raises(core.ModelLoadError) as err:
+        core.load_pair(str(odd), str(tmp_path / "nope"), device="cpu")
+    assert err.value.side == "reason"
+
+
+def test_a_self_pair_with_different_default_formats_says_so(tiny_dirs, caplog):
+    import core
+
+    same = str(tiny_dirs["qwen_base"])
+    with caplog.at_level("WARNING"):
+        pair = core.load_pair(same, same, device="cpu", dtype="float32")
+    assert pair.formats["base"].spec != pair.formats["reason"].spec
+    assert any("same model" in r.getMessage() and "prompt format" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    fmt = "Q: {problem}\nA:"
+    with caplog.at_level("WARNING"):
+        core.load_pair(same, same, device="cpu", dtype="float32", base_format=fmt, reason_format=fmt)
+    assert not any("same model" in r.getMessage() for r in caplog.records)
+
+
+def test_a_problem_that_cannot_run_is_reported_and_skipped_and_the_run_exits_1(tmp_path, tiny_dirs, monkeypatch):
+    from core.pair.loading import ModelPair
+
+    monkeypatch.setattr(ModelPair, "context_length", lambda self, side: 64)
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "short1", "question": "2+2?", "answer": "4"},
+        {"id": "long", "question": "what is 2+2? " * 60, "answer": "4"},
+        {"id": "short2", "question": "3+3?", "answer": "6"}]) + "\n")
+    pair = ["--base", str(tiny_dirs["qwen_base"]), "--reason", str(tiny_dirs["qwen_reason"]), "--device", "cpu"]
+    code, out = cli("generate", *pair, "--problems", str(problems), "--store", str(tmp_path / "s"),
+                    "--max-new-tokens", "4")
+    assert code == 1, out
+    assert "problem long: The prompt is" in out and "does not fit" in out and "1 problem(s) skipped: long" in out
+    stored = TraceStore(tmp_path / "s").summaries()
+    assert sorted(stored["problem"]) == ["short1", "short2"]

@@ -126,12 +126,22 @@ def pair_from_options(opts: dict[str, Any]):
         return demo_pair(device=opts.get("device", settings.DEVICE), **({} if dtype == "auto" else {"dtype": dtype}))
     if not (opts.get("base") and opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
-    return load_pair(
-        opts["base"], opts["reason"], device=opts["device"], dtype=opts["dtype"],
-        base_format=opts.get("base_format"), reason_format=opts.get("reason_format"),
-        base_revision=opts.get("base_revision"), reason_revision=opts.get("reason_revision"),
-        trust_remote_code=opts.get("trust_remote_code", False),
-    )
+    from core.errors import ModelLoadError, VocabularyMismatchError
+
+    try:
+        return load_pair(
+            opts["base"], opts["reason"], device=opts["device"], dtype=opts["dtype"],
+            base_format=opts.get("base_format"), reason_format=opts.get("reason_format"),
+            base_revision=opts.get("base_revision"), reason_revision=opts.get("reason_revision"),
+            trust_remote_code=opts.get("trust_remote_code", False),
+        )
+    except VocabularyMismatchError as err:  # a usage error: these two models cannot make a pair
+        raise click.BadParameter(cli_words(str(err)), param_hint="--base / --reason") from None
+    except ModelLoadError as err:
+        flag = {"base": "--base", "reason": "--reason"}.get(err.side or "", "--base / --reason")
+        if "does not exist" in str(err):
+            raise click.BadParameter(str(err), param_hint=flag) from None
+        raise click.ClickException(terminal_text(f"{flag}: {cli_words(str(err))}")) from err
 
 
 def ray_option(fn):

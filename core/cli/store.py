@@ -215,7 +215,18 @@ def repair(store_path: str | None) -> None:
 @fail_cleanly
 def remove(store_path: str | None, keys: tuple[str, ...], damaged: bool, yes: bool) -> None:
     """Delete the given traces (or, with --damaged, every unreadable trace file) from the store."""
+    from core.io.tracefile import check_key
+
+    for key in keys:  # every key checked before anything is asked or removed
+        try:
+            check_key(key)
+        except ForkpointError as err:
+            raise click.BadParameter(str(err), param_hint="KEYS") from None
     store = existing_store(store_path)
+    missing = [k for k in keys if k not in store.keys()]
+    if missing:
+        raise click.ClickException(f"No trace with key {missing[0]!r} in {store.path} (see `forkpoint ls`); nothing "
+                                   "was removed")
     bad = [path for path, _ in store.unreadable()] if damaged else []
     if not keys and not bad:
         if damaged:

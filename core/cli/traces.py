@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,11 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     if policy_spec(policy_name).needs_gate and "tau" not in params:
         calibration, problems = _calibration_split(calibrate_on, problems, problems_path, prompt,
                                                    calibration_problems)
+    problems, unfit = _runnable(pair, problems, max_new_tokens)
+    for pid, why in unfit:  # reported and skipped; the run goes on and exits 1 at the end
+        echo(f"problem {pid}: {why}; skipped", err=True)
+    if not problems:
+        raise click.ClickException(f"none of the {len(unfit)} problem(s) can run (see above); nothing generated")
     try:
         if policy_spec(policy_name).needs_gate and "tau" not in params:
             echo(f"calibrating the gate on base rollouts of {len(calibration)} problems ...", err=True)
@@ -139,6 +145,26 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     if policy_spec(policy_name).needs_gate and first_token_takeover_share(traces) > 0.5:
         echo(f"note: most takeovers are at t = 0, a prompt-format artefact: {first_token_advice(pair)}", err=True)
     echo(f"{len(traces)} traces ({sum(t.n_takeovers for t in traces)} takeovers) in {store.path}")
+    if unfit:
+        echo(f"{len(unfit)} problem(s) skipped: {', '.join(pid for pid, _ in unfit)} (see above)", err=True)
+        sys.exit(1)
+
+
+def _runnable(pair: Any, problems: list[Any], max_new_tokens: int) -> tuple[list[Any], list[tuple[str, str]]]:
+    """(problems that fit the pair's contexts, [(problem id, why)] for the others), before any forward; with a
+    PairSpec (--ray: the workers hold the models) every problem is kept and a worker reports its own."""
+    if not hasattr(pair, "check_context"):
+        return problems, []
+    ok, unfit = [], []
+    for problem in problems:
+        text = problem if isinstance(problem, str) else problem.prompt
+        try:
+            pair.check_context(pair.prompt_ids(text), max_new_tokens)
+        except ForkpointError as err:
+            unfit.append((str(getattr(problem, "id", "--prompt")), str(err)))
+        else:
+            ok.append(problem)
+    return ok, unfit
 
 
 def _calibration_split(calibrate_on: str | None, problems: list[Any], problems_path: str | None, prompt: str | None,
