@@ -896,3 +896,61 @@ def test_a_problem_that_cannot_run_is_reported_and_skipped_and_the_run_exits_1(t
     assert "problem long: The prompt is" in out and "does not fit" in out and "1 problem(s) skipped: long" in out
     stored = TraceStore(tmp_path / "s").summaries()
     assert sorted(stored["problem"]) == ["short1", "short2"]
+
+
+# -- issue 33.8: a full disk leaves nothing behind ------------------------------------------------------------
+
+
+def _disk_full_after(monkeypatch, files: int) -> None:
+    """The disk fills up after `files` whole files: every later file's fsync fails with ENOSPC (folders' pass)."""
+    real = os.fsync
+    left = [files]
+
+    def fsync(fd):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            left[0] -= 1
+            if left[0] < 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+
+
+@pytest.mark.parametrize("room", [0, 1])  # the CSV fails / the CSV is written, its sidecar fails
+def test_a_failed_csv_export_leaves_no_sidecar_and_no_folder(tmp_path, monkeypatch, room):
+    from core.views.exports import sidecar_path
+
+    traces = [make_trace(10, seed=s) for s in range(2)]
+    out = tmp_path / "new" / "deeper" / "x.csv"
+    _disk_full_after(monkeypatch, room)
+    with pytest.raises(WriteError, match="the disk is full"):
+        export(traces, out)
+    assert not out.exists() and not sidecar_path(out).exists() and not (tmp_path / "new").exists()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    export(traces, out)
+    assert out.exists() and sidecar_path(out).exists()
+
+
+def test_a_failed_analyze_leaves_no_folder_and_a_html_out_is_a_file(tmp_path, monkeypatch):
+    store = TraceStore(tmp_path / "s")
+    for s in range(3):
+        store.put(make_trace(30, seed=s, annotate=True))
+    before = set(tmp_path.iterdir())
+    _disk_full_after(monkeypatch, 2)  # two tables written, then the disk is full
+    code, out = cli("analyze", "--store", str(store.path), "--out", str(tmp_path / "a" / "report"))
+    assert code == 1 and "the disk is full" in out, out
+    assert set(tmp_path.iterdir()) == before  # no folder, no temp folder, no part of the tables
+    code, out = cli("analyze", "--store", str(store.path), "--out", str(tmp_path / "r.html"))
+    assert code == 1 and set(tmp_path.iterdir()) == before
+    monkeypatch.undo()
+    code, out = cli("analyze", "--store", str(store.path), "--out", str(tmp_path / "r.html"))
+    assert code == 0 and (tmp_path / "r.html").is_file() and "<html" in (tmp_path / "r.html").read_text()
+    assert set(tmp_path.iterdir()) == before | {tmp_path / "r.html"}
+    code, out = cli("analyze", "--store", str(store.path), "--out", str(tmp_path / "a" / "report"))
+    folder = tmp_path / "a" / "report"
+    assert code == 0 and (folder / "report.html").is_file() and len(list(folder.glob("*.csv"))) >= 3
+    (folder / "mine.txt").write_text("kept")
+    code, out = cli("analyze", "--store", str(store.path), "--out", str(folder), "--overwrite")
+    assert code == 0 and (folder / "mine.txt").read_text() == "kept"
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")]

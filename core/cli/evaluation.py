@@ -42,21 +42,26 @@ BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-toke
 
 @main.command()
 @store_option
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--out", required=True, type=click.Path(),
+              help="Output folder (report.html and one CSV per table), or a .html file (the report alone).")
 @setting_option("score", dest="score_name")
 @click.option("--overwrite", is_flag=True, help="Replace an existing report in --out.")
 @click.option("--only", "only", multiple=True, metavar="ANALYSIS",
               help="Run only these analyses (repeatable; names: `core.list_analyses()`, e.g. lorenz, position).")
 @fail_cleanly
 def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, only: tuple[str, ...]) -> None:
-    """Write a self-contained HTML report with every registered analysis, and the tables as CSV."""
+    """Write a self-contained HTML report with every registered analysis, and the tables as CSV.
+
+    --out FOLDER: FOLDER/report.html and FOLDER/<table>.csv; --out NAME.html: that report file alone.
+    A failed run (a full disk, ...) leaves nothing behind: no empty folder, no part of the files."""
     from core.analysis.registry import analysis
     from core.analysis.report import report_html
 
     names = [analysis(name).name for name in only] or None  # an unknown name is a message listing the choices
 
-    check_output(out, "--out", folder=True)
-    html = Path(out) / "report.html"
+    as_file = Path(out).suffix.lower() in (".html", ".htm")  # the report file itself, not a folder named so
+    check_output(out, "--out", folder=not as_file)
+    html = Path(out) if as_file else Path(out) / "report.html"
     if html.exists() and not overwrite:
         raise click.ClickException(f"{html} exists; pass --overwrite to replace it (or choose another --out)")
     from core.io.stored_traces import StoredTraces
@@ -72,9 +77,20 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
     traces = StoredTraces(store, [k for k in ordered if k in readable])
     if not traces:
         raise click.ClickException(f"The store {store.path} has no traces; generate some first")
-    Path(out).mkdir(parents=True, exist_ok=True)
-    report_html(traces, str(html), score=score_name, overwrite=True, outdir=out, only=names)
-    echo(f"report -> {html}")
+    from core.io.atomic import make_folders, remove_empty, write_folder
+
+    if as_file:  # a failed write leaves no folder it made and no part of the file
+        created = make_folders(html.parent)
+        try:
+            report_html(traces, str(html), score=score_name, overwrite=True, only=names)
+        except BaseException:
+            remove_empty(created)
+            raise
+        echo(f"report -> {html}")
+        return
+    write_folder(out, lambda tmp: report_html(traces, str(tmp / "report.html"), score=score_name, overwrite=True,
+                                              outdir=str(tmp), only=names), what="analysis report")
+    echo(f"report -> {html} (tables as CSV in {out})")
 
 
 def _baseline_rhos(given: tuple[str, ...]) -> list[str | float]:
