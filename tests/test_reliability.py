@@ -954,3 +954,32 @@ def test_a_failed_analyze_leaves_no_folder_and_a_html_out_is_a_file(tmp_path, mo
     code, out = cli("analyze", "--store", str(store.path), "--out", str(folder), "--overwrite")
     assert code == 0 and (folder / "mine.txt").read_text() == "kept"
     assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")]
+
+
+# -- issue 33.7: --base-format / --reason-format with the demo pair --------------------------------------------
+
+
+def test_formats_are_checked_before_loading_and_applied_to_the_demo_pair(tmp_path, monkeypatch):
+    import core.cli.common as common
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model pair was loaded before the format was checked")
+
+    with monkeypatch.context() as m:
+        m.setattr(common, "load_pair", loaded, raising=False)
+        m.setattr("core.demo.pair.load_pair", loaded)
+        for flag, bad in (("--base-format", "no placeholder"), ("--reason-format", "chat:maybe")):
+            result = CliRunner().invoke(main, ["score", flag, bad, "--prompt", "p", "--response", "r"])
+            assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output, result.output
+    code, out = cli("score", "--prompt", "12+7", "--response", "19", "--base-format", "Q {problem} A",
+                    "--reason-format", "Q {problem} A", "--store", str(tmp_path / "s"))
+    assert code == 0, out
+    trace = TraceStore(tmp_path / "s").get(out.split("key ")[1].split()[0])
+    assert trace.meta["formats"] == {"base": "Q {problem} A", "reason": "Q {problem} A"}  # applied, not ignored
+    assert trace.prompt_ids["base"] != core_demo_prompt_ids("12+7")["base"]
+
+
+def core_demo_prompt_ids(problem):
+    from core.demo.pair import demo_pair
+
+    return demo_pair().prompt_ids(problem)

@@ -20,6 +20,7 @@ import click
 from core import settings
 from core.decoding.policies import Param, list_policies
 from core.errors import ForkpointError
+from core.pair.formats import PromptFormat, format_spec
 
 
 # What stored or imported text may not send to a terminal: C0 controls but tab and newline (ESC starts CSI and
@@ -81,6 +82,18 @@ def checked_text(ctx: click.Context | None, param: click.Parameter | None, value
         raise click.BadParameter(str(err).removeprefix(f"{flag} "), ctx, param) from None
 
 
+def checked_format(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:
+    """--base-format / --reason-format: text checked, then parsed as a prompt format (a template without
+    {problem}, a bad chat spec) before anything loads, for the demo pair and any other alike."""
+    value = checked_text(ctx, param, value)
+    if value is not None:
+        try:
+            PromptFormat(format_spec(value))
+        except ForkpointError as err:
+            raise click.BadParameter(str(err), ctx, param) from None
+    return value
+
+
 def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """--device's spelling, checked before anything loads (whether that CUDA device exists is the loader's
     check, which needs torch)."""
@@ -94,9 +107,9 @@ def pair_options(fn):
     options = [
         click.option("--base", help="Base model: hub id, local directory or .gguf file (default: demo pair)."),
         click.option("--reason", help="Reasoning model: hub id, local directory or .gguf file."),
-        click.option("--base-format", callback=checked_text,
+        click.option("--base-format", callback=checked_format,
                      help="Base prompt format: a template with {problem}, or chat[:think|:nothink]."),
-        click.option("--reason-format", callback=checked_text, help="Reasoning prompt format (default: chat template if any)."),
+        click.option("--reason-format", callback=checked_format, help="Reasoning prompt format (default: chat template if any)."),
         click.option("--base-revision", help="Pin the base model to a hub revision."),
         click.option("--reason-revision", help="Pin the reasoning model to a hub revision."),
         setting_option("device", callback=_check_device),
@@ -123,7 +136,8 @@ def pair_from_options(opts: dict[str, Any]):
 
         torch.set_num_threads(1)  # the demo models are tiny: more threads only add overhead
         dtype = opts.get("dtype", settings.DTYPE)
-        return demo_pair(device=opts.get("device", settings.DEVICE), **({} if dtype == "auto" else {"dtype": dtype}))
+        return demo_pair(device=opts.get("device", settings.DEVICE), **({} if dtype == "auto" else {"dtype": dtype}),
+                         base_format=opts.get("base_format"), reason_format=opts.get("reason_format"))
     if not (opts.get("base") and opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
     from core.errors import ModelLoadError, VocabularyMismatchError
@@ -178,7 +192,7 @@ def pair_or_spec(opts: dict[str, Any], executor: Any):
     from core.scale import PairSpec
 
     if not opts.get("base") and not opts.get("reason"):
-        return PairSpec.demo()
+        return PairSpec.demo(opts.get("base_format"), opts.get("reason_format"))
     if not (opts.get("base") and opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
     return PairSpec(opts["base"], opts["reason"], base_format=opts.get("base_format"),
