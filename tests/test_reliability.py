@@ -983,3 +983,40 @@ def core_demo_prompt_ids(problem):
     from core.demo.pair import demo_pair
 
     return demo_pair().prompt_ids(problem)
+
+
+# -- issue 33.10: found from a wheel install ---------------------------------------------------------------------
+
+
+def test_demo_measure_never_writes_into_the_installed_package(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import core.demo.card as card
+    import core.io.packaged as packaged
+    from core.demo.pair import DEMO_DIR
+
+    installed = lambda path: Path(path).resolve() == DEMO_DIR.resolve()  # noqa: E731  the pair as a wheel ships it
+    monkeypatch.setattr(packaged, "is_installed", installed)
+    monkeypatch.setattr(card, "is_installed", installed)
+    with pytest.raises(InvalidInputError, match="inside the installed forkpoint package"):
+        card.write_card(DEMO_DIR, n=1, samples=1)  # refused before anything loads or is written
+    calls = []
+    monkeypatch.setattr(card, "write_card", lambda source, **kw: calls.append((Path(source), kw["out"])))
+    monkeypatch.chdir(tmp_path)
+    code, out = cli("demo", "measure", "--n", "2", "--samples", "1")
+    assert code == 0 and calls == [(DEMO_DIR, tmp_path)], (out, calls)
+    assert f"{tmp_path / 'CARD.md'} and {tmp_path / 'measure.json'}" in out  # says where it wrote
+    code, out = cli("demo", "measure", "--n", "2", "--out", str(DEMO_DIR))
+    assert code == 2 and "--out" in out and "installed" in out
+    code, out = cli("demo", "measure", "--n", "2", "--out", str(tmp_path / "card"))
+    assert code == 0 and calls[-1] == (DEMO_DIR, tmp_path / "card")
+
+
+def test_is_installed_knows_the_wheels_files():
+    from importlib import resources
+    from pathlib import Path
+
+    from core.io.packaged import CHECKOUT_ASSETS, is_installed
+
+    assert is_installed(Path(str(resources.files("core") / "_assets")) / "demo" / "CARD.md")
+    assert not is_installed(CHECKOUT_ASSETS / "demo") and not is_installed(Path.cwd())

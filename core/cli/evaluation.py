@@ -359,17 +359,27 @@ def _reference(text: str | None) -> Any:
 
 
 @click.command(name="measure")
-@click.option("--demo-dir", type=click.Path(file_okay=False), help="Demo pair directory (default: assets/demo).")
+@click.option("--demo-dir", type=click.Path(file_okay=False), help="Demo pair directory (default: the bundled pair).")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Where CARD.md and measure.json go (default: the demo pair's folder in a checkout; the working "
+                   "directory when the pair is the installed package's, which is never written).")
 @setting_option("demo_measure_problems", dest="n", flag="--n")
 @setting_option("demo_measure_samples", dest="samples", flag="--samples")
 @fail_cleanly
-def demo_measure(demo_dir: str | None, n: int, samples: int) -> None:
-    """Measure the demo pair's properties and rewrite its CARD.md and measure.json."""
+def demo_measure(demo_dir: str | None, out: str | None, n: int, samples: int) -> None:
+    """Measure the demo pair's properties and write its CARD.md and measure.json (says where)."""
     from core.demo.card import write_card
     from core.demo.pair import DEMO_DIR
+    from core.io.packaged import is_installed
 
-    check_output(demo_dir or DEMO_DIR, "--demo-dir", folder=True)
-    write_card(demo_dir or DEMO_DIR, n=n, samples=samples)
+    source = Path(demo_dir or DEMO_DIR)
+    target = Path(out) if out is not None else (Path.cwd() if is_installed(source) else source)
+    if is_installed(target):
+        raise click.BadParameter(f"{target} is inside the installed forkpoint package; give another folder",
+                                 param_hint="--out")
+    check_output(target, "--out", folder=True)
+    write_card(source, n=n, samples=samples, out=target)
+    echo(f"measured {source} on {n} problems: {target / 'CARD.md'} and {target / 'measure.json'}")
 
 
 def _register_demo_measure() -> None:
