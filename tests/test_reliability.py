@@ -1020,3 +1020,16 @@ def test_is_installed_knows_the_wheels_files():
 
     assert is_installed(Path(str(resources.files("core") / "_assets")) / "demo" / "CARD.md")
     assert not is_installed(CHECKOUT_ASSETS / "demo") and not is_installed(Path.cwd())
+
+
+def test_note_text_is_checked_where_it_enters(tmp_path):
+    from core.io import notes as nt
+
+    store, keys = _store_with_notes(tmp_path, 1)
+    for bad, why in (("a\ud800", "lone surrogate"), ("a\x00b", "NUL")):
+        with pytest.raises(InvalidInputError, match=why):
+            nt.add_note(store, keys[0], 0, 0, bad)
+        note = nt.read_notes(store, keys[0])[0]
+        with pytest.raises(InvalidInputError, match=why):
+            nt.edit_note(store, keys[0], note.id, text=bad)
+    assert [n.text for n in nt.read_notes(store, keys[0])] == ["note 0"] and verify(TraceStore(store.path)).ok

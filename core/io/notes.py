@@ -28,6 +28,7 @@ from core.errors import InvalidInputError, StoreError, WriteError
 from core.io.atomic import clean_temp_files, os_error_reason, write_atomic
 from core.io.store import TraceStore
 from core.io.tracefile import check_key
+from core.settings import check_text
 from core.trace import Trace
 from core.trace import note_column as trace_note_column
 
@@ -149,6 +150,7 @@ def add_note(store: Any, key: str, start: int, end: int | None = None, text: str
         raise InvalidInputError("A note needs text (or make it a bookmark: bookmark=True)")
     if len(text) > MAX_TEXT:
         raise InvalidInputError(f"A note holds at most {MAX_TEXT} characters; this one has {len(text)}")
+    check_text(text, "the note's text")  # a lone surrogate or NUL would not survive the JSON file
     note = Note(id=uuid.uuid4().hex[:12], start=int(start), end=int(end), text=text, bookmark=bool(bookmark),
                 created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     with _locked(store):
@@ -174,6 +176,7 @@ def edit_note(store: Any, key: str, note_id: str, *, text: str | None = None, bo
                    old.bookmark if bookmark is None else bool(bookmark), old.created)
         if not new.text and not new.bookmark:
             raise InvalidInputError("A note needs text (or make it a bookmark: bookmark=True)")
+        check_text(new.text, "the note's text", max_chars=MAX_TEXT)
         notes[i] = new
         _write(store, key, notes)
     return new
