@@ -25,7 +25,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from fakes import make_trace  # noqa: E402
 
 from benchmarks.results import write_section  # noqa: E402
-from core.io.maintenance import repair, verify
+from core.io.maintenance import verify
 from core.io.store import TraceStore  # noqa: E402
 from core.trace import request_key  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 
 from core.errors import InvalidInputError, StoreError
 from core.io import notes as nt
-from core.io.maintenance import repair, verify
+from core.io.maintenance import verify
 from core.io.store import TraceStore
 from core.views.exports import export, read_jsonl
 from tests.apptest import tiny_app

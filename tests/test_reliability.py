@@ -25,7 +25,7 @@ from spies import FeedLog
 import core.io.atomic as atomic
 from core.cli import main
 from core.errors import InvalidInputError, StoreError, WriteError
-from core.io.maintenance import repair, verify
+from core.io.maintenance import verify
 from core.io.store import TraceStore
 from core.views.exports import export, read_jsonl
 
@@ -609,7 +609,7 @@ def test_a_damaged_notes_file_is_reported_and_never_stops_the_export(tmp_path, d
         code, text = cli("export", "--store", str(store.path), "--out", str(out))
         assert code == 0, text
         assert f"{len(keys)} traces -> {out} (1 without their damaged notes)" in text
-        assert f"1 damaged notes file(s) left out" in text and bad.name in text
+        assert "1 damaged notes file(s) left out" in text and bad.name in text
     back = {t.key: t for t in read_jsonl(tmp_path / "x.jsonl")}
     assert set(back) == set(keys)
     assert [n["text"] for n in back[keys[0]].annotations["notes"]] == ["note 0"]

@@ -18,7 +18,7 @@ from fakes import make_trace
 
 import core.io.store as store_mod
 from core.errors import InvalidInputError, StoreError
-from core.io.maintenance import repair, verify
+from core.io.maintenance import verify
 from core.io.store import SUMMARY_COLUMNS, TraceStore, content_key, default_store_path
 from core.trace import SCHEMA_VERSION
 

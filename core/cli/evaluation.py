@@ -3,7 +3,6 @@ the one-command reproduction of the paper's table and figures."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
