@@ -12,10 +12,13 @@ Streamlit, whose fragment run then updates the rest of the page (header, switch 
 `forkpoint app` serves the route (app/serve.py); without it the view falls back to the rerun path
 (app/switchboard.py), which applies the same `switch_request` through the same `core` call.
 
-Safety: the route answers only a session the Trace page registered (a random token that reaches the page
-over Streamlit's own WebSocket), only a JSON POST (a cross-site form cannot send one without a CORS
-preflight, which this route never grants), behind app/serve.py's Host check. The text it returns is data
-for `textContent`; the view's HTML is core's escaped heatmap.
+Safety: the route answers only its exact path, only a POST whose content type is exactly application/json
+(a cross-site form cannot send one without a CORS preflight, which this route never grants) and whose Origin
+is the app's own address (the Host that app/serve.py's Host check let through), only a session the Trace
+page registered (a random token that reaches the page over Streamlit's own WebSocket, valid while that
+page's Streamlit session lives), and a body nested at most MAX_DEPTH deep (checked before parsing, so no
+recursion limit is reachable). "done" is sent once the child is stored (else an error saying it was not).
+The text it returns is data for `textContent`; the view's HTML is core's escaped heatmap.
 """
 
 from __future__ import annotations
@@ -31,11 +34,33 @@ from typing import Any
 from core.decoding.takeover import flipped, set_switches, switches_in_force
 from core.errors import ForkpointError
 from core.evaluation.grading import grade_trace, graded_put
+from core.io.foreign import json_depth_exceeds
+from core.settings import check_text
 from core.trace import Trace
 
 ROUTE = "/_forkpoint/switch"
 MAX_BODY = 4096  # bytes: a switch request is a few numbers
+MAX_DEPTH = 4  # JSON nesting: a switch request is one flat object
 MAX_SESSIONS = 32  # browser sessions remembered (oldest forgotten first)
+MAX_FIELD = 256  # characters of the session token or a trace key
+
+
+def _current_session() -> str | None:
+    """The Streamlit session running this script (None outside a script run, e.g. in a test)."""
+    try:
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+        ctx = get_script_run_ctx(suppress_warning=True)
+    except Exception:  # noqa: BLE001 - no Streamlit runtime here
+        return None
+    return None if ctx is None else ctx.session_id
+
+
+def _session_alive(session_id: str) -> bool:
+    """Whether a Streamlit session is still open (a page closed or reloaded ends its session)."""
+    from streamlit.runtime import Runtime
+
+    return not Runtime.exists() or Runtime.instance().is_active_session(session_id)
 
 
 @dataclass(frozen=True)
@@ -51,22 +76,35 @@ class LiveView:
 
 
 class _Sessions:
-    """An explicit cache: each browser session's latest LiveView, newest last, at most MAX_SESSIONS."""
+    """An explicit cache: each page's token -> (its Streamlit session, its latest LiveView), newest last, at
+    most MAX_SESSIONS. A token is tied to the Streamlit session that registered it and is gone when that
+    session ends (checked on every lookup; dead ones are swept on every registration)."""
 
     def __init__(self) -> None:
-        self._views: OrderedDict[str, LiveView] = OrderedDict()
+        self._views: OrderedDict[str, tuple[str | None, LiveView]] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, session: str, view: LiveView) -> None:
+        owner = _current_session()
         with self._lock:
-            self._views[session] = view
+            for token, (who, _) in list(self._views.items()):
+                if who is not None and not _session_alive(who):
+                    del self._views[token]
+            self._views[session] = (owner, view)
             self._views.move_to_end(session)
             while len(self._views) > MAX_SESSIONS:
                 self._views.popitem(last=False)
 
     def get(self, session: str) -> LiveView | None:
         with self._lock:
-            return self._views.get(session)
+            found = self._views.get(session)
+            if found is None:
+                return None
+            owner, view = found
+            if owner is not None and not _session_alive(owner):  # its page has closed
+                del self._views[session]
+                return None
+            return view
 
 
 SESSIONS = _Sessions()
@@ -126,8 +164,13 @@ def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[
         if not 0 <= pos < len(parent):
             raise ForkpointError(f"Token #{pos} is outside this trace (0..{len(parent) - 1})")
         child = run_switch(view, parent, switch_request(parent, pos, token), on_text)
-        emit({"done": child.key, "view": view.render(child)})  # the route's views come from live_offer: drawn
-        emit({"stored": keep(view, child).key})
+        try:
+            stored = keep(view, child)
+        except ForkpointError as err:  # said in this stream: the page never shows a child as made that is not kept
+            emit({"error": f"The switched trace was made but not stored: {err}"})
+            return
+        emit({"done": stored.key, "view": view.render(stored)})  # the route's views come from live_offer: drawn
+        emit({"stored": stored.key})
     except ForkpointError as err:
         emit({"error": str(err)})
     except Exception as err:  # noqa: BLE001 - the page must hear of any failure, then fall back to a rerun
@@ -137,12 +180,44 @@ def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[
 
 
 def _parse(body: bytes) -> tuple[str, str, int, int | None]:
+    if json_depth_exceeds(body, MAX_DEPTH):  # before json.loads: its recursion limit is never reached
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     req = json.loads(body.decode("utf-8"))
+    if not isinstance(req, dict):
+        raise ValueError("not an object")
     session, key, pos, token = req["session"], req["key"], req["pos"], req.get("token")
     if not (isinstance(session, str) and isinstance(key, str) and type(pos) is int
             and (token is None or type(token) is int)):
         raise ValueError("bad field types")
+    for name, text in (("session", session), ("key", key)):
+        try:
+            check_text(text, f"the live route's {name}", max_chars=MAX_FIELD)
+        except ForkpointError as err:
+            raise ValueError(str(err)) from None
     return session, key, pos, token
+
+
+def _media_type(headers: dict[bytes, bytes]) -> bytes:
+    """The content type without parameters, lower case: `application/json; charset=utf-8` -> application/json."""
+    return headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+
+
+def _same_origin(headers: dict[bytes, bytes]) -> bool:
+    """Whether the request's Origin is the app's own address (the Host HostGuard let through): a page of any
+    other origin, a sandboxed frame (Origin: null) or a request without an Origin is refused."""
+    origin, host = headers.get(b"origin"), headers.get(b"host")
+    return bool(origin and host) and origin.lower() in (b"http://" + host.lower(), b"https://" + host.lower())
+
+
+def _route_paths() -> frozenset[str]:
+    """The exact paths this route answers: ROUTE, under Streamlit's server.baseUrlPath when one is set."""
+    try:
+        from streamlit import config
+
+        base = (config.get_option("server.baseUrlPath") or "").strip("/")
+    except Exception:  # noqa: BLE001 - no Streamlit config here
+        base = ""
+    return frozenset({ROUTE, f"/{base}{ROUTE}"} if base else {ROUTE})
 
 
 class LiveRoute:
@@ -150,15 +225,19 @@ class LiveRoute:
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        self.paths = _route_paths()
         _SERVED.set()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope.get("path", "").endswith(ROUTE):
+        if scope["type"] != "http" or scope.get("path", "") not in self.paths:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", []))
-        if scope.get("method") != "POST" or not headers.get(b"content-type", b"").startswith(b"application/json"):
+        if scope.get("method") != "POST" or _media_type(headers) != b"application/json":
             await _plain(send, 405, b"POST application/json only\n")
+            return
+        if not _same_origin(headers):
+            await _plain(send, 403, b"cross-origin request refused\n")
             return
         body = b""
         while True:
@@ -171,7 +250,7 @@ class LiveRoute:
                 break
         try:
             session, key, pos, token = _parse(body)
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
             await _plain(send, 400, b"expected {session, key, pos, token}\n")
             return
         view = SESSIONS.get(session)

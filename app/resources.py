@@ -40,7 +40,8 @@ def load_pair(spec: PairChoice) -> core.ModelPair:
         torch.set_num_threads(1)
         device = "cpu" if spec.device == "auto" else spec.device
         dtype = "float32" if spec.dtype == "auto" else spec.dtype
-        return demo_pair(device=device, dtype=dtype)
+        return demo_pair(device=device, dtype=dtype, base_format=spec.base_format or None,
+                         reason_format=spec.reason_format or None)  # `forkpoint app --base-format` applies to it too
     return core.load_pair(**spec.load_arguments())
 
 

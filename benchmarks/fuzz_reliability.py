@@ -27,6 +27,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from core.io.foreign import ForeignRecord, iter_foreign  # noqa: E402
 from core.evaluation.graded_import import import_file  # noqa: E402
+from core.io.maintenance import repair, verify  # noqa: E402
 from core.io.store import TraceStore  # noqa: E402
 
 
@@ -193,8 +194,8 @@ def fuzz_store(rng: random.Random, tmp: Path, n_files: int) -> str:
     silent = [k for k in damaged if k not in bad and fresh.get(k) != make_trace(30, seed=keys.index(k))]
     assert not silent, f"damage read back as a different trace: {silent}"
     assert {t.key for t in traces} == set(keys) - bad and len(skipped) == len(bad)
-    report = fresh.repair()
-    assert {k for k, _, _ in report.set_aside} == bad and TraceStore(store.path).verify().ok
+    report = repair(fresh)
+    assert {k for k, _, _ in report.set_aside} == bad and verify(TraceStore(store.path)).ok
     harmless = len(damaged) - len(bad)
     return (f"Store: {n_files} traces, {len(damaged)} damaged in {len(kinds)} ways: {len(bad)} detected and set aside by repair, "
             f"{harmless} harmless (read back identical), 0 silent changes; the rest always loaded")
@@ -257,14 +258,69 @@ def fuzz_cli(tmp: Path) -> str:
             if hasattr(mod, name):
                 setattr(mod, name, loaded)
     (tmp / "cli_store").mkdir()
-    cases = _bad_inputs(tmp)
+    cases = _bad_inputs(tmp) + _more_bad_inputs()
     refused = 0
     for args, flag in cases:
         if args[0] not in ("demo", "app", "reproduce") and "--store" not in args:
             args = [*args, "--store", str(tmp / "cli_store")]
         out = CliRunner().invoke(main, args)
         refused += out.exit_code == 2 and flag in out.output and "Traceback" not in out.output
-    return f"CLI: {len(cases)} bad inputs over 10 commands: {refused} refused with exit 2, naming the flag, before any model loaded"
+    commands = len({args[0] for args, _ in cases})
+    return f"CLI: {len(cases)} bad inputs over {commands} commands: {refused} refused with exit 2, naming the flag, before any model loaded"
+
+
+def _more_bad_inputs() -> list[tuple[list[str], str]]:
+    """Issue 33: non-finite numbers in every kind of float option, and text that cannot be tokenized."""
+    bad_bytes = "x \udced\udca0\udc80 y"  # $'x \xed\xa0\x80 y' as Python decodes argv
+    cases = [([cmd, flag, value], flag) for cmd, flag in (("generate", "--temperature"), ("generate", "--ratio"),
+                                                           ("generate", "--tau"), ("generate", "--lam"),
+                                                           ("eval", "--top-p"), ("calibrate", "--ratio"),
+                                                           ("effects", "--sample-temperature"))
+             for value in ("nan", "inf", "-inf")]
+    cases += [(["score", "--prompt", bad_bytes, "--response", "r"], "--prompt"),
+              (["score", "--prompt", "p", "--response", "a\x00b"], "--response"),
+              (["generate", "--prompt", bad_bytes], "--prompt"), (["generate", "--base-format", "no placeholder"],
+                                                                  "--base-format"),
+              (["eval", "--ratios", "0.1,nan"], "--ratios"), (["remove", "../../x"], "KEYS"),
+              (["app", "--address", "999.1.1.1"], "--address")]
+    return cases
+
+
+def fuzz_side_files(rng: random.Random, tmp: Path, n: int) -> str:
+    """Notes files damaged in 5 ways: every export still writes every trace and names the damaged ones; verify
+    lists exactly them; repair sets them all aside."""
+    from click.testing import CliRunner
+    from fakes import make_trace
+
+    from core.cli import main
+    from core.io import notes as nt
+
+    store = TraceStore(tmp / "side_store")
+    keys = [store.put(make_trace(12, seed=i)) for i in range(n)]
+    for i, key in enumerate(keys):
+        nt.add_note(store, key, 0, 1, f"note {i}")
+    kinds = {"truncated": lambda b: b[: rng.randrange(1, len(b) - 1)], "empty": lambda b: b"",
+             "not utf-8": lambda b: b.replace(b"note", b"\xffnote", 1), "deep": lambda b: b"[" * 3000 + b"]" * 3000,
+             "wrong version": lambda b: b.replace(b'"forkpoint_notes": 1', b'"forkpoint_notes": 9')}
+    damaged = {}
+    for key in rng.sample(keys, n // 3):
+        kind = rng.choice(sorted(kinds))
+        path = nt.notes_path(store, key)
+        path.write_bytes(kinds[kind](path.read_bytes()))
+        damaged[key] = kind
+    exported = named = 0
+    for fmt in ("jsonl", "csv", "html"):
+        out = CliRunner().invoke(main, ["export", "--store", str(store.path), "--out", str(tmp / f"side.{fmt}")])
+        exported += out.exit_code == 0 and f"{n} traces ->" in out.output
+        named += all(f"{k}.json" in out.output for k in damaged)
+    found = {p.stem for p, _ in verify(TraceStore(store.path)).damaged_side_files}
+    report = repair(TraceStore(store.path))
+    after = verify(TraceStore(store.path))
+    by_kind = ", ".join(f"{sum(v == k for v in damaged.values())} {k}" for k in sorted(kinds))
+    return (f"Side files: {n} traces with notes, {len(damaged)} notes files damaged ({by_kind}): {exported}/3 exports "
+            f"wrote all {n} traces, {named}/3 named every damaged file; verify found {len(found & set(damaged))}/"
+            f"{len(damaged)} (false alarms {len(found - set(damaged))}); repair set {len(report.set_aside)} aside, "
+            f"verify ok after: {after.ok}")
 
 
 def main() -> None:
@@ -279,7 +335,8 @@ def main() -> None:
         for name, run in [("jsonl", lambda: fuzz_jsonl(rng, tmp, args.rounds)), ("csv", lambda: fuzz_csv(rng, tmp, args.rounds)),
                           ("parquet", lambda: fuzz_parquet(rng, tmp, 4 * args.rounds)),
                           ("store", lambda: fuzz_store(rng, tmp, 200)),
-                          ("report", lambda: fuzz_report_full(rng, tmp, 4 * args.rounds)), ("cli", lambda: fuzz_cli(tmp))]:
+                          ("report", lambda: fuzz_report_full(rng, tmp, 4 * args.rounds)),
+                          ("side files", lambda: fuzz_side_files(rng, tmp, 12 * args.rounds)), ("cli", lambda: fuzz_cli(tmp))]:
             start = time.perf_counter()
             print(f"{run()}  [{time.perf_counter() - start:.1f} s]", flush=True)
 

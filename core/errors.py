@@ -9,7 +9,11 @@ class ForkpointError(Exception):
 
 
 class ModelLoadError(ForkpointError):
-    """A model or tokenizer could not be loaded (missing path, unknown hub id, bad GGUF)."""
+    """A model or tokenizer could not be loaded (missing path, unknown hub id, bad GGUF).
+
+    `side` ("base" / "reason", set by `load_pair`) says which one, so an edge can name its flag."""
+
+    side: str | None = None
 
 
 class VocabularyMismatchError(ForkpointError):

@@ -19,3 +19,14 @@ def assets_dir() -> Path:
     if CHECKOUT_ASSETS.is_dir():
         return CHECKOUT_ASSETS
     return Path(str(resources.files("core") / "_assets"))
+
+
+def is_installed(path: str | Path) -> bool:
+    """Whether `path` lies inside the installed package's shipped files (a wheel's core/_assets): forkpoint
+    never writes there (a reinstall would replace it, and it may be shared or read-only)."""
+    packaged = Path(str(resources.files("core") / "_assets")).resolve()
+    try:
+        Path(path).resolve().relative_to(packaged)
+    except ValueError:
+        return False
+    return True

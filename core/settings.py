@@ -8,6 +8,7 @@ Presets (e.g. the paper's sampling) are named overrides of these rows.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +56,7 @@ class Setting:
             return value
         kind = type(self.value) if self.value is not None else float
         if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                     or (kind is int and not float(value).is_integer()) or math.isnan(value)):
+                                     or not math.isfinite(value) or (kind is int and not float(value).is_integer())):
             raise InvalidInputError(f"{label} must be a {'whole number' if kind is int else 'number'} "
                                     f"{self.range_text()}; got {value!r}")
         too_low = self.low is not None and (value <= self.low if self.open_low else value < self.low)
@@ -126,6 +127,34 @@ DTYPE: str = SETTINGS["dtype"].value
 DEVICE: str = SETTINGS["device"].value
 RATIOS: tuple[float, ...] = SETTINGS["ratios"].value
 EFFECT_SAMPLES: int = SETTINGS["effect_samples"].value
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# The most characters one text (a prompt, a response, a typed continuation, a problem's field) may hold.
+MAX_TEXT_CHARS: int = 8 * 1024 * 1024
+
+
+def check_text(text: Any, where: str, *, max_chars: int = MAX_TEXT_CHARS, from_bytes: bool = False) -> str:
+    """`text` if it can be tokenized, else InvalidInputError naming `where` (a flag, a file's line and field,
+    the live route): the one check at every edge where text enters (lone surrogates, NUL, size).
+
+    `from_bytes`: the text was decoded with errors="surrogateescape" (a CSV file, the command line), so a
+    surrogate in U+DC80..U+DCFF is a byte that is not UTF-8 and is named as such."""
+    if not isinstance(text, str):
+        raise InvalidInputError(f"{where} must be text, got {type(text).__name__}")
+    if len(text) > max_chars:
+        raise InvalidInputError(f"{where} holds {len(text)} characters, over the limit of {max_chars}")
+    if "\x00" in text:
+        raise InvalidInputError(f"{where} holds a NUL character (at character {text.index(chr(0))}); remove it")
+    found = _SURROGATE.search(text)
+    if found is not None:
+        i, ch = found.start(), found.group()
+        if from_bytes and "\udc80" <= ch <= "\udcff":
+            raise InvalidInputError(f"{where} is not UTF-8 text: byte 0x{ord(ch) - 0xDC00:02x} at character {i} "
+                                    "is not valid UTF-8 (save the file or text as UTF-8)")
+        raise InvalidInputError(f"{where} holds a lone surrogate (\\u{ord(ch):04x} at character {i}), which is "
+                                "not valid Unicode text")
+    return text
+
 
 # How every long-running core call reports progress (the one protocol; bars are drawn only at the edges):
 # progress(done, total), and for calls with several stages progress(stage, done, total).

@@ -223,6 +223,46 @@ def test_bad_options_are_refused_before_any_model_loads_naming_the_flag(tmp_path
     assert len(cases) >= 40
 
 
+def _commands(group, prefix=""):
+    import click
+
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, prefix + name + " ")
+        else:
+            yield prefix + name, cmd
+
+
+def test_every_float_option_refuses_nan_and_infinities_before_any_model_loads(tmp_path, no_models):
+    """Issue 33.3: NaN passes every range comparison and ±inf every one-sided range; every float option of
+    every command (settings, policy parameters, --sample-temperature, ...) refuses them, exit 2, naming it."""
+    import click
+
+    store = tmp_path / "store"
+    store.mkdir()
+    checked = []
+    for name, cmd in _commands(main):
+        for opt in cmd.params:
+            if not isinstance(opt, click.Option) or not isinstance(opt.type, click.FloatRange | type(click.FLOAT)):
+                continue
+            flag = max(opt.opts, key=len)
+            for bad in ("nan", "inf", "-inf", "NaN"):
+                args = [*name.split(), flag, bad] + (["--store", str(store)] if any(
+                    "--store" in o.opts for o in cmd.params if isinstance(o, click.Option)) else [])
+                result = CliRunner().invoke(main, args)
+                assert result.exit_code == 2, (args, result.output, result.exception)
+                assert flag in result.output and "finite" in result.output, (args, result.output)
+            checked.append(f"{name} {flag}")
+    assert {"generate --temperature", "generate --ratio", "generate --tau", "generate --lam", "eval --temperature",
+            "effects --sample-temperature"} <= set(checked), checked
+    for listed in ("--ratios", "--budgets"):  # comma-separated float lists go through the settings table's check
+        result = CliRunner().invoke(main, ["eval", listed, "0.1,nan", "--store", str(store)])
+        assert result.exit_code == 2 and listed in result.output, result.output
+        result = CliRunner().invoke(main, ["eval", listed, "inf", "--store", str(store)])
+        assert result.exit_code == 2 and listed in result.output, result.output
+    assert list(store.iterdir()) == []
+
+
 def test_every_command_takes_its_defaults_and_ranges_from_the_settings_table():
     """Issue 20: an option named like a setting has the setting's default (or None, for preset-filled
     options) and exactly its range, in every command."""

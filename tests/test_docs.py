@@ -65,3 +65,55 @@ def test_reliability_names_only_tests_that_exist() -> None:
     defined = {m for p in (ROOT / "tests").glob("test_*.py") for m in re.findall(r"^def (test_\w+)", p.read_text(
         encoding="utf-8"), re.M)}  # fmt: skip
     assert len(named) >= 40 and not named - defined, sorted(named - defined)
+
+
+# -- issue 33.10: the README's code and the example notebook run as written ------------------------------------
+
+SKIP_MARK = "<!-- readme-test: skip"  # the one way a README block is left out; only for real hub downloads
+
+
+def readme_blocks() -> list[tuple[bool, str]]:
+    """(skipped, code) of every ```python block of the README, in order."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    return [(bool(mark), code) for mark, code in
+            re.findall(r"(" + re.escape(SKIP_MARK) + r"[^>]*-->\n)?```python\n(.+?)\n```", readme, flags=re.S)]
+
+
+def _loads_hub_models(code: str) -> bool:
+    return bool(re.search(r"load_pair\(\s*\"[\w.-]+/[\w.-]+\"", code))
+
+
+def test_readme_skips_only_blocks_that_download_hub_models() -> None:
+    blocks = readme_blocks()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(blocks) == readme.count("```python") >= 3  # every python block is seen
+    assert [skipped for skipped, _ in blocks] == [_loads_hub_models(code) for _, code in blocks]
+    assert readme.count(SKIP_MARK) == sum(skipped for skipped, _ in blocks)  # no stray marker
+
+
+@pytest.mark.slow
+def test_every_readme_python_block_runs_in_order() -> None:
+    """As a reader runs them, one after another in one session (the hub block skipped: the demo pair stays)."""
+    import core
+
+    namespace: dict = {}
+    for i, (skipped, code) in enumerate(readme_blocks()):
+        if not skipped:
+            exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)  # noqa: S102
+    assert isinstance(namespace["trace"], core.Trace) and len(namespace["problems"]) >= 1
+    assert namespace["child"].meta["parent"] == namespace["guided"].key and len(namespace["table"])
+
+
+@pytest.mark.slow
+def test_the_example_notebook_runs_top_to_bottom_and_says_it_needs_the_notebook_extra() -> None:
+    import json
+
+    notebook = json.loads((ROOT / "docs" / "example.ipynb").read_text(encoding="utf-8"))
+    cells = notebook["cells"]
+    assert "forkpoint[notebook]" in "".join(cells[0]["source"])
+    namespace: dict = {}
+    for i, cell in enumerate(c for c in cells if c["cell_type"] == "code"):
+        code = "".join(cell["source"])
+        assert not re.search(r"^\s*[%!]", code, re.M), "a magic would not run outside Jupyter"
+        exec(compile(code, f"docs/example.ipynb code cell {i + 1}", "exec"), namespace)  # noqa: S102
+    assert len(namespace["w"].branches) == 2 and namespace["comp"] is not None

@@ -11,6 +11,7 @@ import pytest
 
 from core.errors import InvalidInputError, StoreError
 from core.io import notes as nt
+from core.io.maintenance import verify
 from core.io.store import TraceStore
 from core.views.exports import export, read_jsonl
 from tests.apptest import tiny_app
@@ -41,7 +42,7 @@ def test_add_list_edit_delete(stored):
     assert nt.read_notes(store, key) == [] and not nt.notes_path(store, key).exists()
     # the trace's own file is never rewritten and the store still reads it
     assert (store.traces_dir / f"{key}.parquet").read_bytes() == before
-    assert len(store.get(key)) == 12 and store.verify().ok
+    assert len(store.get(key)) == 12 and verify(store).ok
 
 
 def test_bad_input_names_the_problem(stored):

@@ -25,6 +25,7 @@ from spies import FeedLog
 import core.io.atomic as atomic
 from core.cli import main
 from core.errors import InvalidInputError, StoreError, WriteError
+from core.io.maintenance import verify
 from core.io.store import TraceStore
 from core.views.exports import export, read_jsonl
 
@@ -144,7 +145,7 @@ def test_put_on_a_damaged_key_rewrites_it_and_keeps_the_damaged_file_aside(tmp_p
         assert fresh.put(trace) == key and fresh.get(key) == trace
     kept = store.set_aside_files()
     assert len(kept) == 3 and all(p.name.startswith(key) for p in kept)
-    assert TraceStore(tmp_path).verify().ok
+    assert verify(TraceStore(tmp_path)).ok
 
 
 def test_put_of_identical_content_writes_nothing(tmp_path):
@@ -225,7 +226,7 @@ def test_verify_repair_remove(tmp_path):
     (store.traces_dir / "Bad Name.parquet").write_bytes(b"x")
     with open(store.index_path, "ab") as fh:
         fh.write(b'{"forged": 1}\n')
-    check = TraceStore(store.path).verify()
+    check = verify(TraceStore(store.path))
     assert not check.ok and check.n_files == 5 and check.n_readable == 3
     assert {p.name for p, _ in check.damaged} == {f"{keys[0]}.parquet", "Bad Name.parquet"}
     assert check.bad_index_lines == 1 and check.index_lines == 5
@@ -242,10 +243,10 @@ def test_verify_repair_remove(tmp_path):
     assert code == 0 and keys[1] not in TraceStore(store.path).keys()
     code, out = cli("remove", "--store", str(store.path), "deadbeef", "--yes")
     assert code == 1 and "No trace with key 'deadbeef'" in out
-    check = TraceStore(store.path).verify()
+    check = verify(TraceStore(store.path))
     assert check.n_readable == 2 and check.bad_index_lines == 0 and len(check.damaged) == 1
     code, out = cli("remove", "--store", str(store.path), "--damaged", "--yes")
-    assert code == 0 and out.strip() == "removed Bad Name.parquet" and TraceStore(store.path).verify().ok
+    assert code == 0 and out.strip() == "removed Bad Name.parquet" and verify(TraceStore(store.path)).ok
     code, out = cli("remove", "--store", str(store.path), "--damaged", "--yes")
     assert code == 0 and "No unreadable" in out
 
@@ -286,7 +287,7 @@ def test_temp_files_of_killed_writers_are_removed_on_open_live_ones_kept(tmp_pat
         fresh = TraceStore(tmp_path)
         assert [p.name.split(".")[1] for p in fresh.removed_temp_files] == ["dead"]
         assert [p.name.split(".")[1] for p in fresh.live_temp_files] == ["live"]
-        assert [state for _, state in fresh.verify().temp_files] == ["removed: left by a writer that died", "in use"]
+        assert [state for _, state in verify(fresh).temp_files] == ["removed: left by a writer that died", "in use"]
     finally:
         os.kill(procs[1].pid, signal.SIGKILL)
         procs[1].join()
@@ -354,7 +355,7 @@ def test_a_real_file_size_limit(tmp_path):
     assert outcome[1][0] == "error" and "the file-size limit was reached; it was not written" in outcome[1][1]
     fresh = TraceStore(tmp_path)
     assert sorted(fresh.summaries()["key"]) == sorted([make_trace(10, seed=s).key for s in (1, 2)])
-    assert fresh.verify().ok and fresh.verify().temp_files == []
+    assert verify(fresh).ok and verify(fresh).temp_files == []
 
 
 def test_a_full_disk_while_writing_a_trace_is_a_clear_error(tmp_path, monkeypatch):
@@ -522,7 +523,9 @@ def test_unreadable_reasons_are_one_line_each(tmp_path):
     code, out = cli("ls", "--store", str(store.path), "--unreadable")
     lines = out.splitlines()
     assert code == 0 and len(lines) == 3 and all(line.count("\t") == 1 for line in lines), out
-    assert [line.split("\t")[1] for line in lines] == [" ".join(r.split()) for r in raw]
+    from core.cli.common import terminal_text  # issue 33.6: a control byte in pyarrow's reason is shown escaped
+
+    assert [line.split("\t")[1] for line in lines] == [terminal_text(" ".join(r.split())) for r in raw]
     code, out = cli("ls", "--store", str(store.path))
     assert len([line for line in out.splitlines() if line.startswith("  ") and ".parquet: " in line]) == 3
 
@@ -571,3 +574,462 @@ def test_a_context_overrun_is_said_once_per_pair(qwen_pair, monkeypatch, caplog)
             qwen_pair.check_context(qwen_pair.prompt_ids(prompt), 100)
     said = [r for r in caplog.records if "exceeds" in r.getMessage() and r.levelno >= logging.WARNING]
     assert len(said) == 2 and {"base", "reason"} == {r.args[2] for r in said}  # one per model
+
+
+# -- issue 33: side files (notes) are isolated like trace files ----------------------------------------
+
+
+def _store_with_notes(tmp_path, n: int = 6):
+    from core.io import notes as nt
+
+    store = TraceStore(tmp_path / "s")
+    keys = [store.put(make_trace(12, seed=s)) for s in range(n)]
+    for i, key in enumerate(keys):
+        nt.add_note(store, key, 1, 2, f"note {i}")
+    return store, keys
+
+
+@pytest.mark.parametrize("damage_how", ["truncate", "deep", "not_utf8", "folder"])
+def test_a_damaged_notes_file_is_reported_and_never_stops_the_export(tmp_path, damage_how):
+    from core.io import notes as nt
+
+    store, keys = _store_with_notes(tmp_path)
+    bad = nt.notes_path(store, keys[2])
+    if damage_how == "truncate":  # `truncate -s 10`
+        bad.write_bytes(bad.read_bytes()[:10])
+    elif damage_how == "deep":
+        bad.write_text("[" * 5000 + "]" * 5000)
+    elif damage_how == "not_utf8":
+        bad.write_bytes(b'{"forkpoint_notes": 1, "notes": [\xff]}')
+    else:
+        bad.unlink()
+        bad.mkdir()
+    for fmt in ("jsonl", "csv", "html"):
+        out = tmp_path / f"x.{fmt}"
+        code, text = cli("export", "--store", str(store.path), "--out", str(out))
+        assert code == 0, text
+        assert f"{len(keys)} traces -> {out} (1 without their damaged notes)" in text
+        assert "1 damaged notes file(s) left out" in text and bad.name in text
+    back = {t.key: t for t in read_jsonl(tmp_path / "x.jsonl")}
+    assert set(back) == set(keys)
+    assert [n["text"] for n in back[keys[0]].annotations["notes"]] == ["note 0"]
+    assert "notes" not in back[keys[2]].annotations
+
+    code, text = cli("verify", "--store", str(store.path))
+    found = json.loads(text)
+    assert code == 1 and not found["ok"] and [d["path"] for d in found["damaged_side_files"]] == [str(bad)]
+    assert found["damaged"] == [] and found["readable"] == len(keys)
+    code, text = cli("repair", "--store", str(store.path))
+    report = json.loads(text)
+    assert code == 0 and report["ok"] and [e["key"] for e in report["set_aside"]] == [keys[2]]
+    assert not bad.exists() and any(p.name.startswith(f"{keys[2]}.notes.") for p in store.set_aside_files())
+    assert verify(TraceStore(store.path)).ok
+    assert [n.text for n in nt.read_notes(store, keys[3])] == ["note 3"]  # the others untouched
+    nt.add_note(store, keys[2], 0, 0, "a fresh note")  # the set-aside file no longer blocks a write
+    assert [n.text for n in nt.read_notes(store, keys[2])] == ["a fresh note"]
+
+
+def test_attach_notes_reports_damage_per_trace(tmp_path):
+    from core.io import notes as nt
+
+    store, keys = _store_with_notes(tmp_path, 3)
+    nt.notes_path(store, keys[1]).write_text('{"forkpoint_notes": 1, "notes": [{"id": 3}]}')
+    damaged: list = []
+    traces = nt.attach_notes(store, [store.get(k) for k in keys], damaged=damaged)
+    assert [bool(t.annotations.get("notes")) for t in traces] == [True, False, True]
+    assert [p for p, _ in damaged] == [nt.notes_path(store, keys[1])] and "damaged" in damaged[0][1]
+    (store.path / "notes" / "Bad Name.json").write_text("{}")  # a file name that is no key is listed, not raised
+    assert {p.name for p, _ in nt.unreadable_notes(store)} == {f"{keys[1]}.json", "Bad Name.json"}
+
+
+def test_repair_exits_non_zero_when_a_damaged_file_cannot_be_moved(tmp_path, monkeypatch):
+    store = TraceStore(tmp_path / "s")
+    keys = [store.put(make_trace(20, seed=s)) for s in range(2)]
+    damage(trace_path(store, keys[0]), "page")
+
+    def refuse(self, key, why=""):  # e.g. damaged/ on a read-only mount (root ignores chmod here)
+        raise WriteError(f"Cannot move damaged trace {key} aside: permission denied")
+
+    monkeypatch.setattr(TraceStore, "set_aside", refuse)
+    code, text = cli("repair", "--store", str(store.path))
+    report = json.loads(text[: text.rindex("}") + 1])
+    assert code == 1 and not report["ok"] and [f["path"] for f in report["failed"]] == [str(trace_path(store, keys[0]))]
+    assert "could not be moved aside" in text and trace_path(store, keys[0]).exists()
+
+
+def test_maintenance_uses_only_the_stores_public_api_and_the_store_does_not_import_it():
+    import ast
+    import inspect
+
+    import core.io.maintenance as maintenance
+    import core.io.store as store_module
+
+    tree = ast.parse(inspect.getsource(maintenance))
+    private = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+                      and isinstance(n.value, ast.Name) and n.value.id == "store"})
+    assert private == []
+    imported = {a.name for n in ast.walk(ast.parse(inspect.getsource(store_module))) if isinstance(n, ast.ImportFrom)
+                for a in n.names} | {n.module for n in ast.walk(ast.parse(inspect.getsource(store_module)))
+                                     if isinstance(n, ast.ImportFrom)}
+    assert "maintenance" not in imported and "core.io.maintenance" not in imported
+
+
+@pytest.mark.parametrize("address", ["999.1.1.1", "no-such-host.invalid", "8.8.8.8", "1.2.3.4.5", "\udc80x"])
+def test_app_with_a_bad_address_is_a_clean_message_before_streamlit_starts(address, monkeypatch):
+    import subprocess
+
+    def started(*args, **kwargs):
+        raise AssertionError("Streamlit was started with a bad --address")
+
+    monkeypatch.setattr(subprocess, "Popen", started)
+    result = CliRunner().invoke(main, ["app", "--address", address])
+    assert result.exit_code == 2 and "--address" in result.output, (result.output, result.exception)
+    assert "Traceback" not in result.output and "gaierror" not in result.output
+
+
+# -- issue 33.2: every text is checked once where it enters (lone surrogates, NUL, size) -------------------
+
+
+@pytest.fixture()
+def no_pair(monkeypatch):
+    import core.cli.common as common
+    import core.cli.traces as traces
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model pair was loaded before the text was checked")
+
+    for mod in (common, traces):
+        monkeypatch.setattr(mod, "pair_from_options", loaded)
+
+
+SURROGATE_BYTES = os.fsdecode(b"bad \xed\xa0\x80 x")  # $'bad \xed\xa0\x80 x' as Python decodes argv
+
+
+@pytest.mark.parametrize("args, flag, why", [
+    (["score", "--prompt", SURROGATE_BYTES, "--response", "x y"], "--prompt", "not UTF-8 text: byte 0xed"),
+    (["score", "--prompt", "p", "--response", "a\ud800b"], "--response", "lone surrogate (\\ud800"),
+    (["score", "--prompt", "p\x00q", "--response", "x"], "--prompt", "NUL character"),
+    (["generate", "--prompt", SURROGATE_BYTES], "--prompt", "not UTF-8 text"),
+    (["generate", "--prompt", "x", "--base-format", "{problem}\x00"], "--base-format", "NUL"),
+    (["search", "a\udcffb"], "PATTERN", "not UTF-8 text: byte 0xff"),
+    (["takeover", "0" * 32, "--at", "3='\ud800'"], "--at", "lone surrogate"),
+])  # fmt: skip
+def test_bad_text_in_a_flag_is_refused_naming_it_before_any_model_loads(tmp_path, no_pair, args, flag, why):
+    result = CliRunner().invoke(main, [*args, "--store", str(tmp_path / "s")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert flag in result.output and why in result.output and "Traceback" not in result.output, result.output
+
+
+def test_bad_text_in_a_response_file_or_problem_file_names_the_file_line_and_field(tmp_path, no_pair):
+    resp = tmp_path / "r.txt"
+    resp.write_text("fine\x00not fine")
+    code, out = cli("score", "--prompt", "p", "--response", f"@{resp}")
+    assert code == 2 and "--response" in out and "r.txt" in out and "NUL" in out
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"question": "ok", "answer": "1"}\n{"question": "bad \\ud800 x", "answer": "2"}\n')
+    code, out = cli("generate", "--problems", str(problems), "--store", str(tmp_path / "s"))
+    assert code == 1 and f"{problems}:2: field 'question' holds a lone surrogate" in out, out
+    from core.evaluation.problems import load_problems
+
+    assert [p.prompt for p in load_problems(problems, skip_bad=True)] == ["ok"]
+
+
+def test_the_api_refuses_bad_text_with_a_clear_error(qwen_pair):
+    import core
+
+    for prompt, response in (("a\ud800", "x y"), ("p", "x\udc80"), ("p", "x" * (core.settings.MAX_TEXT_CHARS + 1))):
+        with pytest.raises(InvalidInputError, match="problem text|response"):
+            core.score(qwen_pair, prompt, response)
+
+
+def test_import_texts_are_named_by_line_and_field(tmp_path):
+    import pandas as pd
+
+    from core.io.foreign import read_foreign_jsonl
+
+    bad_csv = tmp_path / "x.csv"
+    bad_csv.write_bytes(b"id,prompt,response\na,p,fine\nb,p\xff,not utf-8\nc,p,has \\u0000 no\nd,p,nul\x00here\n")
+    good, errors = read_foreign_jsonl(bad_csv)
+    assert [r.id for r in good] == ["a", "c"]
+    assert dict(errors) == {3: "field 'prompt' is not UTF-8 text: byte 0xff at character 1 is not valid UTF-8 "
+                               "(save the file or text as UTF-8)",
+                            5: "field 'response' holds a NUL character (at character 3); remove it"}
+    pq_path = tmp_path / "x.parquet"
+    pd.DataFrame({"id": ["a", "b"], "prompt": ["p", "q"], "response": [5, 6]}).to_parquet(pq_path)
+    good, errors = read_foreign_jsonl(pq_path)
+    assert good == [] and errors[0] == (1, "'response' must be a string or a list of token ids, got int 5")
+    jsonl = tmp_path / "x.jsonl"
+    jsonl.write_text('{"id": "a", "prompt": 3, "response": "r"}\n')
+    assert read_foreign_jsonl(jsonl)[1] == [(1, "'prompt' must be a string, got int 3")]
+
+
+def test_import_refuses_a_device_and_a_parquet_file_read_as_text_before_any_model_loads(tmp_path, monkeypatch):
+    import pandas as pd
+
+    import core.cli.store as store_cli
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model pair was loaded before the file was checked")
+
+    monkeypatch.setattr(store_cli, "pair_or_spec", loaded)
+    code, out = cli("import", "/dev/zero", "--format", "jsonl", "--store", str(tmp_path / "s"))
+    assert code == 1 and "/dev/zero is not a regular file" in out and "No such file" not in out
+    pq_path = tmp_path / "x.parquet"
+    pd.DataFrame({"id": ["a"], "prompt": ["p\x1b]0;T\x07"], "response": ["r"]}).to_parquet(pq_path)
+    code, out = cli("import", str(pq_path), "--format", "csv", "--store", str(tmp_path / "s"))
+    assert code == 1 and "is a Parquet file (it starts with PAR1), not csv" in out
+    assert all(ch in "\n\t" or " " <= ch < "\x7f" or ch > "\x9f" for ch in out), repr(out)
+
+
+# -- issue 33.6: one sanitiser for everything printed to a terminal ---------------------------------------------
+
+
+def test_terminal_text_shows_every_control_and_escape_escaped():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from core.cli.common import terminal_text
+
+    assert terminal_text("a\x1b]0;title\x07b\x1b[31mred\r\x9b\u202etxt\udc80\tx\ny") == \
+        "a\\x1b]0;title\\x07b\\x1b[31mred\\x0d\\x9b\\u202etxt\\udc80\tx\ny"
+
+    @given(st.text())
+    def safe(text):
+        out = terminal_text(text)
+        assert not any(ord(c) < 0x20 and c not in "\t\n" or 0x7f <= ord(c) <= 0x9f or 0xD800 <= ord(c) <= 0xDFFF
+                       for c in out)
+        out.encode("utf-8")  # always printable (a lone surrogate would raise here)
+
+    safe()
+
+
+def test_ls_search_and_messages_print_stored_text_escaped(tmp_path):
+    hostile = "p\x1b]0;PWNED\x07\x1b[2J\r\x07"
+    store = TraceStore(tmp_path / "s")
+    store.put(make_trace(10, seed=1, text="the answer \x1b]0;T\x07 is four", meta={
+        "problem": {"id": hostile, "prompt": hostile, "gold": "4"}}))
+    for args in (["ls"], ["ls", "--csv"], ["search", "answer"], ["export", "--out", str(tmp_path / "x.jsonl")]):
+        code, out = cli(*args, "--store", str(store.path))
+        assert code == 0, out
+        assert "\x1b" not in out and "\x07" not in out and "\r" not in out, (args, repr(out))
+    assert "p\\x1b]0;PWNED\\x07" in cli("ls", "--store", str(store.path))[1]
+
+
+# -- issue 33.9: messages and exit codes ---------------------------------------------------------------------
+
+
+def test_remove_checks_every_key_before_asking(tmp_path):
+    store = TraceStore(tmp_path / "s")
+    key = store.put(make_trace(10, seed=1))
+    for bad in ("../../x", "a/b", ".hidden"):
+        result = CliRunner().invoke(main, ["remove", "--store", str(store.path), key, bad], input="y\n")
+        assert result.exit_code == 2 and "Invalid trace key" in result.output and "KEYS" in result.output
+        assert "Delete" not in result.output and key in TraceStore(store.path).keys()
+    result = CliRunner().invoke(main, ["remove", "--store", str(store.path), key, "f" * 32], input="y\n")
+    assert result.exit_code == 1 and "No trace with key 'ffff" in result.output and "Delete" not in result.output
+    assert key in TraceStore(store.path).keys()
+
+
+def _odd_model(tmp_path):
+    from conftest import TINY
+
+    from core.demo.tiny import build_tiny_model, build_tiny_tokenizer
+
+    other = build_tiny_tokenizer(["Completely different words: zebra quantum xylophone jazz."] * 3, vocab_size=300)
+    return build_tiny_model(tmp_path / "odd", other, "qwen3", seed=5, **TINY)
+
+
+def test_a_pair_is_checked_on_its_tokenizers_before_any_weights_load(tmp_path, tiny_dirs, monkeypatch):
+    import transformers
+
+    import core
+
+    odd = _odd_model(tmp_path)
+
+    def weights(*args, **kwargs):
+        raise AssertionError("weights were loaded before the vocabularies were compared")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", weights)
+    with pytest.raises(core.VocabularyMismatchError, match="tokenizers differ"):
+        core.load_pair(str(tiny_dirs["qwen_base"]), str(odd), device="cpu")
+    result = CliRunner().invoke(main, ["score", "--base", str(tiny_dirs["qwen_base"]), "--reason", str(odd),
+                                       "--prompt", "p", "--response", "r", "--device", "cpu"])
+    assert result.exit_code == 2 and "--base / --reason" in result.output and "tokenizers differ" in result.output
+    for flag, args in (("--base", [str(tmp_path / "nope"), str(odd)]), ("--reason", [str(odd), str(tmp_path / "nope")])):
+        result = CliRunner().invoke(main, ["score", "--base", args[0], "--reason", args[1], "--prompt", "p",
+                                           "--response", "r", "--device", "cpu"])
+        assert result.exit_code == 2 and f"Invalid value for {flag}" in result.output and "does not exist" in \
+            result.output, result.output
+    with pytest.raises(core.ModelLoadError) as err:
+        core.load_pair(str(odd), str(tmp_path / "nope"), device="cpu")
+    assert err.value.side == "reason"
+
+
+def test_a_self_pair_with_different_default_formats_says_so(tiny_dirs, caplog):
+    import core
+
+    same = str(tiny_dirs["qwen_base"])
+    with caplog.at_level("WARNING"):
+        pair = core.load_pair(same, same, device="cpu", dtype="float32")
+    assert pair.formats["base"].spec != pair.formats["reason"].spec
+    assert any("same model" in r.getMessage() and "prompt format" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    fmt = "Q: {problem}\nA:"
+    with caplog.at_level("WARNING"):
+        core.load_pair(same, same, device="cpu", dtype="float32", base_format=fmt, reason_format=fmt)
+    assert not any("same model" in r.getMessage() for r in caplog.records)
+
+
+def test_a_problem_that_cannot_run_is_reported_and_skipped_and_the_run_exits_1(tmp_path, tiny_dirs, monkeypatch):
+    from core.pair.loading import ModelPair
+
+    monkeypatch.setattr(ModelPair, "context_length", lambda self, side: 64)
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "short1", "question": "2+2?", "answer": "4"},
+        {"id": "long", "question": "what is 2+2? " * 60, "answer": "4"},
+        {"id": "short2", "question": "3+3?", "answer": "6"}]) + "\n")
+    pair = ["--base", str(tiny_dirs["qwen_base"]), "--reason", str(tiny_dirs["qwen_reason"]), "--device", "cpu"]
+    code, out = cli("generate", *pair, "--problems", str(problems), "--store", str(tmp_path / "s"),
+                    "--max-new-tokens", "4")
+    assert code == 1, out
+    assert "problem long: The prompt is" in out and "does not fit" in out and "1 problem(s) skipped: long" in out
+    stored = TraceStore(tmp_path / "s").summaries()
+    assert sorted(stored["problem"]) == ["short1", "short2"]
+
+
+# -- issue 33.8: a full disk leaves nothing behind ------------------------------------------------------------
+
+
+def _disk_full_after(monkeypatch, files: int) -> None:
+    """The disk fills up after `files` whole files: every later file's fsync fails with ENOSPC (folders' pass)."""
+    real = os.fsync
+    left = [files]
+
+    def fsync(fd):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            left[0] -= 1
+            if left[0] < 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+
+
+@pytest.mark.parametrize("room", [0, 1])  # the CSV fails / the CSV is written, its sidecar fails
+def test_a_failed_csv_export_leaves_no_sidecar_and_no_folder(tmp_path, monkeypatch, room):
+    from core.views.exports import sidecar_path
+
+    traces = [make_trace(10, seed=s) for s in range(2)]
+    out = tmp_path / "new" / "deeper" / "x.csv"
+    _disk_full_after(monkeypatch, room)
+    with pytest.raises(WriteError, match="the disk is full"):
+        export(traces, out)
+    assert not out.exists() and not sidecar_path(out).exists() and not (tmp_path / "new").exists()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    export(traces, out)
+    assert out.exists() and sidecar_path(out).exists()
+
+
+def test_a_failed_analyze_leaves_no_folder_and_a_html_out_is_a_file(tmp_path, monkeypatch):
+    store = TraceStore(tmp_path / "s")
+    for s in range(3):
+        store.put(make_trace(30, seed=s, annotate=True))
+    before = set(tmp_path.iterdir())
+    _disk_full_after(monkeypatch, 2)  # two tables written, then the disk is full
+    code, out = cli("analyze", "--store", str(store.path), "--out", str(tmp_path / "a" / "report"))
+    assert code == 1 and "the disk is full" in out, out
+    assert set(tmp_path.iterdir()) == before  # no folder, no temp folder, no part of the tables
+    code, out = cli("analyze", "--store", str(store.path), "--out", str(tmp_path / "r.html"))
+    assert code == 1 and set(tmp_path.iterdir()) == before
+    monkeypatch.undo()
+    code, out = cli("analyze", "--store", str(store.path), "--out", str(tmp_path / "r.html"))
+    assert code == 0 and (tmp_path / "r.html").is_file() and "<html" in (tmp_path / "r.html").read_text()
+    assert set(tmp_path.iterdir()) == before | {tmp_path / "r.html"}
+    code, out = cli("analyze", "--store", str(store.path), "--out", str(tmp_path / "a" / "report"))
+    folder = tmp_path / "a" / "report"
+    assert code == 0 and (folder / "report.html").is_file() and len(list(folder.glob("*.csv"))) >= 3
+    (folder / "mine.txt").write_text("kept")
+    code, out = cli("analyze", "--store", str(store.path), "--out", str(folder), "--overwrite")
+    assert code == 0 and (folder / "mine.txt").read_text() == "kept"
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")]
+
+
+# -- issue 33.7: --base-format / --reason-format with the demo pair --------------------------------------------
+
+
+def test_formats_are_checked_before_loading_and_applied_to_the_demo_pair(tmp_path, monkeypatch):
+    import core.cli.common as common
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model pair was loaded before the format was checked")
+
+    with monkeypatch.context() as m:
+        m.setattr(common, "load_pair", loaded, raising=False)
+        m.setattr("core.demo.pair.load_pair", loaded)
+        for flag, bad in (("--base-format", "no placeholder"), ("--reason-format", "chat:maybe")):
+            result = CliRunner().invoke(main, ["score", flag, bad, "--prompt", "p", "--response", "r"])
+            assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output, result.output
+    code, out = cli("score", "--prompt", "12+7", "--response", "19", "--base-format", "Q {problem} A",
+                    "--reason-format", "Q {problem} A", "--store", str(tmp_path / "s"))
+    assert code == 0, out
+    trace = TraceStore(tmp_path / "s").get(out.split("key ")[1].split()[0])
+    assert trace.meta["formats"] == {"base": "Q {problem} A", "reason": "Q {problem} A"}  # applied, not ignored
+    assert trace.prompt_ids["base"] != core_demo_prompt_ids("12+7")["base"]
+
+
+def core_demo_prompt_ids(problem):
+    from core.demo.pair import demo_pair
+
+    return demo_pair().prompt_ids(problem)
+
+
+# -- issue 33.10: found from a wheel install ---------------------------------------------------------------------
+
+
+def test_demo_measure_never_writes_into_the_installed_package(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import core.reports.demo_card as card
+    import core.packaged as packaged
+    from core.demo.pair import DEMO_DIR
+
+    installed = lambda path: Path(path).resolve() == DEMO_DIR.resolve()  # noqa: E731  the pair as a wheel ships it
+    monkeypatch.setattr(packaged, "is_installed", installed)
+    monkeypatch.setattr(card, "is_installed", installed)
+    with pytest.raises(InvalidInputError, match="inside the installed forkpoint package"):
+        card.write_card(DEMO_DIR, n=1, samples=1)  # refused before anything loads or is written
+    calls = []
+    monkeypatch.setattr(card, "write_card", lambda source, **kw: calls.append((Path(source), kw["out"])))
+    monkeypatch.chdir(tmp_path)
+    code, out = cli("demo", "measure", "--n", "2", "--samples", "1")
+    assert code == 0 and calls == [(DEMO_DIR, tmp_path)], (out, calls)
+    assert f"{tmp_path / 'CARD.md'} and {tmp_path / 'measure.json'}" in out  # says where it wrote
+    code, out = cli("demo", "measure", "--n", "2", "--out", str(DEMO_DIR))
+    assert code == 2 and "--out" in out and "installed" in out
+    code, out = cli("demo", "measure", "--n", "2", "--out", str(tmp_path / "card"))
+    assert code == 0 and calls[-1] == (DEMO_DIR, tmp_path / "card")
+
+
+def test_is_installed_knows_the_wheels_files():
+    from importlib import resources
+    from pathlib import Path
+
+    from core.packaged import CHECKOUT_ASSETS, is_installed
+
+    assert is_installed(Path(str(resources.files("core") / "_assets")) / "demo" / "CARD.md")
+    assert not is_installed(CHECKOUT_ASSETS / "demo") and not is_installed(Path.cwd())
+
+
+def test_note_text_is_checked_where_it_enters(tmp_path):
+    from core.io import notes as nt
+
+    store, keys = _store_with_notes(tmp_path, 1)
+    for bad, why in (("a\ud800", "lone surrogate"), ("a\x00b", "NUL")):
+        with pytest.raises(InvalidInputError, match=why):
+            nt.add_note(store, keys[0], 0, 0, bad)
+        note = nt.read_notes(store, keys[0])[0]
+        with pytest.raises(InvalidInputError, match=why):
+            nt.edit_note(store, keys[0], note.id, text=bad)
+    assert [n.text for n in nt.read_notes(store, keys[0])] == ["note 0"] and verify(TraceStore(store.path)).ok

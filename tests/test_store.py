@@ -18,6 +18,7 @@ from fakes import make_trace
 
 import core.io.store as store_mod
 from core.errors import InvalidInputError, StoreError
+from core.io.maintenance import verify
 from core.io.store import SUMMARY_COLUMNS, TraceStore, content_key, default_store_path
 from core.trace import SCHEMA_VERSION
 
@@ -304,7 +305,7 @@ def test_files_of_store_format_1_without_checksum_still_read(tmp_path):
     store.index_path.write_text('{"key": "%s", "id": [1, 2, 3], "f": 1, "s": []}\n' % trace.key)  # an old line
     assert store.get(trace.key) == trace and trace.key in store
     assert list(store.summaries()["key"]) == [trace.key]
-    check = store.verify()
+    check = verify(store)
     assert check.ok and check.without_checksum == [trace.key]
     record["store_format"] = 2  # a format-2 file whose checksum went missing is damaged
     (store.traces_dir / f"{trace.key}.parquet").unlink()

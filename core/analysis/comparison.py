@@ -31,6 +31,7 @@ from core.pair.loading import (
     check_same_vocabulary,
     format_spec,
     load_one,
+    load_tokenizer,
 )
 from core.record.assembly import assemble
 from core.record.meta import make_meta
@@ -67,7 +68,9 @@ def with_reasoner(pair: ModelPair, reason: str | ModelPair, *, revision: str | N
         model, tok, spec = reason.reason, reason.prompt_tokenizers.get("reason", reason.tokenizer), reason.specs["reason"]
         fmt = reason.formats["reason"] if reason_format is None else PromptFormat(format_spec(reason_format))
     else:
-        model, tok, spec = load_one(str(reason), revision, pair.device, pair.dtype, trust_remote_code)
+        tok = load_tokenizer(str(reason), revision, trust_remote_code)
+        check_same_vocabulary(pair.tokenizer, tok)  # before the weights load (seconds, not minutes)
+        model, tok, spec = load_one(str(reason), revision, pair.device, pair.dtype, trust_remote_code, tokenizer=tok)
         if reason_format is None:
             reason_format = "chat" if getattr(tok, "chat_template", None) else pair.formats["base"].spec
         fmt = PromptFormat(format_spec(reason_format))

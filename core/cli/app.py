@@ -57,7 +57,8 @@ _FORWARDED = (*(o.name for o in PAIR_OPTIONS if not o.switch), "store_path", "pr
 @setting_option("max_new_tokens", default=None,
                 help="Most response tokens to generate [default: 256, capped to the pair's context].")
 @click.option("--port", type=click.IntRange(1, 65535), default=8501, show_default=True, help="TCP port, 1-65535.")
-@click.option("--address", default="127.0.0.1", show_default=True, help="Bind address (localhost by default).")
+@click.option("--address", default="127.0.0.1", show_default=True, callback=lambda ctx, param, value: _check_address(
+    value, ctx, param), help="Bind address (localhost by default).")
 def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, **opts: Any) -> None:
     """Start the Streamlit app: `forkpoint app --base X --reason Y` (the demo pair without them)."""
     import signal
@@ -93,6 +94,30 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
         for sig, handler in old.items():
             signal.signal(sig, handler)
     raise SystemExit(code)
+
+
+def _check_address(address: str, ctx: click.Context | None = None, param: click.Parameter | None = None) -> str:
+    """--address checked before Streamlit starts: it must resolve and be an address of this machine (a bind
+    probe on a free port), else a usage error naming the flag instead of the server's traceback."""
+    import socket
+
+    if address in ("", "0.0.0.0", "::"):
+        return address
+    try:
+        family, kind, _, _, where = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise click.BadParameter(f"{address!r} is not an address or host name this machine can resolve ({why}); "
+                                 "use 127.0.0.1 (the default), localhost, or one of this machine's addresses",
+                                 ctx, param) from None
+    try:
+        with socket.socket(family, kind) as probe:
+            probe.bind((where[0], 0))
+    except OSError as exc:
+        raise click.BadParameter(f"cannot listen on {address!r}: {exc.strerror or exc} (it is not an address of "
+                                 "this machine); use 127.0.0.1 (the default) or one of this machine's addresses",
+                                 ctx, param) from None
+    return address
 
 
 def _allowed_hosts(address: str) -> list[str]:

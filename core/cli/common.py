@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import re
 import sys
@@ -19,6 +20,26 @@ import click
 from core import settings
 from core.decoding.policies import Param, list_policies
 from core.errors import ForkpointError
+from core.pair.formats import PromptFormat, format_spec
+
+
+# What stored or imported text may not send to a terminal: C0 controls but tab and newline (ESC starts CSI and
+# OSC sequences, BEL ends OSC, CR rewrites the line), DEL and C1 controls, bidirectional overrides (they reorder
+# what is shown) and lone surrogates (they cannot be printed at all).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def terminal_text(text: Any) -> str:
+    """`text` as it may be printed: every control or escape character (and lone surrogate) shown escaped
+    (\\x1b, \\x07, \\u202e), so no stored or imported text can drive the terminal. The one sanitiser
+    for everything the CLI prints (`echo`, error messages, log lines)."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                       str(text))
+
+
+def echo(message: Any = "", *, err: bool = False, nl: bool = True) -> None:
+    """click.echo through `terminal_text`: how every CLI command prints."""
+    click.echo(terminal_text(message), err=err, nl=nl)
 
 
 def fail_cleanly(fn):
@@ -30,7 +51,7 @@ def fail_cleanly(fn):
             return fn(*args, **kwargs)
         except ForkpointError as err:
             close_bars()  # the message starts on a clean line, not on a progress bar's
-            raise click.ClickException(cli_words(str(err))) from err
+            raise click.ClickException(terminal_text(cli_words(str(err)))) from err
         except (click.ClickException, KeyboardInterrupt):
             close_bars()
             raise
@@ -47,6 +68,32 @@ def cli_words(message: str) -> str:
     return re.sub(r"(?<![\w.-])(format|score|store)=(?![\w'\"])", r"--\1", message)  # "give format=" -> "give --format"
 
 
+def checked_text(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:
+    """Click callback for every free-text option or argument: `settings.check_text` (lone surrogates or bytes
+    that are not UTF-8, NUL, size) at the edge, a usage error naming the flag, before anything loads."""
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return tuple(checked_text(ctx, param, v) for v in value)
+    flag = max(param.opts, key=len) if isinstance(param, click.Option) else (param.human_readable_name if param else "text")
+    try:
+        return settings.check_text(value, flag, from_bytes=True)  # argv is decoded with surrogateescape
+    except ForkpointError as err:
+        raise click.BadParameter(str(err).removeprefix(f"{flag} "), ctx, param) from None
+
+
+def checked_format(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:
+    """--base-format / --reason-format: text checked, then parsed as a prompt format (a template without
+    {problem}, a bad chat spec) before anything loads, for the demo pair and any other alike."""
+    value = checked_text(ctx, param, value)
+    if value is not None:
+        try:
+            PromptFormat(format_spec(value))
+        except ForkpointError as err:
+            raise click.BadParameter(str(err), ctx, param) from None
+    return value
+
+
 def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """--device's spelling, checked before anything loads (whether that CUDA device exists is the loader's
     check, which needs torch)."""
@@ -60,11 +107,11 @@ def pair_options(fn):
     core/pair/options.py PAIR_OPTIONS (settings rows through `setting_option`: their ranges and choices)."""
     from core.pair.options import PAIR_OPTIONS
 
-    checks = {"device": _check_device}
+    checks = {"device": _check_device, "base_format": checked_format, "reason_format": checked_format}
     options = [
         setting_option(o.name, **({"callback": checks[o.name]} if o.name in checks else {})) if o.setting
         else click.option(o.flag, is_flag=True, help=o.describe()) if o.switch
-        else click.option(o.flag, help=o.describe())
+        else click.option(o.flag, help=o.describe(), **({"callback": checks[o.name]} if o.name in checks else {}))
         for o in PAIR_OPTIONS
     ]
     for option in reversed(options):
@@ -88,15 +135,26 @@ def pair_from_options(opts: dict[str, Any]):
 
         torch.set_num_threads(1)  # the demo models are tiny: more threads only add overhead
         dtype = opts.get("dtype", settings.DTYPE)
-        return demo_pair(device=opts.get("device", settings.DEVICE), **({} if dtype == "auto" else {"dtype": dtype}))
+        return demo_pair(device=opts.get("device", settings.DEVICE), **({} if dtype == "auto" else {"dtype": dtype}),
+                         base_format=opts.get("base_format"), reason_format=opts.get("reason_format"))
     if not (opts.get("base") and opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
-    return load_pair(**load_pair_arguments(opts))
+    from core.errors import ModelLoadError, VocabularyMismatchError
+
+    try:
+        return load_pair(**load_pair_arguments(opts))
+    except VocabularyMismatchError as err:  # a usage error: these two models cannot make a pair
+        raise click.BadParameter(cli_words(str(err)), param_hint="--base / --reason") from None
+    except ModelLoadError as err:
+        flag = {"base": "--base", "reason": "--reason"}.get(err.side or "", "--base / --reason")
+        if "does not exist" in str(err):
+            raise click.BadParameter(str(err), param_hint=flag) from None
+        raise click.ClickException(terminal_text(f"{flag}: {cli_words(str(err))}")) from err
 
 
 def ray_option(fn):
     """--ray [ADDRESS], --workers N, --gpus-per-worker G: run on Ray workers (docs/SCALE.md)."""
-    fn = click.option("--gpus-per-worker", type=click.FloatRange(min=0), default=None, metavar="G",
+    fn = click.option("--gpus-per-worker", type=FiniteFloat(min=0), default=None, metavar="G",
                       help="With --ray: GPUs per worker (default 1; above 1, whole GPUs, and each worker spreads "
                            "the pair over its GPUs: a pair larger than one GPU).")(fn)
     fn = click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
@@ -129,7 +187,7 @@ def pair_or_spec(opts: dict[str, Any], executor: Any):
     from core.scale import PairSpec
 
     if not opts.get("base") and not opts.get("reason"):
-        return PairSpec.demo()
+        return PairSpec.demo(opts.get("base_format"), opts.get("reason_format"))
     if not (opts.get("base") and opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
     return PairSpec(**load_pair_arguments(opts, per_worker=False))
@@ -141,7 +199,7 @@ def close_executor(executor: Any) -> None:
         return
     summary = executor.summary()
     if not summary.empty:
-        click.echo("per-worker throughput:\n" + summary.to_string(index=False), err=True)
+        echo("per-worker throughput:\n" + summary.to_string(index=False), err=True)
     executor.close()
 
 
@@ -204,9 +262,23 @@ class _TqdmLogHandler(logging.Handler):
         try:
             from tqdm import tqdm
 
-            tqdm.write(self.format(record), file=sys.stderr)
+            tqdm.write(terminal_text(self.format(record)), file=sys.stderr)
         except Exception:  # noqa: BLE001  logging must never fail the command
             self.handleError(record)
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option that refuses NaN and ±inf (they pass every range comparison), then checks the range:
+    the one float type of every CLI option, so a bad number is refused before anything loads (exit 2)."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            where = self._describe_range() if (self.min is not None or self.max is not None) else "a finite number"
+            self.fail(f"{value!r} is not a finite number; give a number {where}", param, ctx)
+        return super().convert(number, param, ctx)
 
 
 def _range_type(kind: type, low: float | None, high: float | None, choices: tuple[str, ...] = (),
@@ -214,13 +286,13 @@ def _range_type(kind: type, low: float | None, high: float | None, choices: tupl
     """A click type that checks the range at the edge, so a bad value is reported against its flag."""
     if choices:
         return click.Choice(choices)
+    if kind is float:
+        return FiniteFloat(low, high, min_open=open_low, max_open=open_high)
     if low is None and high is None:
         return kind
     if kind is int:
         return click.IntRange(None if low is None else int(low), None if high is None else int(high),
                               min_open=open_low, max_open=open_high)
-    if kind is float:
-        return click.FloatRange(low, high, min_open=open_low, max_open=open_high)
     return kind
 
 

@@ -3,7 +3,6 @@ the one-command reproduction of the paper's table and figures."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import click
 
 from core import settings
 from core.cli.common import (
+    echo,
     check_output,
     close_bars,
     close_executor,
@@ -41,21 +41,26 @@ BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-toke
 
 @main.command()
 @store_option
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--out", required=True, type=click.Path(),
+              help="Output folder (report.html and one CSV per table), or a .html file (the report alone).")
 @setting_option("score", dest="score_name")
 @click.option("--overwrite", is_flag=True, help="Replace an existing report in --out.")
 @click.option("--only", "only", multiple=True, metavar="ANALYSIS",
               help="Run only these analyses (repeatable; names: `core.list_analyses()`, e.g. lorenz, position).")
 @fail_cleanly
 def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, only: tuple[str, ...]) -> None:
-    """Write a self-contained HTML report with every registered analysis, and the tables as CSV."""
+    """Write a self-contained HTML report with every registered analysis, and the tables as CSV.
+
+    --out FOLDER: FOLDER/report.html and FOLDER/<table>.csv; --out NAME.html: that report file alone.
+    A failed run (a full disk, ...) leaves nothing behind: no empty folder, no part of the files."""
     from core.analysis.registry import analysis
     from core.reports.report import report_html
 
     names = [analysis(name).name for name in only] or None  # an unknown name is a message listing the choices
 
-    check_output(out, "--out", folder=True)
-    html = Path(out) / "report.html"
+    as_file = Path(out).suffix.lower() in (".html", ".htm")  # the report file itself, not a folder named so
+    check_output(out, "--out", folder=not as_file)
+    html = Path(out) if as_file else Path(out) / "report.html"
     if html.exists() and not overwrite:
         raise click.ClickException(f"{html} exists; pass --overwrite to replace it (or choose another --out)")
     from core.io.stored_traces import StoredTraces
@@ -71,9 +76,20 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
     traces = StoredTraces(store, [k for k in ordered if k in readable])
     if not traces:
         raise click.ClickException(f"The store {store.path} has no traces; generate some first")
-    Path(out).mkdir(parents=True, exist_ok=True)
-    report_html(traces, str(html), score=score_name, overwrite=True, outdir=out, only=names)
-    click.echo(f"report -> {html}")
+    from core.io.atomic import make_folders, remove_empty, write_folder
+
+    if as_file:  # a failed write leaves no folder it made and no part of the file
+        created = make_folders(html.parent)
+        try:
+            report_html(traces, str(html), score=score_name, overwrite=True, only=names)
+        except BaseException:
+            remove_empty(created)
+            raise
+        echo(f"report -> {html}")
+        return
+    write_folder(out, lambda tmp: report_html(traces, str(tmp / "report.html"), score=score_name, overwrite=True,
+                                              outdir=str(tmp), only=names), what="analysis report")
+    echo(f"report -> {html} (tables as CSV in {out})")
 
 
 def _baseline_rhos(given: tuple[str, ...]) -> list[str | float]:
@@ -185,8 +201,8 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     table = table.assign(policy=[p if p == c else f"{p} ({c})" for p, c in zip(table["policy"], table["config"])])
     markdown = to_markdown(table, columns=["accuracy", "ungraded", "pass@k", "rho", "mean_tokens", "recovery",
                                            "recovery@k"])
-    click.echo(markdown)
-    click.echo(f"recovery against: {table['reference'].iloc[0]}")
+    echo(markdown)
+    echo(f"recovery against: {table['reference'].iloc[0]}")
     if out:
         _write_eval_outputs(raw, table, markdown, Path(out))
 
@@ -317,14 +333,14 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
     shown = result.table[result.table["benchmark"] == result.table["benchmark"].iloc[-1]]
     from core.evaluation.harness import to_markdown
 
-    click.echo(to_markdown(shown, index="setting", columns=["accuracy", "ungraded", "pass@k", "recovery@k", "rho"]))
-    click.echo(f"recovery against: {result.info['reference']}")
+    echo(to_markdown(shown, index="setting", columns=["accuracy", "ungraded", "pass@k", "recovery@k", "rho"]))
+    echo(f"recovery against: {result.info['reference']}")
     from core.reports.paper import headline
 
     findings = headline(result.analyses).rename(columns={"benchmark": "on"})  # one row per finding, not pivoted
-    click.echo(to_markdown(findings, index="finding", columns=["on", "this run", "paper"]))
-    click.echo(f"report -> {result.report}", err=False)
-    print(f"CSVs -> {result.out}", file=sys.stderr)
+    echo(to_markdown(findings, index="finding", columns=["on", "this run", "paper"]))
+    echo(f"report -> {result.report}", err=False)
+    echo(f"CSVs -> {result.out}", err=True)
 
 
 def _reference(text: str | None) -> Any:
@@ -342,17 +358,27 @@ def _reference(text: str | None) -> Any:
 
 
 @click.command(name="measure")
-@click.option("--demo-dir", type=click.Path(file_okay=False), help="Demo pair directory (default: assets/demo).")
+@click.option("--demo-dir", type=click.Path(file_okay=False), help="Demo pair directory (default: the bundled pair).")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Where CARD.md and measure.json go (default: the demo pair's folder in a checkout; the working "
+                   "directory when the pair is the installed package's, which is never written).")
 @setting_option("demo_measure_problems", dest="n", flag="--n")
 @setting_option("demo_measure_samples", dest="samples", flag="--samples")
 @fail_cleanly
-def demo_measure(demo_dir: str | None, n: int, samples: int) -> None:
-    """Measure the demo pair's properties and rewrite its CARD.md and measure.json."""
+def demo_measure(demo_dir: str | None, out: str | None, n: int, samples: int) -> None:
+    """Measure the demo pair's properties and write its CARD.md and measure.json (says where)."""
     from core.reports.demo_card import write_card
     from core.demo.pair import DEMO_DIR
+    from core.packaged import is_installed
 
-    check_output(demo_dir or DEMO_DIR, "--demo-dir", folder=True)
-    write_card(demo_dir or DEMO_DIR, n=n, samples=samples)
+    source = Path(demo_dir or DEMO_DIR)
+    target = Path(out) if out is not None else (Path.cwd() if is_installed(source) else source)
+    if is_installed(target):
+        raise click.BadParameter(f"{target} is inside the installed forkpoint package; give another folder",
+                                 param_hint="--out")
+    check_output(target, "--out", folder=True)
+    write_card(source, n=n, samples=samples, out=target)
+    echo(f"measured {source} on {n} problems: {target / 'CARD.md'} and {target / 'measure.json'}")
 
 
 def _register_demo_measure() -> None:

@@ -8,6 +8,8 @@ from typing import Any
 import click
 
 from core.cli.common import (
+    echo,
+    FiniteFloat,
     Bar,
     close_executor,
     fail_cleanly,
@@ -65,7 +67,7 @@ def _stored(store: Any, keys: tuple[str, ...]) -> list[Any]:
 @click.option("--positions", default="spikes", show_default=True,
               help="'spikes' (each trace's top tokens by --score) or comma-separated token positions.")
 @setting_option("effect_samples", dest="samples", flag="--samples")
-@click.option("--sample-temperature", type=click.FloatRange(0), default=None,
+@click.option("--sample-temperature", type=FiniteFloat(0), default=None,
               help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
 @click.option("--out", default="effects.csv", show_default=True, type=click.Path(dir_okay=False), help="CSV to write.")
 @click.option("--overwrite", is_flag=True, help="Replace --out (stored continuations are reused, not decoded again).")
@@ -104,13 +106,13 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
     from core.instruments.effects import effect_correlation
 
     if not frames or not total:
-        click.echo(f"no positions to measure in {len(traces)} trace(s)")
+        echo(f"no positions to measure in {len(traces)} trace(s)")
         return
     table = pd.concat(frames, ignore_index=True)
     cols = ["pos", "token", "base_token", "reason_token", "score", "acc_with", "acc_without", "effect", "ci_low", "ci_high"]
-    click.echo(table.sort_values("effect", ascending=False, kind="stable")[cols].head(SHOW_ROWS)
+    echo(table.sort_values("effect", ascending=False, kind="stable")[cols].head(SHOW_ROWS)
                .to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    click.echo(f"{len(table)} positions of {len(traces)} traces -> {path} (Spearman ρ of effect and score: "
+    echo(f"{len(table)} positions of {len(traces)} traces -> {path} (Spearman ρ of effect and score: "
                f"{effect_correlation(table):.3f}; intervals: Wilson / Newcombe 95%)")
 
 
@@ -163,7 +165,7 @@ def _measure(pair: Any, store: Any, traces: list[Any], where: str | list[int], s
                                                progress=lambda d, _t, _done=done: bar(_done + d, total), **options))
                 done += len(these)
     except KeyboardInterrupt:
-        click.echo(f"\nstopped after {done} of {total} positions; the rows so far are in {path}, and a re-run "
+        echo(f"\nstopped after {done} of {total} positions; the rows so far are in {path}, and a re-run "
                    "with --overwrite reuses every stored continuation", err=True)
         raise SystemExit(130) from None
     finally:
@@ -191,13 +193,13 @@ def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv
     trace = _stored(store, (key,))[0]
     frame = run_lens(pair_from_options(opts), trace, pos, window=window, k=k)
     if as_csv:
-        click.echo(frame.to_csv(index=False))
+        echo(frame.to_csv(index=False))
         return
     frame = frame.assign(top=[" | ".join(f"{t!r} {p:.2f}" for t, p in zip(ts, ps))
                               for ts, ps in zip(frame["top_tokens"], frame["top_probs"])])
     cols = ["side", "pos", "layer", "p_emitted", "rank_emitted", "p_other", "rank_other", "kl_to_final", "top"]
-    click.echo(f"token {trace.tokens[pos]!r} at {pos}; other = the other model's top choice")
-    click.echo(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    echo(f"token {trace.tokens[pos]!r} at {pos}; other = the other model's top choice")
+    echo(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
 
 @main.command()
@@ -205,7 +207,7 @@ def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv
 @store_option
 @click.argument("key")
 @setting_option("effect_samples", dest="samples", flag="--samples")
-@click.option("--sample-temperature", type=click.FloatRange(0), default=None,
+@click.option("--sample-temperature", type=FiniteFloat(0), default=None,
               help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the whole curve as CSV.")
 @fail_cleanly
@@ -224,11 +226,11 @@ def curve(store_path: str | None, key: str, samples: int, sample_temperature: fl
     finally:
         bar.close()
     if as_csv:
-        click.echo(frame.to_csv(index=False))
+        echo(frame.to_csv(index=False))
         return
-    click.echo(frame.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    echo(frame.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     pivots = frame[frame["pivotal"]] if "pivotal" in frame else frame.iloc[0:0]
-    click.echo(f"{len(pivots)} pivotal token(s): " + ", ".join(f"#{r.pos} {r.token!r} ({r.jump:+.2f})"
+    echo(f"{len(pivots)} pivotal token(s): " + ", ".join(f"#{r.pos} {r.token!r} ({r.jump:+.2f})"
                                                            for r in pivots.itertuples()) if len(pivots) else
                "no pivotal token (no jump of the curve reaches the threshold)")
 
@@ -267,5 +269,5 @@ def tokens(store_path: str | None, by: str, score_name: str, sort_by: str, top: 
     table = table.sort_values(sort_by, ascending=False, kind="stable", na_position="last")
     if path is not None:
         write_csv(table, path, what="token table")
-    click.echo(table.head(top).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    click.echo(f"{len(table)} {by}s over {len(traces)} traces" + (f" -> {path}" if path else ""))
+    echo(table.head(top).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    echo(f"{len(table)} {by}s over {len(traces)} traces" + (f" -> {path}" if path else ""))

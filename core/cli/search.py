@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from core.cli.common import fail_cleanly, main, store_option
+from core.cli.common import checked_text, echo, fail_cleanly, main, store_option
 from core.cli.store import existing_store, warn_unreadable
 from core.scoring.registry import DEFAULT_SCORE, SCORES
 
@@ -12,7 +12,7 @@ SHOWN = ["key", "problem", "pos", "match", "score", "spike", "tag", "source", "c
 
 
 @main.command(name="search")
-@click.argument("pattern")
+@click.argument("pattern", callback=checked_text)
 @store_option
 @click.option("--regex", is_flag=True, help="Read PATTERN as a Python regular expression (default: literal text).")
 @click.option("--ignore-case", "-i", is_flag=True, help="Match regardless of case.")
@@ -33,12 +33,12 @@ def search(pattern: str, store_path: str | None, regex: bool, ignore_case: bool,
     found = search_traces(traces, pattern, regex=regex, case=not ignore_case, score=score, tags=tags,
                           spikes_only=spikes_only, limit=limit)
     if as_csv:
-        click.echo(found.to_csv(index=False), nl=False)
+        echo(found.to_csv(index=False), nl=False)
     elif found.empty:
-        click.echo(f"No match for {pattern!r} in {len(traces)} traces.")
+        echo(f"No match for {pattern!r} in {len(traces)} traces.")
     else:
         shown = found[SHOWN].assign(key=found["key"].str[:12])
-        click.echo(shown.to_string(index=False, max_colwidth=30, na_rep=""))
-        click.echo(f"{len(found)} match{'es' if len(found) != 1 else ''} in {found['key'].nunique()} of "
+        echo(shown.to_string(index=False, max_colwidth=30, na_rep=""))
+        echo(f"{len(found)} match{'es' if len(found) != 1 else ''} in {found['key'].nunique()} of "
                    f"{len(traces)} traces; {int(found['spike'].sum())} on a spike.")
     warn_unreadable(bad)

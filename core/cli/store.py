@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from core.cli.common import (
+    echo,
     Bar,
     check_output,
     fail_cleanly,
@@ -24,6 +25,7 @@ from core.cli.common import (
     store_option,
 )
 from core.errors import ForkpointError
+from core.io import maintenance
 from core.io.foreign import IMPORT_FORMATS
 from core.scoring.registry import DEFAULT_SCORE, SCORES
 from core.views.exports import FORMATS as EXPORT_FORMATS
@@ -43,10 +45,10 @@ def existing_store(store_path: str | None):
 def warn_unreadable(bad: list[tuple[Path, str]]) -> None:
     """Tell the user (on stderr) which trace files were skipped as unreadable, and what to do."""
     if bad:
-        click.echo(f"{len(bad)} unreadable trace file(s) skipped (`forkpoint verify` checks every file, "
+        echo(f"{len(bad)} unreadable trace file(s) skipped (`forkpoint verify` checks every file, "
                    "`forkpoint repair` sets damaged ones aside):", err=True)
         for path, reason in bad:
-            click.echo(f"  {path.name}: {one_line(reason)}", err=True)
+            echo(f"  {path.name}: {one_line(reason)}", err=True)
 
 
 def one_line(text: str) -> str:
@@ -64,7 +66,7 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
     store = existing_store(store_path)
     if unreadable:  # the deep check: every file read in full
         for path, reason in store.unreadable():
-            click.echo(f"{path}\t{one_line(reason)}")
+            echo(f"{path}\t{one_line(reason)}")
         return
     frame, bad = store.listing()
     frame.insert(1, "status", "ok")
@@ -74,9 +76,9 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
         damaged = pd.DataFrame({"key": [p.name.removesuffix(".parquet") for p, _ in bad], "status": "DAMAGED"})
         frame = pd.concat([frame.astype(object), damaged], ignore_index=True).reindex(columns=frame.columns)
     if not len(frame):
-        click.echo(f"The store {store.path} has no traces.")
+        echo(f"The store {store.path} has no traces.")
         return
-    click.echo(frame.to_csv(index=False) if as_csv else frame.to_string(index=False, max_colwidth=40, na_rep=""))
+    echo(frame.to_csv(index=False) if as_csv else frame.to_string(index=False, max_colwidth=40, na_rep=""))
     warn_unreadable(bad)
 
 
@@ -106,7 +108,13 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
         warn_unreadable(bad)
     from core.io.notes import attach_notes
 
-    traces = attach_notes(store, traces)  # notes and bookmarks travel with every export
+    bad_notes: list[tuple[Path, str]] = []
+    traces = attach_notes(store, traces, damaged=bad_notes)  # notes and bookmarks travel with every export
+    if bad_notes:
+        echo(f"{len(bad_notes)} damaged notes file(s) left out (`forkpoint verify` lists them, "
+                   "`forkpoint repair` sets them aside):", err=True)
+        for path, reason in bad_notes:
+            echo(f"  {path.name}: {one_line(reason)}", err=True)
     try:
         run_export(traces, out, fmt, overwrite=overwrite, score=score_name)
     except OSError as exc:
@@ -115,7 +123,8 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
         from core.io.atomic import os_error_reason
 
         raise click.BadParameter(f"cannot write {out}: {os_error_reason(exc)}", param_hint="--out") from exc
-    click.echo(f"{len(traces)} traces -> {out}" + (f" ({len(bad)} unreadable skipped)" if bad else ""))
+    left_out = [f"{len(bad)} unreadable skipped"] * bool(bad) + [f"{len(bad_notes)} without their damaged notes"] * bool(bad_notes)
+    echo(f"{len(traces)} traces -> {out}" + (f" ({'; '.join(left_out)})" if left_out else ""))
 
 
 @main.command(name="import")
@@ -162,9 +171,9 @@ def import_(path: str, store_path: str | None, fmt: str | None, report_path: str
         bar.close()
         if executor is not None:
             executor.close()
-    click.echo(json.dumps({**result.to_dict(), "report": report_path}, default=str))
+    echo(json.dumps({**result.to_dict(), "report": report_path}, default=str))
     if result.stopped:
-        click.echo(f"Import stopped early: {result.stopped}. Stored {len(result.stored)}, skipped "
+        echo(f"Import stopped early: {result.stopped}. Stored {len(result.stored)}, skipped "
                    f"{len(result.skipped)}, failed {len(result.errors)}; lines after {result.last_line} were not "
                    "read. Run the same command again to finish (stored records are skipped).", err=True)
         sys.exit(130 if "Ctrl-C" in result.stopped else 1)
@@ -176,10 +185,10 @@ def import_(path: str, store_path: str | None, fmt: str | None, report_path: str
 def verify(store_path: str | None) -> None:
     """Deep check: read every trace in full (page and footer checksums), the index and temp files.
 
-    Prints a JSON report; exits 1 when a trace file is damaged or the index is unusable.
+    Prints a JSON report; exits 1 when a trace file or a side file (notes) is damaged or the index is unusable.
     """
-    check = existing_store(store_path).verify()
-    click.echo(json.dumps(check.to_dict(), indent=1))
+    check = maintenance.verify(existing_store(store_path))
+    echo(json.dumps(check.to_dict(), indent=1))
     if not check.ok:
         sys.exit(1)
 
@@ -189,9 +198,14 @@ def verify(store_path: str | None) -> None:
 @fail_cleanly
 def repair(store_path: str | None) -> None:
     """Set damaged trace files aside (into <store>/damaged/, never deleted), remove dead writers' temp
-    files, and rebuild the index. Re-running the request that made a set-aside trace recomputes it."""
-    report = existing_store(store_path).repair()
-    click.echo(json.dumps(report.to_dict(), indent=1))
+    files, and rebuild the index. Re-running the request that made a set-aside trace recomputes it.
+    Exits 1 when a damaged file could not be moved."""
+    report = maintenance.repair(existing_store(store_path))
+    echo(json.dumps(report.to_dict(), indent=1))
+    if not report.ok:
+        echo(f"{len(report.failed)} damaged file(s) could not be moved aside (see failed); "
+                   "fix their folder's permissions or move them by hand, then run repair again.", err=True)
+        sys.exit(1)
 
 
 @main.command()
@@ -202,16 +216,27 @@ def repair(store_path: str | None) -> None:
 @fail_cleanly
 def remove(store_path: str | None, keys: tuple[str, ...], damaged: bool, yes: bool) -> None:
     """Delete the given traces (or, with --damaged, every unreadable trace file) from the store."""
+    from core.io.tracefile import check_key
+
+    for key in keys:  # every key checked before anything is asked or removed
+        try:
+            check_key(key)
+        except ForkpointError as err:
+            raise click.BadParameter(str(err), param_hint="KEYS") from None
     store = existing_store(store_path)
+    missing = [k for k in keys if k not in store.keys()]
+    if missing:
+        raise click.ClickException(f"No trace with key {missing[0]!r} in {store.path} (see `forkpoint ls`); nothing "
+                                   "was removed")
     bad = [path for path, _ in store.unreadable()] if damaged else []
     if not keys and not bad:
         if damaged:
-            click.echo(f"No unreadable trace files in {store.path}.")
+            echo(f"No unreadable trace files in {store.path}.")
             return
         raise click.UsageError("Give the keys to remove, or --damaged")
     if not yes:
         click.confirm(f"Delete {len(keys) + len(bad)} trace file(s) from {store.path}?", abort=True)
     for key in store.remove(dict.fromkeys(keys)):
-        click.echo(f"removed {key}")
+        echo(f"removed {key}")
     for path in store.remove_unreadable() if damaged else []:
-        click.echo(f"removed {path.name}")
+        echo(f"removed {path.name}")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from core.cli.common import (
+    checked_text,
+    echo,
     Bar,
     check_output,
     close_executor,
@@ -27,7 +30,9 @@ from core.cli.common import (
     settings_options,
     store_option,
 )
+from core.errors import ForkpointError
 from core.scoring.registry import GATE_SCORES, score_values
+from core.settings import check_text
 
 TOP_ROWS = 10  # rows `forkpoint score` prints by default
 
@@ -35,8 +40,8 @@ TOP_ROWS = 10  # rows `forkpoint score` prints by default
 @main.command()
 @pair_options
 @store_option
-@click.option("--prompt", required=True, help="The problem text.")
-@click.option("--response", required=True, help="The response text to score (or @file to read it).")
+@click.option("--prompt", required=True, callback=checked_text, help="The problem text.")
+@click.option("--response", required=True, callback=checked_text, help="The response text to score (or @file to read it).")
 @click.option("--top", default=TOP_ROWS, show_default=True, type=click.IntRange(1), help="Rows to print, highest score first.")
 @setting_option("score", dest="score_name")
 @fail_cleanly
@@ -46,11 +51,16 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
 
 
     if response.startswith("@"):
+        source = response[1:]
         try:
-            response = Path(response[1:]).read_text(encoding="utf-8")
+            response = Path(source).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise click.BadParameter(f"cannot read {response[1:]!r}: {err.strerror if isinstance(err, OSError) else err}",
                                      param_hint="--response") from err
+        try:
+            check_text(response, f"the file {source!r}")
+        except ForkpointError as err:
+            raise click.BadParameter(str(err), param_hint="--response") from None
     if not response:
         raise click.BadParameter("is empty: give the response text to score (or @file)", param_hint="--response")
     if store_path:
@@ -59,8 +69,8 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
     trace = run_score(pair, prompt, response, store=open_store(store_path) if store_path else None)
     frame = trace.frame().assign(_score=score_values(trace.metrics, score_name))  # sign applied (delta_logp)
     cols = list(dict.fromkeys(["pos", "token", score_name, "entropy_base", "rank_base", "reason_top_rank_in_base"]))
-    click.echo(frame.sort_values("_score", ascending=False, kind="stable")[cols].head(top).to_string(index=False))
-    click.echo(f"key {trace.key}  tokens {len(trace)}")
+    echo(frame.sort_values("_score", ascending=False, kind="stable")[cols].head(top).to_string(index=False))
+    echo(f"key {trace.key}  tokens {len(trace)}")
 
 
 @main.command()
@@ -68,7 +78,7 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
 @store_option
 @click.option("--problems", "problems_path", type=click.Path(exists=True, dir_okay=False),
               help="JSONL/CSV problem set (default: the demo test set).")
-@click.option("--prompt", help="Generate for this single problem text instead of a set.")
+@click.option("--prompt", callback=checked_text, help="Generate for this single problem text instead of a set.")
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
 @click.option("--calibrate-on", "calibrate_on",
               help="Problems whose base rollouts calibrate a gate policy (file, hf:..., benchmark short name); "
@@ -113,9 +123,14 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     if policy_spec(policy_name).needs_gate and "tau" not in params:
         calibration, problems = _calibration_split(calibrate_on, problems, problems_path, prompt,
                                                    calibration_problems)
+    problems, unfit = _runnable(pair, problems, max_new_tokens)
+    for pid, why in unfit:  # reported and skipped; the run goes on and exits 1 at the end
+        echo(f"problem {pid}: {why}; skipped", err=True)
+    if not problems:
+        raise click.ClickException(f"none of the {len(unfit)} problem(s) can run (see above); nothing generated")
     try:
         if policy_spec(policy_name).needs_gate and "tau" not in params:
-            click.echo(f"calibrating the gate on base rollouts of {len(calibration)} problems ...", err=True)
+            echo(f"calibrating the gate on base rollouts of {len(calibration)} problems ...", err=True)
         policy = build_policy(pair, policy_name, params, calibrate_on=calibration, ratio=ratio, store=store,
                               executor=executor, **sampling)
         bar = Bar(f"generate {policy.name}", unit="trace")
@@ -126,10 +141,30 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
         close_executor(executor)
     notice = policy.diagnose(traces)
     if notice:
-        click.echo(f"note: {notice}", err=True)
+        echo(f"note: {notice}", err=True)
     if policy_spec(policy_name).needs_gate and first_token_takeover_share(traces) > 0.5:
-        click.echo(f"note: most takeovers are at t = 0, a prompt-format artefact: {first_token_advice(pair)}", err=True)
-    click.echo(f"{len(traces)} traces ({sum(t.n_takeovers for t in traces)} takeovers) in {store.path}")
+        echo(f"note: most takeovers are at t = 0, a prompt-format artefact: {first_token_advice(pair)}", err=True)
+    echo(f"{len(traces)} traces ({sum(t.n_takeovers for t in traces)} takeovers) in {store.path}")
+    if unfit:
+        echo(f"{len(unfit)} problem(s) skipped: {', '.join(pid for pid, _ in unfit)} (see above)", err=True)
+        sys.exit(1)
+
+
+def _runnable(pair: Any, problems: list[Any], max_new_tokens: int) -> tuple[list[Any], list[tuple[str, str]]]:
+    """(problems that fit the pair's contexts, [(problem id, why)] for the others), before any forward; with a
+    PairSpec (--ray: the workers hold the models) every problem is kept and a worker reports its own."""
+    if not hasattr(pair, "check_context"):
+        return problems, []
+    ok, unfit = [], []
+    for problem in problems:
+        text = problem if isinstance(problem, str) else problem.prompt
+        try:
+            pair.check_context(pair.prompt_ids(text), max_new_tokens)
+        except ForkpointError as err:
+            unfit.append((str(getattr(problem, "id", "--prompt")), str(err)))
+        else:
+            ok.append(problem)
+    return ok, unfit
 
 
 def _calibration_split(calibrate_on: str | None, problems: list[Any], problems_path: str | None, prompt: str | None,
@@ -140,7 +175,7 @@ def _calibration_split(calibrate_on: str | None, problems: list[Any], problems_p
     from core.evaluation.sources import load_source
 
     if calibrate_on == "in-sample":
-        click.echo(f"calibrating IN-SAMPLE on {min(n, len(problems))} of the problems it then generates: the "
+        echo(f"calibrating IN-SAMPLE on {min(n, len(problems))} of the problems it then generates: the "
                    "gate sees its own evaluation problems (use --calibrate-on SOURCE, or leave it out to hold "
                    "problems out)", err=True)
         return problems[:n], problems
@@ -148,11 +183,11 @@ def _calibration_split(calibrate_on: str | None, problems: list[Any], problems_p
         return load_source(calibrate_on, limit=n), problems
     if prompt or problems_path is None:
         if prompt:
-            click.echo("a single --prompt holds nothing out: calibrating on the demo calibration set (pass "
+            echo("a single --prompt holds nothing out: calibrating on the demo calibration set (pass "
                        "--calibrate-on SOURCE for another pair's problems)", err=True)
         return demo_problems("calib", limit=n), problems
     calibration, rest = split_calibration({"problems": problems}, n)
-    click.echo(f"holding out {len(calibration)} problems for calibration; generating on the other "
+    echo(f"holding out {len(calibration)} problems for calibration; generating on the other "
                f"{len(rest['problems'])}", err=True)
     return calibration, rest["problems"]
 @main.command()
@@ -185,7 +220,7 @@ def calibrate(store_path: str | None, problems_path: str | None, limit: int, rat
     finally:
         bar.close()
         close_executor(executor)
-    click.echo(json.dumps({"tau": gate.tau, "lam": gate.lam, "window": gate.window, "ratio": ratio,
+    echo(json.dumps({"tau": gate.tau, "lam": gate.lam, "window": gate.window, "ratio": ratio,
                            "score": score_name}))
 
 
@@ -217,7 +252,7 @@ def parse_switches(text: str) -> dict[int, Any]:
 @pair_options
 @store_option
 @click.argument("key")
-@click.option("--at", "at_text", required=True, metavar="POS=WHO,...",
+@click.option("--at", "at_text", required=True, metavar="POS=WHO,...", callback=checked_text,
               help="Switches: 12=reason (the reasoner writes token 12), 40=base (a takeover switched off), "
                    "7=1234 (token id 1234), 9='text' (a typed string from token 9 on).")
 @click.option("--then", "then", type=click.Choice(["policy", "base", "reason"]), default="policy", show_default=True,
@@ -248,12 +283,12 @@ def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_
                         max_new_tokens=max_new_tokens, store=store, on_trace=grade_trace)
     for child in made if isinstance(made, list) else [made]:
         if child.key == parent.key:
-            click.echo(f"no change: the switches give the parent's tokens (key {parent.key})")
+            echo(f"no change: the switches give the parent's tokens (key {parent.key})")
             continue
         child = graded_put(store, child)  # a child stored by an older run gains the grade it lacked
         answer = child.meta.get("answer")
         verdict = {True: "correct", False: "wrong"}.get(child.meta.get("correct"), "ungraded")
         forced = int(sum(str(s) == "forced" for s in child.source))
-        click.echo(f"{switch_text(child, pair.token_text)}: {len(child)} tokens, {child.n_takeovers} takeovers"
+        echo(f"{switch_text(child, pair.token_text)}: {len(child)} tokens, {child.n_takeovers} takeovers"
                    f"{f', {forced} forced' if forced else ''}, answer {answer!r} ({verdict})")
-        click.echo(f"key {child.key}  parent {parent.key}")
+        echo(f"key {child.key}  parent {parent.key}")

@@ -25,11 +25,15 @@ def demo_formats(demo_dir: str | Path = DEMO_DIR) -> dict[str, str]:
     return {"base_format": data["base_format"], "reason_format": data["reason_format"]}
 
 
-def demo_pair(device: str = "cpu", dtype: str = "float32", demo_dir: str | Path = DEMO_DIR) -> Any:
-    """The demo base / reasoning pair as a `core.ModelPair`, loaded through `core.load_pair`."""
+def demo_pair(device: str = "cpu", dtype: str = "float32", demo_dir: str | Path = DEMO_DIR, *,
+              base_format: str | None = None, reason_format: str | None = None) -> Any:
+    """The demo base / reasoning pair as a `core.ModelPair`, loaded through `core.load_pair`; the formats
+    default to the ones it was trained with (pair.json), and given ones are applied as for any pair."""
 
     demo_dir = Path(demo_dir)
-    return load_pair(demo_dir / "base", demo_dir / "reason", device=device, dtype=dtype, **demo_formats(demo_dir))
+    formats = demo_formats(demo_dir)
+    formats.update({k: v for k, v in (("base_format", base_format), ("reason_format", reason_format)) if v is not None})
+    return load_pair(demo_dir / "base", demo_dir / "reason", device=device, dtype=dtype, **formats)
 
 
 def demo_problems(split: str = "test", limit: int | None = None) -> list[Any]:

@@ -25,6 +25,7 @@ from core.record.problems import (  # noqa: F401  (the field names are re-export
     SOLUTION_FIELDS,
     problem_fields,
 )
+from core.settings import check_text
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,10 @@ def _problem(
 ) -> Problem:
     fields = problem_fields(row, question_field=question_field, answer_field=answer_field, id_field=id_field)
     prompt, gold, solution, pid = fields["prompt"], fields["gold"], fields["solution"], fields["id"]
+    names = fields["names"]
+    for role, text in (("question", prompt), ("answer", gold), ("solution", solution), ("id", pid)):
+        if text is not None:
+            check_text(text, f"field {names[role]!r}")
     if gold is None and solution is not None:
         gold = last_boxed(solution)
     used = set(fields["names"].values())

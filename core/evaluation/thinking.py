@@ -16,7 +16,7 @@ import numpy as np
 
 from core.decoding.policies import Policy, Step, register_policy
 from core.pair.formats import PromptFormat, format_spec
-from core.pair.loading import ModelPair, check_same_vocabulary, load_one
+from core.pair.loading import ModelPair, check_same_vocabulary, load_one, load_tokenizer
 
 DEFAULT_THINKING_FORMAT = "chat:think"
 
@@ -40,8 +40,10 @@ def load_thinking(pair: ModelPair, source: str, fmt: str = DEFAULT_THINKING_FORM
                   trust_remote_code: bool = False) -> ModelPair:
     """A pair (thinking model, pair's guide) for the thinking reference; the thinking model's vocabulary
     must match the pair's (renamed or added special tokens are tolerated and reported)."""
-    model, tokenizer, spec = load_one(str(source), revision, pair.device, pair.dtype, trust_remote_code)
+    tokenizer = load_tokenizer(str(source), revision, trust_remote_code)  # checked before the weights load
     notes = check_same_vocabulary(pair.tokenizer, tokenizer, names=("pair", "thinking"))
+    model, tokenizer, spec = load_one(str(source), revision, pair.device, pair.dtype, trust_remote_code,
+                                      tokenizer=tokenizer)
     eos = set(pair.eos_ids)
     for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
         if isinstance(value, int):

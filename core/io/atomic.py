@@ -13,6 +13,7 @@ import errno
 import fcntl
 import os
 import re
+import shutil
 import stat
 import tempfile
 import time
@@ -203,3 +204,52 @@ def clean_temp_files(folder: Path, targets: Iterable[str] | None = None) -> tupl
                 pass
         kept.append(path)
     return removed, kept
+
+
+def make_folders(folder: str | os.PathLike[str]) -> list[Path]:
+    """Create `folder` and its missing parents; returns the ones created, deepest first (for `remove_empty`)."""
+    folder = Path(folder)
+    missing = [p for p in [folder, *folder.parents] if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WriteError(f"Cannot create the folder {folder}: {os_error_reason(exc)}") from exc
+    return missing
+
+
+def remove_empty(folders: Iterable[Path]) -> None:
+    """Remove the folders a failed writer created (deepest first), each only while it is empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return  # not empty (someone else's files) or gone: leave it and everything above it
+
+
+def write_folder(target: str | os.PathLike[str], fill: Callable[[Path], None], what: str = "output") -> Path:
+    """Fill a fresh temp folder beside `target`, then move its files into `target` (made if missing): a writer
+    that fails leaves no empty folder and no part of its files, and `target`'s other files are kept."""
+    target = Path(target)
+    created = make_folders(target.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name[:80]}.", suffix=".tmp", dir=target.parent))
+    except OSError as exc:
+        remove_empty(created)
+        raise WriteError(f"Cannot write the {what} {target}: {os_error_reason(exc)}") from exc
+    try:
+        fill(tmp)
+        os.chmod(tmp, 0o777 & ~current_umask())
+        if not target.exists():
+            os.rename(tmp, target)
+        else:
+            for item in sorted(tmp.iterdir()):
+                os.replace(item, target / item.name)
+            tmp.rmdir()
+        fsync_dir(target.parent)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(created)
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError):
+            raise WriteError(f"Cannot write the {what} {target}: {os_error_reason(exc)}") from exc
+        raise
+    return target

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidInputError
+from core.settings import check_text
 
 log = logging.getLogger(__name__)
 
@@ -118,34 +119,45 @@ def _no_constants(name: str) -> Any:
     raise InvalidInputError(f"non-standard JSON constant {name} (JSON has no NaN or Infinity)")
 
 
-def _surrogate_field(obj: dict[str, Any]) -> str | None:
-    """Name of the first field holding a lone surrogate (not valid Unicode text), if any."""
+def _check_fields(obj: dict[str, Any], from_bytes: bool) -> None:
+    """Every text field through `settings.check_text` (lone surrogates, NUL, size), named by field; nested
+    extra fields must encode as UTF-8 JSON (they are stored in the trace's meta)."""
     for name, value in obj.items():
-        try:
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            return name
-        except (TypeError, ValueError):
-            continue
-    return None
+        if isinstance(value, str):
+            check_text(value, f"field {name!r}", from_bytes=from_bytes)
+        elif isinstance(value, (dict, list)):
+            try:
+                json.dumps(value, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidInputError(f"field {name!r} holds a lone surrogate (e.g. \\ud800), which is not "
+                                        "valid Unicode text") from None
+            except (TypeError, ValueError):
+                continue
 
 
-def _parse_foreign(obj: Any) -> tuple[str, str, str | list[int], str | None, dict[str, Any]]:
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+def _parse_foreign(obj: Any, from_bytes: bool = False) -> tuple[str, str, str | list[int], str | None, dict[str, Any]]:
     if not isinstance(obj, dict):
         raise InvalidInputError(f"expected a JSON object, got {type(obj).__name__}")
-    bad = _surrogate_field(obj)
-    if bad is not None:
-        raise InvalidInputError(f"{bad!r} holds a lone surrogate (e.g. \\ud800), which is not valid Unicode text")
+    _check_fields(obj, from_bytes)
     if "id" not in obj or isinstance(obj["id"], bool) or not isinstance(obj["id"], (str, int)) or obj["id"] == "":
         raise InvalidInputError("missing or invalid 'id' (a non-empty string or an integer)")
     prompt = obj.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise InvalidInputError(f"'prompt' must be a string, got {_kind(prompt)} {prompt!r:.40}")
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidInputError("missing or empty 'prompt' (a string)")
     response = obj.get("response")
     if isinstance(response, list):
         if not response or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in response):
             raise InvalidInputError("'response' as a list must hold non-negative integer token ids")
-    elif not isinstance(response, str) or not response:
+    elif response is not None and not isinstance(response, str):
+        raise InvalidInputError(f"'response' must be a string or a list of token ids, got {_kind(response)} "
+                                f"{response!r:.40}")
+    elif not response:
         raise InvalidInputError("missing or empty 'response' (a string or a list of token ids)")
     answer = obj.get("answer")
     if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (str, int, float))):
@@ -154,11 +166,9 @@ def _parse_foreign(obj: Any) -> tuple[str, str, str | list[int], str | None, dic
     return str(obj["id"]), prompt, response, None if answer is None else str(answer), extra
 
 
-def _record(line: int, obj: Any) -> ForeignRecord:
-    rid, prompt, response, answer, extra = _parse_foreign(obj)
+def _record(line: int, obj: Any, from_bytes: bool = False) -> ForeignRecord:
+    rid, prompt, response, answer, extra = _parse_foreign(obj, from_bytes)
     return ForeignRecord(line, rid, prompt, response, answer, extra)
-
-
 def _jsonl_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tuple[int, str]]:
     with open(path, "rb") as fh:
         for lineno, raw in _lines(fh, max_bytes):
@@ -263,6 +273,8 @@ def _csv_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tuple[i
             why = "is longer than the size limit" if head.text is None else "opens a quote that is never closed"
             raise InvalidInputError(f"{path}: the CSV header row {why}")
         header = _csv_cells(head.text)
+        for name in header:
+            check_text(name, f"{path}: the CSV header", from_bytes=True)
         missing = [name for name in ("id", "prompt", "response") if name not in header]
         if missing:
             raise InvalidInputError(f"{path}: the CSV header lacks {', '.join(missing)} (has: {', '.join(header)})")
@@ -292,7 +304,7 @@ def _csv_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tuple[i
             if obj.get("answer") == "":
                 obj["answer"] = None
             try:
-                yield _record(rec.first, obj)
+                yield _record(rec.first, obj, from_bytes=True)  # read with surrogateescape: bytes, not surrogates
             except ValueError as exc:
                 yield rec.first, str(exc)
 
@@ -335,12 +347,28 @@ def _parquet_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tup
 
 
 def detect_format(path: str | os.PathLike[str], format: str | None = None) -> str:
-    """The import format: `format` if given, else from the suffix (.jsonl/.json/.ndjson, .csv, .parquet)."""
+    """The import format: `format` if given, else from the suffix (.jsonl/.json/.ndjson, .csv, .parquet).
+
+    An existing path must be a regular file (a device such as /dev/zero or a FIFO would be read forever),
+    and a Parquet file (it starts with PAR1) is never read as text."""
     if format is None:
         suffix = Path(path).suffix.lower().lstrip(".")
         format = {"json": "jsonl", "ndjson": "jsonl", "pq": "parquet"}.get(suffix, suffix)
     if format not in IMPORT_FORMATS:
         raise InvalidInputError(f"Unknown import format {format!r}; choose one of: {', '.join(IMPORT_FORMATS)}")
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise InvalidInputError(f"{path} is not a regular file (a folder, a device or a pipe): give a JSONL, CSV "
+                                "or Parquet file")
+    if format != "parquet" and path.is_file():
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(4)
+        except OSError:
+            head = b""  # the reader says why it cannot open it
+        if head == b"PAR1":
+            raise InvalidInputError(f"{path} is a Parquet file (it starts with PAR1), not {format}: import it as "
+                                    "parquet")
     return format
 
 
@@ -349,7 +377,7 @@ def iter_foreign(path: str | os.PathLike[str], format: str | None = None,
     """Stream a foreign file: a ForeignRecord per good record, (line, reason) per bad one, in file order."""
     path = Path(path)
     fmt = detect_format(path, format)
-    if not path.is_file():
+    if not path.exists():
         raise InvalidInputError(f"No such file: {path}")
     readers = {"jsonl": _jsonl_records, "csv": _csv_records, "parquet": _parquet_records}
     return readers[fmt](path, max_line_bytes)

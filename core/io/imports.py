@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import GradingError, WriteError
+from core.errors import GradingError, StoreError, WriteError
 from core.io.atomic import os_error_reason
 from core.io.foreign import (  # noqa: F401  (re-exported)
     IMPORT_FORMATS,
@@ -99,12 +99,24 @@ class _Log:
         if self.fh is None or self.failed:
             return
         try:
+            good = os.path.getsize(self.path)  # a torn line is cut back off, so the report stays whole lines
+        except OSError:
+            good = None
+        try:
             self.fh.write(dumps_strict(entry, ensure_ascii=True) + "\n")
             self.fh.flush()
         except OSError as exc:
             self.failed = True
+            if good is not None:
+                with contextlib.suppress(OSError):
+                    os.truncate(self.path, good)
             raise WriteError(f"Cannot write the import report {self.path}: {os_error_reason(exc)}; the store "
-                             "holds every record reported stored before this line") from exc
+                             "holds exactly the records the report says stored") from exc
+
+    @property
+    def writing(self) -> bool:
+        """Whether outcomes reach a report file (False: no report, or it failed and the log is quiet)."""
+        return self.fh is not None
 
     def close(self) -> None:
         if self.fh is not None:
@@ -131,6 +143,16 @@ class _Run:
         """Record one line's outcome in the result and the report file."""
         if self.in_flight is not None and self.in_flight[0] == line:
             self.in_flight = None  # settled: a failing report write after this must not settle it twice
+        if status == "stored" and self.log.writing:
+            try:
+                if self.log.failed:
+                    raise WriteError(f"the import report {self.log.path} could not be written")
+                self.log(line=line, status=status, key=key)
+            except WriteError as exc:
+                self.unstore(line, str(key), exc)
+                raise
+            self.result.stored.append((line, str(key)))
+            return
         if status == "stored":
             self.result.stored.append((line, str(key)))
         elif status == "skipped":
@@ -138,6 +160,17 @@ class _Run:
         else:
             self.result.errors.append((line, str(why)))
         self.log(line=line, status=status, **({"key": key} if key else {}), **({"reason": why} if why else {}))
+
+    def unstore(self, line: int, key: str, why: Exception) -> None:
+        """Take back the trace this import just stored when its report line cannot be written, so that the
+        report matches the store (a re-run stores it again); if even that fails, the result says so."""
+        try:
+            self.store.delete(key)
+        except (StoreError, WriteError) as exc:
+            self.result.stored.append((line, key))
+            self.result.notes.append((line, f"stored, but not in the report ({why}); removing it failed: {exc}"))
+            return
+        self.result.errors.append((line, f"not kept: its report line could not be written ({why}); rerun to store it"))
 
     def record(self, rec: ForeignRecord) -> None:
         """Store one good record unless it is a duplicate or already stored."""

@@ -28,6 +28,7 @@ from core.errors import InvalidInputError, StoreError, WriteError
 from core.io.atomic import clean_temp_files, os_error_reason, write_atomic
 from core.io.store import TraceStore
 from core.io.tracefile import check_key
+from core.settings import check_text
 from core.trace import Trace
 from core.trace import note_texts
 
@@ -90,8 +91,8 @@ def read_notes(store: Any, key: str) -> list[Note]:
         record = json.loads(raw)
         version = record.get("forkpoint_notes") if isinstance(record, dict) else None
         notes = [Note.from_dict(n) for n in record.get("notes", [])] if version == NOTES_VERSION else None
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise StoreError(f"The notes file {path} is damaged: {exc}") from exc
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise StoreError(f"The notes file {path} is damaged: {' '.join(str(exc).split())[:200]}") from exc
     if notes is None:
         raise StoreError(f"The notes file {path} is damaged: not a forkpoint notes file (version {version!r}, "
                          f"this forkpoint reads {NOTES_VERSION})")
@@ -149,6 +150,7 @@ def add_note(store: Any, key: str, start: int, end: int | None = None, text: str
         raise InvalidInputError("A note needs text (or make it a bookmark: bookmark=True)")
     if len(text) > MAX_TEXT:
         raise InvalidInputError(f"A note holds at most {MAX_TEXT} characters; this one has {len(text)}")
+    check_text(text, "the note's text")  # a lone surrogate or NUL would not survive the JSON file
     note = Note(id=uuid.uuid4().hex[:12], start=int(start), end=int(end), text=text, bookmark=bool(bookmark),
                 created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     with _locked(store):
@@ -174,6 +176,7 @@ def edit_note(store: Any, key: str, note_id: str, *, text: str | None = None, bo
                    old.bookmark if bookmark is None else bool(bookmark), old.created)
         if not new.text and not new.bookmark:
             raise InvalidInputError("A note needs text (or make it a bookmark: bookmark=True)")
+        check_text(new.text, "the note's text", max_chars=MAX_TEXT)
         notes[i] = new
         _write(store, key, notes)
     return new
@@ -204,8 +207,13 @@ def all_notes(store: Any) -> tuple[dict[str, list[Note]], list[tuple[Path, str]]
         try:
             out[key] = read_notes(store, key)
         except (StoreError, InvalidInputError) as exc:
-            bad.append((notes_path(store, key), str(exc)))
+            bad.append((_root(store) / NOTES_DIR / f"{key}.json", str(exc)))
     return out, bad
+
+
+def unreadable_notes(store: Any) -> list[tuple[Path, str]]:
+    """(path, reason) for every notes file that cannot be read (for `verify` and `repair`); nothing is moved."""
+    return sorted(all_notes(store)[1])
 
 
 def search_notes(store: Any, query: str = "", *, bookmarks_only: bool = False,
@@ -225,13 +233,24 @@ def search_notes(store: Any, query: str = "", *, bookmarks_only: bool = False,
     return pd.DataFrame(rows, columns=list(NOTE_SEARCH_COLUMNS))
 
 
-def attach_notes(store: Any, traces: Trace | Iterable[Trace]) -> Any:
+def attach_notes(store: Any, traces: Trace | Iterable[Trace], *, damaged: list[tuple[Path, str]] | None = None) -> Any:
     """The trace(s) with their stored notes as the "notes" annotation layer (list of note dicts); a trace
-    without notes (or without a key) is returned unchanged. Token data is never touched."""
+    without notes (or without a key) is returned unchanged. Token data is never touched.
+
+    A damaged notes file never stops the others: its trace goes without notes, and (path, reason) is
+    appended to `damaged` (logged as a warning when no list is given)."""
     single = isinstance(traces, Trace)
     out = []
     for trace in [traces] if single else list(traces):
-        notes = read_notes(store, trace.key) if trace.key else []
+        try:
+            notes = read_notes(store, trace.key) if trace.key else []
+        except (StoreError, InvalidInputError) as exc:
+            notes = []
+            path = _root(store) / NOTES_DIR / f"{trace.key}.json"
+            if damaged is None:
+                log.warning("notes of trace %s left out: %s", trace.key, exc)
+            else:
+                damaged.append((path, str(exc)))
         out.append(trace.annotate(**{LAYER: [n.to_dict() for n in notes]}) if notes else trace)
     return out[0] if single else out
 

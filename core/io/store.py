@@ -4,7 +4,8 @@ Layout under the store root:
     traces/<key>.parquet   one trace (see core/io/tracefile.py: columns, footer record, checksum)
     index.jsonl            append-only cache of summaries, one line per write, each tagged with the
                            file identity (inode, size, mtime_ns) it describes and a CRC of the line
-    damaged/               damaged trace files set aside by a re-run, `put` or `repair` (never deleted)
+    damaged/               damaged trace files set aside by a re-run, `put` or `repair` (never deleted),
+                           and damaged side files (e.g. notes/<key>.json) set aside by `repair`
 
 The Parquet files are the truth. A file appears only through `write_atomic` (temp file, fsync,
 rename), so a killed writer leaves the whole trace or nothing, plus at worst a temp file, which the
@@ -17,6 +18,7 @@ keeps a file's identity is found by `verify()`.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import logging
 import os
 import threading
@@ -27,9 +29,9 @@ from typing import Any
 import pandas as pd
 
 from core.errors import InvalidInputError, StoreError, WriteError
-from core.io import branch_tree, maintenance
+from core.io import branch_tree
 from core.io.atomic import clean_temp_files, fsync_dir, os_error_reason, write_atomic
-from core.io.summary_index import Identity, SummaryIndex, identity
+from core.io.summary_index import Identity, SummaryIndex, identity, index_line
 from core.io.tracefile import (  # noqa: F401  (re-exported: the store's public names)
     KEY_RE,
     READ_ERRORS,
@@ -173,6 +175,47 @@ class TraceStore:
         log.warning("set damaged trace %s aside as %s%s", key, target, f" ({why})" if why else "")
         return target
 
+    def set_aside_side_file(self, path: str | os.PathLike[str], why: str = "") -> Path:
+        """Move a damaged side file of this store (e.g. `notes/<key>.json`) into damaged/ as
+        `<name>.<folder>.<time><suffix>`: kept for the user, out of the way of the next write."""
+        path = Path(path)
+        if path.parent.parent != self.path:
+            raise StoreError(f"{path} is not a side file of the store {self.path}")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
+        target = self.damaged_dir / f"{path.stem}.{path.parent.name}.{stamp}{path.suffix}"
+        try:
+            self.damaged_dir.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+            fsync_dir(path.parent)
+        except FileNotFoundError:
+            raise StoreError(f"No file {path} in {self.path}") from None
+        except OSError as exc:
+            raise WriteError(f"Cannot move damaged file {path} aside: {os_error_reason(exc)}") from exc
+        log.warning("set damaged side file %s aside as %s%s", path, target, f" ({why})" if why else "")
+        return target
+
+    def rebuild_index(self) -> int:
+        """Replace the index by one verified line per readable trace file (read in full); returns the line count."""
+        if self.index_path.is_dir():
+            raise StoreError(f"{self.index_path} is a folder, not the index file; move it away, then repair")
+        lines: list[bytes] = []
+        for key, path in self.trace_files():
+            if not KEY_RE.match(key):
+                continue
+            try:
+                st = path.stat()
+                _, record, _ = read_trace_record(path, key)
+            except (FileNotFoundError, StoreError):
+                continue
+            lines.append(index_line(key, identity(st), record["summary"]))
+        fd = os.open(self.index_path, os.O_RDONLY | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # appenders wait; their lines then land in the replaced file (a cache)
+            write_atomic(self.index_path, lambda fh: fh.writelines(lines), binary=True, what="store index")
+        finally:
+            os.close(fd)
+        return len(lines)
+
     @property
     def bad_index_lines(self) -> int:
         """Index lines seen so far that were not believed (torn, damaged, edited, other version)."""
@@ -278,6 +321,11 @@ class TraceStore:
             for entry in entries:
                 if entry.name.endswith(".parquet") and not entry.name.startswith("."):
                     yield entry
+
+    def trace_files(self) -> Iterator[tuple[str, Path]]:
+        """(name without ".parquet", path) of every trace file in traces/, readable or not, valid key or not."""
+        for entry in self._files():
+            yield entry.name[: -len(".parquet")], Path(entry.path)
 
     def keys(self) -> list[str]:
         """Keys of all trace files (readable or not), sorted."""
@@ -411,20 +459,11 @@ class TraceStore:
         return traces, bad
 
     def set_aside_files(self) -> list[Path]:
-        """Damaged files kept in damaged/ by earlier rewrites or `repair()`."""
+        """Damaged files (or a folder found where a side file belongs) kept in damaged/ by earlier rewrites or `repair`."""
         try:
-            return sorted(p for p in self.damaged_dir.iterdir() if p.is_file())
+            return sorted(p for p in self.damaged_dir.iterdir() if not p.name.startswith("."))
         except (FileNotFoundError, NotADirectoryError):
             return []
-
-    # -- maintenance (implemented in core/io/maintenance.py) -------------------------------------
-    def verify(self) -> Any:
-        """Deep check of every file, the index and temp files: a `StoreCheck` (see core.io.maintenance)."""
-        return maintenance.verify(self)
-
-    def repair(self) -> Any:
-        """Set damaged files aside, remove dead writers' temp files, rewrite the index: a `RepairReport`."""
-        return maintenance.repair(self)
 
     # -- branch trees (core/io/branch_tree.py, over the summaries) ---------------------------
     def root_of(self, problem_id: str) -> str | None:

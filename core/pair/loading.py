@@ -71,11 +71,13 @@ class ModelPair:
 
     def prompt_ids(self, problem: str) -> dict[str, list[int]]:
         """Each model's formatted prompt for `problem`, as token ids (each with its own tokenizer's template)."""
+        settings.check_text(problem, "the problem text")  # for API callers; the CLI, files and app check first
         return {side: self.formats[side].render(self.prompt_tokenizers.get(side, self.tokenizer), problem)
                 for side in SIDES}
 
     def encode(self, text: str) -> list[int]:
         """Response text -> token ids (no special tokens added)."""
+        settings.check_text(text, "the response text")
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
@@ -232,23 +234,65 @@ def spread_plan(config: Any, gpus: int, dtype: torch.dtype, trust_remote_code: b
     return plan
 
 
-def load_one(source: str, revision: str | None, device: torch.device, dtype: torch.dtype,
-             trust_remote_code: bool = False, spread: int = 0) -> tuple[Any, Any, ModelSpec]:
-    """(model, tokenizer, spec) of one causal LM from a hub id, local directory or .gguf file; with
-    `spread` > 0, its layers spread over that many GPUs (`spread_plan`) instead of all on `device`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _where(source: str) -> tuple[str, str | None, bool]:
+    """(repo or directory, gguf file name or None, whether `source` is a local path) of a model source,
+    refusing a local path that does not exist before anything loads."""
     repo, gguf_file = _split_gguf(str(source))
     local = _looks_local(str(source))
     if local and not Path(source).expanduser().exists():
         raise ModelLoadError(f"Model path {source!r} does not exist")
     if gguf_file:
         _check_gguf_deps(str(source))
+    return repo, gguf_file, local
+
+
+def _load_failed(err: Exception, source: str, gguf_file: str | None, local: bool, trust_remote_code: bool) -> ModelLoadError:
+    if gguf_file:
+        where = "GGUF file (is its architecture and quantisation supported by transformers' GGUF loader?)"
+    elif local:
+        where = "local model directory"
+    else:
+        where = "local directory or Hugging Face hub id (is the network reachable?)"
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if not trust_remote_code and any(s in str(err) for s in ("model type", "does not recognize", "Unrecognized",
+                                                             "trust_remote_code", "custom code")):
+        first_line += (" — if this model ships its own code and you trust its author, pass --trust-remote-code "
+                       "(trust_remote_code=True in Python); it is off by default because it runs that code")
+    return ModelLoadError(f"Could not load {source!r} as a {where}: {first_line}")
+
+
+_LOAD_ERRORS = (OSError, ValueError, KeyError, ImportError, RuntimeError)
+
+
+def load_tokenizer(source: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of a hub id, local directory or .gguf file, without its weights (seconds, not minutes:
+    a pair's vocabularies are compared before either model loads)."""
+    from transformers import AutoTokenizer
+
+    repo, gguf_file, local = _where(source)
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     try:
-        tokenizer = AutoTokenizer.from_pretrained(repo, **kwargs)
+        return AutoTokenizer.from_pretrained(repo, **kwargs)
+    except _LOAD_ERRORS as err:
+        raise _load_failed(err, source, gguf_file, local, trust_remote_code) from err
+
+
+def load_one(source: str, revision: str | None, device: torch.device, dtype: torch.dtype,
+             trust_remote_code: bool = False, spread: int = 0,
+             tokenizer: Any = None) -> tuple[Any, Any, ModelSpec]:
+    """(model, tokenizer, spec) of one causal LM from a hub id, local directory or .gguf file; with
+    `spread` > 0, its layers spread over that many GPUs (`spread_plan`) instead of all on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    repo, gguf_file, local = _where(source)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(source, revision, trust_remote_code)
+    kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    try:
         if spread:
             from transformers import AutoConfig
 
@@ -257,19 +301,8 @@ def load_one(source: str, revision: str | None, device: torch.device, dtype: tor
         model = AutoModelForCausalLM.from_pretrained(
             repo, dtype=dtype, use_safetensors=None if gguf_file else True, **kwargs
         )
-    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as err:
-        if gguf_file:
-            where = "GGUF file (is its architecture and quantisation supported by transformers' GGUF loader?)"
-        elif local:
-            where = "local model directory"
-        else:
-            where = "local directory or Hugging Face hub id (is the network reachable?)"
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if not trust_remote_code and any(s in str(err) for s in ("model type", "does not recognize", "Unrecognized",
-                                                                 "trust_remote_code", "custom code")):
-            first_line += (" — if this model ships its own code and you trust its author, pass --trust-remote-code "
-                           "(trust_remote_code=True in Python); it is off by default because it runs that code")
-        raise ModelLoadError(f"Could not load {source!r} as a {where}: {first_line}") from err
+    except _LOAD_ERRORS as err:
+        raise _load_failed(err, source, gguf_file, local, trust_remote_code) from err
     if not spread:
         model.to(device)
     model.eval().requires_grad_(False)
@@ -349,13 +382,31 @@ def load_pair(
         device = "cuda:0"
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    base_model, base_tok, base_spec = load_one(str(base), base_revision, dev, dt, trust_remote_code, spread)
-    if (str(base), base_revision) == (str(reason), reason_revision):  # a self-pair: one resident copy
+    same = (str(base), base_revision) == (str(reason), reason_revision)  # a self-pair: one resident copy
+    toks = {}
+    for side, source, revision in (("base", base, base_revision), ("reason", reason, reason_revision)):
+        try:  # the tokenizers first: a missing path or a vocabulary mismatch is found before any weights load
+            toks[side] = toks["base"] if same and side == "reason" else load_tokenizer(str(source), revision,
+                                                                                      trust_remote_code)
+        except ModelLoadError as err:
+            err.side = side
+            raise
+    notes = check_same_vocabulary(toks["base"], toks["reason"])
+    try:
+        base_model, base_tok, base_spec = load_one(str(base), base_revision, dev, dt, trust_remote_code, spread,
+                                                   tokenizer=toks["base"])
+    except ModelLoadError as err:
+        err.side = "base"
+        raise
+    if same:
         reason_model, reason_tok, reason_spec = base_model, base_tok, base_spec
     else:
-        reason_model, reason_tok, reason_spec = load_one(str(reason), reason_revision, dev, dt, trust_remote_code,
-                                                         spread)
-    notes = check_same_vocabulary(base_tok, reason_tok)
+        try:
+            reason_model, reason_tok, reason_spec = load_one(str(reason), reason_revision, dev, dt, trust_remote_code,
+                                                             spread, tokenizer=toks["reason"])
+        except ModelLoadError as err:
+            err.side = "reason"
+            raise
     vocab_size = max(len(base_tok), len(reason_tok))  # an added special token on one side still counts
     for side, model in (("base", base_model), ("reason", reason_model)):
         rows = model.get_output_embeddings().weight.shape[0]
@@ -365,10 +416,17 @@ def load_pair(
                 f"{len(base_tok if side == 'base' else reason_tok)} tokens"
             )
         vocab_size = min(vocab_size, rows)
+    given_reason_format = reason_format
     if reason_format is None:
         reason_format = "chat" if getattr(reason_tok, "chat_template", None) else (base_format or DEFAULT_BASE_FORMAT)
     formats = {"base": PromptFormat(format_spec(base_format or DEFAULT_BASE_FORMAT)),
                "reason": PromptFormat(format_spec(reason_format))}
+    if same and formats["base"].spec != formats["reason"].spec:
+        log.warning("base and reasoner are the same model (%s) but read different prompts (base: %r, reasoner: "
+                    "%r%s); their disagreement then measures the prompt format, not the model. Give base_format and "
+                    "reason_format the same value to compare like with like", base, formats["base"].spec,
+                    formats["reason"].spec, "" if given_reason_format else ", the default for a tokenizer with a "
+                    "chat template")
     eos: set[int] = set()
     for tok, model in ((base_tok, base_model), (reason_tok, reason_model)):
         for value in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,8 +25,11 @@ from core.decoding.policies import (
     make_policy,
 )
 from core.demo import pair as demo
+from core.errors import InvalidInputError
 from core.evaluation import harness as ev
 from core.evaluation.sweep import matched_baselines
+from core.io.atomic import write_atomic
+from core.packaged import is_installed
 
 log = logging.getLogger(__name__)
 
@@ -294,17 +298,19 @@ def _pairs(items: list[Any]) -> str:
 
 def write_card(demo_dir: Any, n: int = settings.SETTINGS["demo_measure_problems"].value,
                samples: int = settings.SETTINGS["demo_measure_samples"].value, command: str = "forkpoint demo measure",
-               progress: Callable[[int, int], None] | None = None, **kwargs: Any) -> dict[str, Any]:
+               progress: Callable[[int, int], None] | None = None, out: Any = None, **kwargs: Any) -> dict[str, Any]:
     """Load the pair in `demo_dir`, measure it on the first `n` test problems (see `measure_demo`) and
-    write demo_dir/CARD.md and demo_dir/measure.json; returns the measurement."""
-    from pathlib import Path
-
-
+    write CARD.md and measure.json into `out` (default: demo_dir); returns the measurement. A folder inside
+    the installed package is refused (InvalidInputError): nothing writes into site-packages."""
     demo_dir = Path(demo_dir)
+    out = demo_dir if out is None else Path(out)
+    if is_installed(out):
+        raise InvalidInputError(f"{out} is inside the installed forkpoint package; write the card elsewhere "
+                                "(out=, CLI: --out), e.g. the working directory")
     pair = demo.demo_pair(demo_dir=demo_dir)
     result = measure_demo(pair, demo.demo_problems("test", limit=n), demo.demo_problems("calib"), samples=samples,
                           progress=progress, **kwargs)
-    previous = demo_dir / "measure.json"
+    previous = out / "measure.json"
     if previous.exists() and result["traces"]["reused"]:
         old = json.loads(previous.read_text())
         same = old.get("settings") == result["settings"] and old.get("gate") == result["gate"]
@@ -318,7 +324,9 @@ def write_card(demo_dir: Any, n: int = settings.SETTINGS["demo_measure_problems"
                             heads=cfg.get("heads"), vocab=train_log.get("vocab"), command=command,
                             train_s=train_log.get("timings_s", {}).get("total", float("nan")))
     text = head + "\n## Measured properties\n\n" + render_card(result, command, train_log)
-    (demo_dir / "CARD.md").write_text(text)
-    (demo_dir / "measure.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    log.info("wrote %s", demo_dir / "CARD.md")
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "CARD.md", lambda fh: fh.write(text), what="demo card")
+    measured = json.dumps(result, indent=1, default=str) + "\n"
+    write_atomic(out / "measure.json", lambda fh: fh.write(measured), what="demo measurement")
+    log.info("wrote %s", out / "CARD.md")
     return result

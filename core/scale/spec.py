@@ -48,11 +48,13 @@ class PairSpec:
         )
 
     @classmethod
-    def demo(cls) -> PairSpec:
-        """The bundled demo pair (its files ship inside the package, so every node has them)."""
+    def demo(cls, base_format: str | None = None, reason_format: str | None = None) -> PairSpec:
+        """The bundled demo pair (its files ship inside the package, so every node has them); given formats
+        replace its trained ones, as `demo_pair` does."""
 
-        return cls(base=str(DEMO_DIR / "base"), reason=str(DEMO_DIR / "reason"), dtype="float32",
-                   **demo_formats(DEMO_DIR))
+        formats = demo_formats(DEMO_DIR)
+        formats.update({k: v for k, v in (("base_format", base_format), ("reason_format", reason_format)) if v})
+        return cls(base=str(DEMO_DIR / "base"), reason=str(DEMO_DIR / "reason"), dtype="float32", **formats)
 
     def load(self, device: str = "auto", device_map: str | None = None) -> Any:
         """Load the pair on `device` (auto: CUDA when this process sees a GPU, else CPU); device_map="auto"

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from core.annotate.rank_shift import rank_shift
 from core.annotate.shown import annotated  # noqa: F401  (re-exported: its home before)
 from core.errors import InvalidInputError, OutputExistsError
-from core.io.atomic import clean_temp_files, write_atomic
+from core.io.atomic import clean_temp_files, make_folders, remove_empty, write_atomic
 from core.io.csvsafe import write_csv
 from core.io.jsonsafe import dumps_strict, floats_in
 from core.io.provenance import forkpoint_version, utc_now
@@ -274,8 +274,13 @@ def _write_csv(traces: list[Trace], path: Path, score: str, decode: TokenDecoder
     for col in [c for c in frame.columns if c.startswith("topk_")]:
         frame[col] = [json.dumps(v, ensure_ascii=False) for v in frame[col]]
     header = _record_header(traces, "csv")
-    write_atomic(sidecar_path(path), lambda fh: fh.write(_dumps(header, indent=1)))
-    write_csv(frame, path, what="export")
+    write_csv(frame, path, what="export")  # the CSV first: a sidecar never describes a file that is not there
+    try:
+        write_atomic(sidecar_path(path), lambda fh: fh.write(_dumps(header, indent=1)))
+    except BaseException:
+        path.unlink(missing_ok=True)  # nor a CSV without its record: the failed export leaves neither
+        sidecar_path(path).unlink(missing_ok=True)
+        raise
 
 
 def _write_parquet(traces: list[Trace], path: Path, score: str, decode: TokenDecoder | None) -> None:
@@ -363,7 +368,18 @@ def export(
     existing = [str(p) for p in targets if p.exists()]
     if existing and not overwrite:
         raise OutputExistsError(f"{', '.join(existing)} already exists; overwrite=True (CLI: --overwrite) replaces it")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    created = make_folders(path.parent)
+    try:
+        _write_export(traces, path, fmt, targets, score, top, gate, decode)
+    except BaseException:
+        remove_empty(created)  # a failed export leaves no folder it made
+        raise
+    log.info("exported %d trace(s) to %s (%s)", len(traces), path, fmt.name)
+    return path
+
+
+def _write_export(traces: list[Trace], path: Path, fmt: ExportFormat, targets: list[Path], score: str,
+                  top: float | None, gate: Any, decode: TokenDecoder | None) -> None:
     removed, _ = clean_temp_files(path.parent, [p.name for p in targets])  # a killed export's leftovers
     for tmp in removed:
         log.warning("removed %s, the temp file of an export that was killed", tmp)
@@ -371,5 +387,3 @@ def export(
     if decode is None:
         decode = token_decoder(traces)
     fmt.write(traces, path, score, decode)
-    log.info("exported %d trace(s) to %s (%s)", len(traces), path, fmt.name)
-    return path
