@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.decoding.takeover import flipped, set_switches, switches_in_force
-from core.errors import ForkpointError
+from core.errors import ForkpointError, WriteError
 from core.evaluation.grading import grade_trace, graded_put
 from core.io.foreign import json_depth_exceeds
 from core.settings import check_text
@@ -163,10 +163,9 @@ def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[
         parent = view.store.get(key)
         if not 0 <= pos < len(parent):
             raise ForkpointError(f"Token #{pos} is outside this trace (0..{len(parent) - 1})")
-        child = run_switch(view, parent, switch_request(parent, pos, token), on_text)
-        try:
-            stored = keep(view, child)
-        except ForkpointError as err:  # said in this stream: the page never shows a child as made that is not kept
+        try:  # core stores a new child (graded first); an older stored one gains a grade it lacked
+            stored = keep(view, run_switch(view, parent, switch_request(parent, pos, token), on_text))
+        except WriteError as err:  # said in this stream: the page never shows a child as made that is not kept
             emit({"error": f"The switched trace was made but not stored: {err}"})
             return
         emit({"done": stored.key, "view": view.render(stored)})  # the route's views come from live_offer: drawn

@@ -187,10 +187,10 @@ def test_done_comes_only_after_the_child_is_stored(setup, qwen_pair, monkeypatch
 
     store, root, _, _ = setup
 
-    def full(view, child):
+    def full(*args, **kwargs):
         raise WriteError("Cannot write trace x: the disk is full; it was not written")
 
-    monkeypatch.setattr(live, "keep", full)
+    monkeypatch.setattr(store, "put", full)  # core's one write of the new child fails
     before = sorted(store.keys())
     status, chunks, _ = _call(live.LiveRoute(_inner), body=_request(key=root.key, pos=6, token=None))
     messages = [json.loads(line) for line in b"".join(chunks).decode().splitlines()]
