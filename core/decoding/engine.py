@@ -36,7 +36,7 @@ from core.scoring.metrics import (
     EMITTED,
     LogProbs,
     emitted_metrics,
-    entropy,
+    entropy_and_top2,
     step_metrics,
 )
 from core.scoring.registry import score_values
@@ -259,9 +259,11 @@ class Decoder:
         when it must emit; the metrics of skipped positions are filled by `_flush`."""
         p, live = self.t, self._live()
         a = self.base.logits()
-        h_base = entropy(a).cpu().numpy()
+        h, top2 = entropy_and_top2(a)
+        h_base = h.cpu().numpy()
         step = Step(t=p, score=None, entropy_base=h_base, history=[r.history for r in self.rows], taken=self.taken,
-                    limit=self.limit, rows=self.identities)
+                    limit=self.limit, rows=self.identities, top2=top2.cpu().numpy(),
+                    hidden_base=self.base.last_hidden.float().cpu().numpy())
         fire = np.asarray(self.policy.takeover(step), dtype=bool) & live & ~self._replaying(p)
         forced = self.policy.forced_token(p)
         b = None

@@ -64,6 +64,8 @@ class Step:
     scores; base entropies for lazy policies). taken: (B,) takeovers so far. limit: max_new_tokens.
     rows: (B,) each row's identity (from its prompt and sample index, see `row_identity`): the same in
     any batch, order or branch of it, so per-row random draws do not depend on how rows are batched.
+    top2: (B, 2) the base's two largest probabilities at t; hidden_base: (B, d) the base's last hidden
+    state (the one predicting t). Lazy policies get both (gates on the base alone read them); None otherwise.
     """
 
     t: int
@@ -73,6 +75,8 @@ class Step:
     taken: np.ndarray
     limit: int
     rows: np.ndarray | None = None
+    top2: np.ndarray | None = None
+    hidden_base: np.ndarray | None = None
 
 
 def row_identity(prompt: str, sample: int) -> int:
@@ -230,6 +234,59 @@ class EntropyGated(Policy):
                        f"{self.threshold:g} nats; lower it (see the entropy_base column of a BaseOnly trace)")
 
 
+def _top2(step: Step) -> np.ndarray:
+    if step.top2 is None:
+        raise InvalidInputError("this gate reads the base's top-2 probabilities: run it through the lazy engine path")
+    return np.asarray(step.top2, dtype=np.float64)
+
+
+@dataclass
+class TopProb(Policy):
+    """Nudging's gate: take over where the base's top-1 probability is below `gamma` (the base yields where
+    it is unsure of its own best token). Lazy: the reasoner runs only where it fires."""
+
+    name: ClassVar[str] = "top_prob"
+    label: ClassVar[str] = "TopProb"
+    help: ClassVar[str] = "Take over where the base's top-1 probability is below gamma (Nudging)."
+    lazy: ClassVar[bool] = True
+    gamma: float = param(0.3, "Base top-1 probability below which the reasoner takes over (Nudging: 0.3-0.4).",
+                         low=0.0, high=1.0)
+    budget: float | None = param(None, _BUDGET_HELP, low=0.0, high=1.0)
+    max_takeovers: int | None = param(None, _MAX_HELP, low=0)
+    skip_first: int = param(0, _SKIP_HELP, low=0, quiet_default=True)
+
+    def takeover(self, step: Step) -> np.ndarray:
+        return (_top2(step)[:, 0] < self.gamma) & (step.t >= self.skip_first) & within_budget(
+            step.taken, step.limit, self.budget, self.max_takeovers)
+
+    def diagnose(self, traces: Sequence[Trace]) -> str | None:
+        return _silent(self, traces, f"the base's top-1 probability never fell below gamma={self.gamma:g}; raise it")
+
+
+@dataclass
+class Margin(Policy):
+    """Take over where the base's top-1 and top-2 probabilities are within `delta` of each other (a close
+    call between two continuations). Lazy: the reasoner runs only where it fires."""
+
+    name: ClassVar[str] = "margin"
+    label: ClassVar[str] = "Margin"
+    help: ClassVar[str] = "Take over where the base's top-1 minus top-2 probability is below delta."
+    lazy: ClassVar[bool] = True
+    delta: float = param(0.1, "Top-1 minus top-2 base probability below which the reasoner takes over.",
+                         low=0.0, high=1.0)
+    budget: float | None = param(None, _BUDGET_HELP, low=0.0, high=1.0)
+    max_takeovers: int | None = param(None, _MAX_HELP, low=0)
+    skip_first: int = param(0, _SKIP_HELP, low=0, quiet_default=True)
+
+    def takeover(self, step: Step) -> np.ndarray:
+        top = _top2(step)
+        return ((top[:, 0] - top[:, 1]) < self.delta) & (step.t >= self.skip_first) & within_budget(
+            step.taken, step.limit, self.budget, self.max_takeovers)
+
+    def diagnose(self, traces: Sequence[Trace]) -> str | None:
+        return _silent(self, traces, f"the base's top-1/top-2 margin never fell below delta={self.delta:g}; raise it")
+
+
 @dataclass
 class RandomPositions(Policy):
     """Baseline: take over at random positions with probability `rate`. The draw at step t of a row
@@ -313,7 +370,7 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-for _cls in (BaseOnly, Guided, EntropyGated, RandomPositions, EarlyOnly, ReasonOnly, Forced):
+for _cls in (BaseOnly, Guided, EntropyGated, TopProb, Margin, RandomPositions, EarlyOnly, ReasonOnly, Forced):
     register_policy(_cls)
 
 
