@@ -87,6 +87,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("window", 16, "Gate window W: the previous W scores whose mean the current one must exceed λ times.", 1, None),
         Setting("ratio", 0.05, "Calibration ratio r: the gate's tau is the (1 - r) quantile of base-rollout scores.",
                 0.0, 1.0, open_low=True, open_high=True, step=0.001),
+        Setting("rho", None, "Equal-ρ calibration: set the gate's knob (τ/λ, a threshold, the router's cut) on base "
+                "rollouts so that it takes over this share of tokens (empty = off: the knob as given).", 0.0, 1.0,
+                open_low=True, open_high=True, step=0.005),
         Setting("calibration_problems", 32, "Problems whose base rollouts calibrate the gate.", 1, None),
         Setting("score", "cross_entropy", "Disagreement score for spikes, gates and colour scales.", None, None),
         Setting("spike_top", 0.01, "Spikes: the top fraction of tokens by score (per trace or dataset).", 0.0, 1.0,
@@ -115,6 +118,7 @@ K: int = SETTINGS["k"].value
 WINDOW: int = SETTINGS["window"].value
 RATIO: float = SETTINGS["ratio"].value
 CALIBRATION_PROBLEMS: int = SETTINGS["calibration_problems"].value
+RHO: float | None = SETTINGS["rho"].value
 SCORE: str = SETTINGS["score"].value
 SPIKE_TOP: float = SETTINGS["spike_top"].value
 SPIKE_FLOOR: float = SETTINGS["spike_floor"].value

@@ -64,3 +64,43 @@ def test_new_gates_are_in_the_registry_for_every_edge() -> None:
     assert [p.name for p in names["margin"].user_params][:1] == ["delta"]
     with pytest.raises(core.InvalidInputError, match="gamma"):
         make_policy("top_prob", gamma=1.5)
+
+
+WORDS = "apples boxes sum two three four add the of is what how many left".split()
+
+
+@pytest.fixture(scope="module")
+def rollouts(qwen_pair):
+    """Base rollouts of two disjoint prompt sets (calibration, held out), sampled."""
+    from core.decoding import generate_many
+    from core.decoding.policies import BaseOnly
+
+    rng = np.random.default_rng(0)
+    prompts = [" ".join(rng.choice(WORDS, 6)) for _ in range(96)]
+    pair = dataclasses.replace(qwen_pair, eos_ids=frozenset())  # full-length rollouts: more tokens per prompt
+    made = {name: generate_many(pair, ps, BaseOnly(), max_new_tokens=40, temperature=1.0, seed=seed, batch_size=16)
+            for name, ps, seed in (("calibration", prompts[:48], 1), ("held_out", prompts[48:], 2))}
+    return pair, prompts, made
+
+
+@pytest.mark.parametrize("name", ["guided", "entropy_gated", "top_prob", "margin", "random_positions", "early_only"])
+def test_equal_rho_calibration_hits_the_target_on_held_out_rollouts(rollouts, name) -> None:
+    from core.decoding.calibration import build_policy, rollout_rho
+
+    pair, prompts, made = rollouts
+    target = 0.1
+    policy = build_policy(pair, name, rho=target, rollouts=made["calibration"], max_new_tokens=40)
+    assert rollout_rho(policy, made["calibration"]) == pytest.approx(target, rel=0.05)
+    # on rollouts it was not fit on, replayed along the base's path, and when it runs (its takeovers change it)
+    assert rollout_rho(policy, made["held_out"]) == pytest.approx(target, rel=0.25)
+    if name in ("entropy_gated", "top_prob", "margin"):
+        n_tokens = sum(len(t) for t in made["held_out"])
+        fired = sum(int((np.asarray(policy.signal(t)) < getattr(policy, policy.knob)).sum() if policy.fires_below
+                        else (np.asarray(policy.signal(t)) > getattr(policy, policy.knob)).sum())
+                    for t in made["held_out"])
+        assert rollout_rho(policy, made["held_out"]) == fired / n_tokens  # an independent count
+    from core.decoding import generate_many
+
+    run = generate_many(pair, prompts[48:], policy, max_new_tokens=40, temperature=1.0, seed=2, batch_size=16)
+    realised = sum(t.n_takeovers for t in run) / sum(len(t) for t in run)
+    assert realised == pytest.approx(target, rel=0.35)

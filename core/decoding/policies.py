@@ -21,7 +21,7 @@ from core import settings
 from core.annotate.spikes import Gate, gate_fires
 from core.decoding.params import Param, declared_params, param
 from core.errors import InvalidInputError
-from core.scoring.registry import DEFAULT_SCORE, GATE_SCORES, check_gate_score
+from core.scoring.registry import DEFAULT_SCORE, GATE_SCORES, check_gate_score, score_values
 from core.trace import Trace
 
 REASON = "reason"  # Forced({pos: REASON}): the reasoning model picks the token at pos
@@ -99,6 +99,10 @@ class Policy:
     lazy: ClassVar[bool] = False
     calibration: ClassVar[tuple[str, ...]] = ()  # settings a calibration step reads before building
     internal: ClassVar[bool] = False
+    # The one parameter equal-ρ calibration (core.decoding.calibration.equal_rho) sets from base rollouts, and
+    # whether the gate fires where `signal` is above it (False: below). None: not a gate with a knob.
+    knob: ClassVar[str | None] = None
+    fires_below: ClassVar[bool] = False
     score: str = DEFAULT_SCORE
 
     def __post_init__(self) -> None:
@@ -120,6 +124,11 @@ class Policy:
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         """A notice for the user when this policy clearly did nothing in `traces` (0 takeovers), else None."""
         return None
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        """(T,) the value this gate compares with its knob at each position of `trace` (a base rollout), as
+        the engine would see it there; what equal-ρ calibration takes quantiles of."""
+        raise InvalidInputError(f"{self.label} has no per-position signal to calibrate a takeover rate on")
 
 
 def within_budget(taken: np.ndarray, limit: int, budget: float | None, max_takeovers: int | None) -> np.ndarray:
@@ -204,6 +213,11 @@ class Guided(Policy):
         fires = np.array([gate_fires(h, float(s), self.gate) for h, s in zip(step.history, step.score)])
         return fires & within_budget(step.taken, step.limit, self.budget, self.max_takeovers)
 
+    knob: ClassVar[str | None] = "tau"  # with lam: refit by the paper's rule at the ratio that realises ρ
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        return np.asarray(score_values(trace.metrics, self.score), dtype=np.float64)
+
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         return _silent(self, traces, f"{self.score} never passed the gate (τ={self.tau:.3g}, "
                        f"λ={self.lam:.3g}); calibrate with a larger ratio r")
@@ -229,9 +243,22 @@ class EntropyGated(Policy):
         return (step.entropy_base > self.threshold) & (step.t >= self.skip_first) & within_budget(
             step.taken, step.limit, self.budget, self.max_takeovers)
 
+    knob: ClassVar[str | None] = "threshold"
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        return np.asarray(trace.metrics["entropy_base"], dtype=np.float64)
+
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         return _silent(self, traces, f"the base's entropy never exceeded threshold="
                        f"{self.threshold:g} nats; lower it (see the entropy_base column of a BaseOnly trace)")
+
+
+def top_two(trace: Trace) -> np.ndarray:
+    """(T, 2) the base's two largest probabilities at each position of `trace` (from its stored top-k)."""
+    probs = np.asarray(trace.topk["base"][1], dtype=np.float64).reshape(len(trace), -1)
+    if probs.shape[1] < 2:
+        probs = np.concatenate([probs, np.zeros((len(trace), 2 - probs.shape[1]))], axis=1)
+    return probs[:, :2]
 
 
 def _top2(step: Step) -> np.ndarray:
@@ -259,6 +286,12 @@ class TopProb(Policy):
         return (_top2(step)[:, 0] < self.gamma) & (step.t >= self.skip_first) & within_budget(
             step.taken, step.limit, self.budget, self.max_takeovers)
 
+    knob: ClassVar[str | None] = "gamma"
+    fires_below: ClassVar[bool] = True
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        return top_two(trace)[:, 0]
+
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         return _silent(self, traces, f"the base's top-1 probability never fell below gamma={self.gamma:g}; raise it")
 
@@ -283,6 +316,13 @@ class Margin(Policy):
         return ((top[:, 0] - top[:, 1]) < self.delta) & (step.t >= self.skip_first) & within_budget(
             step.taken, step.limit, self.budget, self.max_takeovers)
 
+    knob: ClassVar[str | None] = "delta"
+    fires_below: ClassVar[bool] = True
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        top = top_two(trace)
+        return top[:, 0] - top[:, 1]
+
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         return _silent(self, traces, f"the base's top-1/top-2 margin never fell below delta={self.delta:g}; raise it")
 
@@ -298,6 +338,7 @@ class RandomPositions(Policy):
     help: ClassVar[str] = "Take over at random positions with probability rate (baseline)."
     rate: float = param(0.05, "Share of positions taken over.", low=0.0, high=1.0)
     seed: int = param(settings.SEED, "Seed of the position draws.", low=0)
+    knob: ClassVar[str | None] = "rate"
 
     def takeover(self, step: Step) -> np.ndarray:
         rows = step.rows if step.rows is not None else range(len(step.taken))
@@ -316,6 +357,7 @@ class EarlyOnly(Policy):
     label: ClassVar[str] = "EarlyOnly"
     help: ClassVar[str] = "The reasoner writes the first rate · max_new_tokens tokens (baseline)."
     rate: float = param(0.05, "Share of max_new_tokens written by the reasoner first.", low=0.0, high=1.0)
+    knob: ClassVar[str | None] = "rate"
 
     def takeover(self, step: Step) -> np.ndarray:
         return np.full(len(step.taken), step.t < math.ceil(self.rate * step.limit - 1e-9))
