@@ -45,6 +45,7 @@ _PUBLIC: dict[str, str] = {
     # 8. research instruments: does a takeover matter, where is success decided, where does a decision form
     "takeover_effects": "core.instruments.effects", "success_curve": "core.instruments.effects",
     "lens": "core.instruments.lens", "token_stats": "core.instruments.token_stats",
+    "train_router": "core.instruments.router_training",
     # 9. errors: every other type is in core.errors; catch ForkpointError for every user mistake
     "ForkpointError": "core.errors", "InvalidInputError": "core.errors",
 }  # fmt: skip

@@ -104,3 +104,106 @@ def test_equal_rho_calibration_hits_the_target_on_held_out_rollouts(rollouts, na
     run = generate_many(pair, prompts[48:], policy, max_new_tokens=40, temperature=1.0, seed=2, batch_size=16)
     realised = sum(t.n_takeovers for t in run) / sum(len(t) for t in run)
     assert realised == pytest.approx(target, rel=0.35)
+
+
+# -- the learned router -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_traces(qwen_pair):
+    from core.decoding import generate_many
+    from core.decoding.policies import BaseOnly
+
+    rng = np.random.default_rng(3)
+    prompts = [" ".join(rng.choice(WORDS, 5)) for _ in range(24)]
+    return generate_many(qwen_pair, prompts, BaseOnly(), max_new_tokens=32, temperature=1.0, seed=4, batch_size=12)
+
+
+def test_router_recovers_a_target_that_one_feature_determines(qwen_pair, base_traces, tmp_path) -> None:
+    pooled = np.concatenate([t.metrics["entropy_base"] for t in base_traces])
+    cut = float(np.median(pooled))
+
+    def high_entropy(trace):  # one feature (the base's entropy) decides the label
+        return np.asarray(trace.metrics["entropy_base"]) > cut
+
+    router = core.train_router(qwen_pair, base_traces, high_entropy, out=tmp_path / "r", epochs=300)
+    card = router.card
+    assert card["held_out_auroc"] > 0.95
+    assert card["pair"] and card["features"][:2] == ["hidden", "entropy_base"]
+    assert set(card["training_keys"]).isdisjoint(card["held_out_keys"])
+    assert len(card["training_keys"]) + len(card["held_out_keys"]) == len(base_traces)
+    # the held-out AUROC recomputed here from the saved router, on the held-out traces only
+    from core.analysis.failure import auroc
+    from core.decoding.router import load_router, trace_features
+
+    loaded = load_router(tmp_path / "r", qwen_pair)
+    held = [t for t in base_traces if t.key in set(card["held_out_keys"])]
+    probs = np.concatenate([loaded.net.prob(trace_features(qwen_pair, t)) for t in held])
+    labels = np.concatenate([high_entropy(t) for t in held])
+    assert auroc(probs, labels) == pytest.approx(card["held_out_auroc"], abs=1e-6)
+
+
+def test_router_features_are_what_the_engine_hands_the_gate(qwen_pair, base_traces) -> None:
+    from core.decoding.router import trace_features
+
+    trace = base_traces[0]
+    feats = trace_features(qwen_pair, trace)
+    np.testing.assert_allclose(feats[:, -4], trace.metrics["entropy_base"], atol=1e-4)
+    top = _top(trace)
+    np.testing.assert_allclose(feats[:, -3], top[:, 0], atol=1e-5)
+    np.testing.assert_allclose(feats[:, -2], top[:, 0] - top[:, 1], atol=1e-5)
+    np.testing.assert_allclose(feats[:, -1], np.arange(len(trace)) / 32)
+
+
+@pytest.fixture(scope="module")
+def router_dir(qwen_pair, base_traces, tmp_path_factory):
+    out = tmp_path_factory.mktemp("router")
+    core.train_router(qwen_pair, base_traces, "gate", out=out, ratio=0.2, window=4, epochs=200)
+    return out
+
+
+def test_router_gate_target_card_and_lazy_run(qwen_pair, router_dir, monkeypatch) -> None:
+    from core.decoding.router import read_card
+
+    card = read_card(router_dir)
+    assert card["target"] == "gate" and card["target_params"]["ratio"] == 0.2
+    assert set(card["thresholds"]) == {"0.01", "0.02", "0.05", "0.1", "0.2"}
+    policy = make_policy("router", path=str(router_dir), cut=0.5, max_takeovers=4)
+    assert policy.record()["params"]["weights"] == card["weights_sha256"]
+    pair = dataclasses.replace(qwen_pair, eos_ids=frozenset())
+    log = FeedLog(pair, monkeypatch)
+    trace = core.generate(pair, PROMPTS[1], policy, max_new_tokens=24)
+    fired = int((trace.source == "reason").sum())
+    reason = log.sizes("reason")
+    assert len(reason) - 1 - fired in (0, 1)  # prefill, one forward per firing, the final flush
+    # it fired exactly where its probability along the realised path exceeds the cut
+    from core.decoding.router import load_router, trace_features
+
+    probs = load_router(router_dir).net.prob(trace_features(pair, trace))
+    expect = probs > 0.5
+    first = int(np.argmax(expect)) if expect.any() else len(trace)
+    np.testing.assert_array_equal((trace.source == "reason")[: first + 1], expect[: first + 1])
+    assert core.generate(pair, PROMPTS[1], core.decoding.policies.policy_from_record(trace.meta["policy"]),
+                         max_new_tokens=24).key == trace.key  # the record rebuilds the same policy
+
+
+def test_a_router_card_for_one_pair_is_refused_by_another(qwen_pair, llama_pair, router_dir) -> None:
+    from core.decoding.router import load_router
+
+    load_router(router_dir, qwen_pair)  # its own pair: fine
+    with pytest.raises(core.errors.PairMismatchError, match="another model pair"):
+        load_router(router_dir, llama_pair)
+    policy = make_policy("router", path=str(router_dir))
+    with pytest.raises(core.errors.PairMismatchError, match="another model pair"):
+        core.generate(llama_pair, PROMPTS[0], policy, max_new_tokens=4)
+
+
+def test_router_at_equal_rho_and_bad_inputs(qwen_pair, router_dir, base_traces, tmp_path) -> None:
+    from core.decoding.calibration import build_policy, rollout_rho
+
+    policy = build_policy(qwen_pair, "router", {"path": str(router_dir)}, rho=0.1, rollouts=base_traces)
+    assert rollout_rho(policy, base_traces, qwen_pair) == pytest.approx(0.1, rel=0.05)
+    with pytest.raises(core.InvalidInputError, match="not a router folder"):
+        make_policy("router", path=str(tmp_path))
+    with pytest.raises(core.InvalidInputError, match="target must be one of"):
+        core.train_router(qwen_pair, base_traces, "nope")

@@ -70,7 +70,7 @@ def _stored(store: Any, keys: tuple[str, ...]) -> list[Any]:
 @click.option("--out", default="effects.csv", show_default=True, type=click.Path(dir_okay=False), help="CSV to write.")
 @click.option("--overwrite", is_flag=True, help="Replace --out (stored continuations are reused, not decoded again).")
 @policy_options
-@settings_options("ratio", "calibration_problems", "max_new_tokens", "temperature", "batch_size")
+@settings_options("calibration_problems", "max_new_tokens", "temperature", "batch_size")  # --ratio: policy_options
 @ray_option
 @fail_cleanly
 def effects(store_path: str | None, problems_path: str | None, limit: int | None, keys: tuple[str, ...], positions: str,

@@ -76,7 +76,7 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
                    "with the demo test set, else the first --calibration-problems of --problems, at most a "
                    "quarter, which are then not generated).")
 @policy_options
-@settings_options("ratio", "rho", "calibration_problems", "max_new_tokens", "temperature", "top_p", "samples",
+@settings_options("rho", "calibration_problems", "max_new_tokens", "temperature", "top_p", "samples",  # --ratio: policy_options
                   "batch_size")
 @ray_option
 @fail_cleanly

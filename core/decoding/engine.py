@@ -126,6 +126,7 @@ class Decoder:
                  progress: Callable[[int, int], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
                  on_token: Callable[[int, int, str], None] | None = None) -> None:
+        policy.check_pair(pair)  # e.g. a router made for another pair
         self.on_token = on_token if len(rows) == 1 else None  # streaming: (pos, token id, source) of a single row
         self.pair, self.rows, self.policy, self.sampling, self.k = pair, rows, policy, sampling, k
         if states is None:

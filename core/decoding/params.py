@@ -38,6 +38,10 @@ class Param:
             return None
         where = f"{owner} parameter {self.name}"
         if self.kind is str:
+            if not self.choices:  # free text (a path): any non-empty string
+                if not isinstance(value, str) or not value.strip():
+                    raise InvalidInputError(f"{where} must be a non-empty string, got {value!r}")
+                return value
             if value not in self.choices:
                 raise InvalidInputError(f"{where} must be one of: {', '.join(self.choices)}; got {value!r}")
             return value

@@ -20,6 +20,7 @@ import numpy as np
 from core import settings
 from core.annotate.spikes import Gate, gate_fires
 from core.decoding.params import Param, declared_params, param
+from core.decoding.router import check_router_pair, load_router, step_features, trace_features
 from core.errors import InvalidInputError
 from core.scoring.registry import DEFAULT_SCORE, GATE_SCORES, check_gate_score, score_values
 from core.trace import Trace
@@ -124,6 +125,9 @@ class Policy:
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         """A notice for the user when this policy clearly did nothing in `traces` (0 takeovers), else None."""
         return None
+
+    def check_pair(self, pair: Any) -> None:
+        """Raise when this policy cannot run with `pair` (the engine asks before decoding; a router names its pair)."""
 
     def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
         """(T,) the value this gate compares with its knob at each position of `trace` (a base rollout), as
@@ -328,6 +332,61 @@ class Margin(Policy):
 
 
 @dataclass
+class RouterGate(Policy):
+    """A learned gate (core.train_router): a small classifier over what the base alone has at step t (its last
+    hidden state, entropy, top-1 probability, margin, relative position) fires where its probability exceeds
+    `cut` (default: the card's cut for takeover rate `ratio`). Lazy: the reasoner runs only where it fires. A
+    router made for another pair is refused."""
+
+    name: ClassVar[str] = "router"
+    label: ClassVar[str] = "Router"
+    help: ClassVar[str] = "Take over where a learned router over the base's own state fires (core.train_router)."
+    lazy: ClassVar[bool] = True
+    knob: ClassVar[str | None] = "cut"
+    path: str = param("router", "Folder of the trained router (router.safetensors + card.json).")
+    ratio: float = param(settings.RATIO, "Takeover rate whose cut the router's card gives (when cut is empty).",
+                         low=0.0, high=1.0)
+    cut: float | None = param(None, "Router probability above which the reasoner takes over (empty = the card's "
+                              "cut for ratio; set by equal-ρ calibration).", low=0.0, high=1.0)
+    weights: str = param("unchecked", "SHA-256 of the router's weights (recorded; a changed file is refused).",
+                         quiet_default=True)
+    budget: float | None = param(None, _BUDGET_HELP, low=0.0, high=1.0)
+    max_takeovers: int | None = param(None, _MAX_HELP, low=0)
+    skip_first: int = param(0, _SKIP_HELP, low=0, quiet_default=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.router = load_router(self.path)
+        sha = str(self.router.card["weights_sha256"])
+        if self.weights not in ("unchecked", sha):
+            raise InvalidInputError(f"the router in {self.path} is not the one recorded (weights {sha[:12]}..., "
+                                    f"recorded {self.weights[:12]}...): it was retrained or replaced")
+        self.weights = sha
+        if self.cut is None:
+            self.cut = self.router.cut_for(self.ratio)
+
+    def check_pair(self, pair: Any) -> None:
+        check_router_pair(self.router.card, pair, self.path)
+
+    def takeover(self, step: Step) -> np.ndarray:
+        if step.hidden_base is None:
+            raise InvalidInputError("the router reads the base's hidden state: run it through the lazy engine path")
+        feats = step_features(step.hidden_base, step.entropy_base, _top2(step), step.t, step.limit)
+        fires = self.router.net.prob(feats) > float(self.cut)
+        return fires & (step.t >= self.skip_first) & within_budget(step.taken, step.limit, self.budget,
+                                                                   self.max_takeovers)
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        if pair is None:
+            raise InvalidInputError("the router's signal along a trace needs the pair (a forward of its base)")
+        self.check_pair(pair)
+        return self.router.net.prob(trace_features(pair, trace))
+
+    def diagnose(self, traces: Sequence[Trace]) -> str | None:
+        return _silent(self, traces, f"the router's probability never exceeded cut={self.cut:g}; lower it or raise ratio")
+
+
+@dataclass
 class RandomPositions(Policy):
     """Baseline: take over at random positions with probability `rate`. The draw at step t of a row
     depends only on (seed, the row's identity, t): the same in any batch size or order, and a branch
@@ -412,7 +471,7 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-for _cls in (BaseOnly, Guided, EntropyGated, TopProb, Margin, RandomPositions, EarlyOnly, ReasonOnly, Forced):
+for _cls in (BaseOnly, Guided, EntropyGated, TopProb, Margin, RouterGate, RandomPositions, EarlyOnly, ReasonOnly, Forced):
     register_policy(_cls)
 
 
