@@ -207,3 +207,43 @@ def test_router_at_equal_rho_and_bad_inputs(qwen_pair, router_dir, base_traces, 
         make_policy("router", path=str(tmp_path))
     with pytest.raises(core.InvalidInputError, match="target must be one of"):
         core.train_router(qwen_pair, base_traces, "nope")
+
+
+def test_cli_router_train_show_and_generate_at_rho(tmp_path, tiny_dirs) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from core.cli import main
+    from core.io.store import TraceStore
+
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps({"id": f"p{i}", "question": " ".join(WORDS[i: i + 5]), "answer": "1"}) + "\n"
+                                for i in range(8)))
+    pair = ["--base", str(tiny_dirs["qwen_base"]), "--reason", str(tiny_dirs["qwen_reason"]), "--device", "cpu"]
+    store = str(tmp_path / "store")
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    run("generate", *pair, "--store", store, "--problems", str(problems), "--max-new-tokens", "16",
+        "--temperature", "1.0")
+    out = run("router", "train", *pair, "--store", store, "--out", str(tmp_path / "r"), "--ratio", "0.2",
+              "--epochs", "50")
+    assert "held-out AUROC" in out and "router written to" in out
+    shown = run("router", "show", str(tmp_path / "r"))
+    assert "target        gate" in shown and "cut per ρ" in shown
+    again = CliRunner().invoke(main, ["router", "train", *pair, "--store", store, "--out", str(tmp_path / "r")])
+    assert again.exit_code != 0 and "--overwrite" in again.output
+    n_before = len(TraceStore(store).keys())
+    run("generate", *pair, "--store", store, "--problems", str(problems), "--max-new-tokens", "16",
+        "--temperature", "1.0", "--policy", "top_prob", "--rho", "0.2", "--calibration-problems", "2")
+    made = [TraceStore(store).get(k) for k in TraceStore(store).keys()]
+    top = [t for t in made if t.meta["policy"]["name"] == "top_prob"]
+    assert len(top) == 6 and len(made) - n_before == 6  # the 2 held-out calibration rollouts were stored already
+    assert top[0].meta["policy"]["params"]["gamma"] != 0.3  # calibrated, not the default
+    bad = CliRunner().invoke(main, ["generate", *pair, "--store", store, "--problems", str(problems),
+                                    "--policy", "reason_only", "--rho", "0.1"])
+    assert bad.exit_code != 0 and "--rho" in bad.output
