@@ -247,3 +247,67 @@ def test_cli_router_train_show_and_generate_at_rho(tmp_path, tiny_dirs) -> None:
     bad = CliRunner().invoke(main, ["generate", *pair, "--store", store, "--problems", str(problems),
                                     "--policy", "reason_only", "--rho", "0.1"])
     assert bad.exit_code != 0 and "--rho" in bad.output
+
+
+# -- the shoot-out ----------------------------------------------------------------------------------------
+
+
+def test_flip_counts_agree_with_a_hand_count() -> None:
+    import pandas as pd
+
+    from core.evaluation.gates import flips
+
+    rows = []
+    base = {"x": [[1, 0], [0, 0], [1, 1], [0, 1]], "y": [[0, 0], [1, 1]]}
+    gate = {"x": [[1, 1], [1, 0], [0, 0], [0, 0]], "y": [[0, 1], [0, 0]]}
+    for label, table in (("base", base), ("g", gate)):
+        for bench, problems in table.items():
+            for index, samples in enumerate(problems):
+                rows += [{"benchmark": bench, "policy": label, "index": index, "sample": s, "correct": bool(c),
+                          "tokens": 10, "taken": 1} for s, c in enumerate(samples)]
+    got = flips(pd.DataFrame(rows), "g").set_index("benchmark")
+    # by hand, a problem right when at least half its samples are: base x = R W R R, gate x = R R W W;
+    # base y = W R, gate y = R W
+    assert got.loc["x", "wrong_to_right"] == 1 and got.loc["x", "right_to_wrong"] == 2
+    assert got.loc["y", "wrong_to_right"] == 1 and got.loc["y", "right_to_wrong"] == 1
+
+
+def test_compare_gates_equals_a_recomputation_from_the_stored_traces(qwen_pair, tmp_path) -> None:
+    from core.evaluation.gates import compare_gates, gate_summary, problem_right, write_gates
+
+    rng = np.random.default_rng(7)
+    problems = [{"id": f"q{i}", "question": " ".join(rng.choice(WORDS, 5)), "answer": str(i % 2)} for i in range(14)]
+    store = core.TraceStore(tmp_path / "store")
+    keep: dict = {}
+    table = compare_gates(qwen_pair, {"a": problems[4:9], "b": problems[9:]}, problems[:4], (0.1,),
+                          gates=("guided", "top_prob", "margin"), samples=2, max_new_tokens=12, temperature=1.0,
+                          store=store, keep=keep)
+    assert set(table["label"]) == {"base", "reason", "guided ρ=0.1", "top_prob ρ=0.1", "margin ρ=0.1"}
+    for _, row in table.iterrows():
+        traces = [t for t in keep[row["label"]] if (t.meta["problem"]["id"] in
+                                                    {p["id"] for p in (problems[4:9] if row["benchmark"] == "a"
+                                                                       else problems[9:])})]
+        assert len(traces) == row["problems"] * row["samples"]
+        assert row["accuracy"] == pytest.approx(np.mean([bool(t.meta["correct"]) for t in traces]))
+        assert row["rho"] == pytest.approx(sum(t.n_takeovers for t in traces) / sum(len(t) for t in traces))
+        if row["label"] in ("top_prob ρ=0.1", "margin ρ=0.1"):
+            assert row["reason_evals_per_token"] == pytest.approx(row["rho"])  # lazy: the reasoner only where it fired
+    # flips recomputed per problem from the stored traces
+    import pandas as pd
+
+    def right(label):
+        frame = pd.DataFrame([{"benchmark": "all", "index": t.meta["problem"]["id"], "correct": bool(t.meta["correct"])}
+                              for t in keep[label]])
+        return problem_right(frame)
+
+    for label in ("guided ρ=0.1", "top_prob ρ=0.1"):
+        mine, base = right(label), right("base")
+        rows = table[table["label"] == label]
+        assert rows["wrong_to_right"].sum() == int((mine & ~base).sum())
+        assert rows["right_to_wrong"].sum() == int((~mine & base).sum())
+    summary = gate_summary(table)
+    assert set(summary["benchmark"]) == {"average"} and len(summary) == 5
+    paths = write_gates(tmp_path / "out", table, {"note": "<script>"})
+    text = paths["html"].read_text()
+    assert "top_prob ρ=0.1" in text and "<script>\"" not in text and "&lt;script&gt;" in text
+    assert pd.read_csv(paths["csv"])["benchmark"].tolist().count("average") == 5
