@@ -213,3 +213,20 @@ def write_gates(out: str | Path, table: pd.DataFrame, info: Mapping[str, Any] | 
     write_csv(full, out / "gates.csv")
     html = gates_html(str(out / "gates.html"), summary, table, dict(info or {}))
     return {"csv": out / "gates.csv", "html": Path(html)}
+
+
+def read_gates(path: str | Path) -> pd.DataFrame:
+    """A shoot-out table written by `write_gates` (its gates.csv, or the folder holding it): the average rows
+    when there are several benchmarks, else the only benchmark's. InvalidInputError naming the file otherwise."""
+    file = Path(path)
+    file = file / "gates.csv" if file.is_dir() else file
+    try:
+        table = pd.read_csv(file)
+    except (OSError, ValueError) as err:
+        raise InvalidInputError(f"cannot read a gate shoot-out table from {file}: {err}") from err
+    missing = {"benchmark", "label", "gate", "rho", "accuracy"} - set(table.columns)
+    if missing:
+        raise InvalidInputError(f"{file} is not a gates.csv (no column {', '.join(sorted(missing))}); make one with "
+                                "`forkpoint gates --out DIR`")
+    return table[table["benchmark"] == "average"].reset_index(drop=True) if (table["benchmark"] == "average").any() \
+        else table
