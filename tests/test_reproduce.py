@@ -284,3 +284,31 @@ def test_calibration_holdout_and_the_first_token_advice_that_fits_the_pair():
     assert "--skip-first" in first_token_advice(pair("Question: {problem}\nAnswer:", plain_chat))
     traces = [type("T", (), {"source": ["reason", "base", "reason"], "__len__": lambda self: 3})() for _ in range(2)]
     assert first_token_takeover_share(traces) == pytest.approx(0.5)
+
+
+# -- the report's defects found by an independent recomputation (issue 32) -----------------------------
+
+
+def test_enrichment_groups_are_base_rollouts_with_guided_takeovers_pooled_too(qwen_pair):
+    import core
+    from core.evaluation.reproduce import enrichment_by_benchmark
+
+    qs = ["What is 2+3?", "Tom has 3 boxes of 4 apples.", "How many are left?", "Ann has 9 pens."]
+    benches = {"one": [{"id": "a", "question": qs[0], "answer": "5"}, {"id": "b", "question": qs[1], "answer": "12"}],
+               "two": [{"id": "c", "question": qs[2], "answer": "1"}, {"id": "d", "question": qs[3], "answer": "9"}]}
+    problems = [p for ps in benches.values() for p in ps]
+    base = core.generate(qwen_pair, problems, max_new_tokens=16)
+    guided = core.generate(qwen_pair, problems, core.EntropyGated(threshold=1.5), max_new_tokens=16)
+    by_bench = {"one": base[:2], "two": base[2:]}
+    table = enrichment_by_benchmark(by_bench, guided, benches, "cross_entropy")
+
+    def size(bench, which):
+        return int(table[(table["benchmark"] == bench) & (table["set"] == which)]["size"].iloc[0])
+
+    taken = {"one": sum(t.n_takeovers for t in guided[:2]), "two": sum(t.n_takeovers for t in guided[2:])}
+    assert taken["one"] and taken["two"]
+    for name, n in (("one", taken["one"]), ("two", taken["two"]), ("all", taken["one"] + taken["two"])):
+        assert size(name, "taken_over") == n  # the pooled group keeps Guided's takeovers
+    for name, traces in (("one", base[:2]), ("two", base[2:]), ("all", base)):
+        # "all tokens" are the base's own rollouts only, per benchmark as pooled
+        assert size(name, "all") == sum(len(t) for t in traces)

@@ -18,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from core.analysis import report as R
+from core.analysis.gates_report import gates_section
 from core.evaluation.harness import add_recovery
 from core.io.atomic import write_atomic
 
@@ -247,6 +248,9 @@ def reproduce_html(path: str, table: pd.DataFrame, analyses: Mapping[str, pd.Dat
              "<h2>Headline analyses against the paper</h2>", R._table_html(headline(analyses))]
     for i, (heading, fig) in enumerate(figures):
         parts.append(f"<h2>{html.escape(heading)}</h2>\n" + fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+    if "gates" in analyses:  # the gate shoot-out (core.compare_gates), plotly's JavaScript is embedded above
+        parts.append("<h2>Which gate knows when? The gates at equal ρ</h2>\n"
+                     + gates_section(analyses["gates"], include_plotlyjs=False))
     for name in ("position_summary", "gini", "mass_fraction", "entropy_iou", "failure_auroc", "reason_rank_within",
                  "enrichment"):
         if name in analyses:

@@ -267,6 +267,10 @@ class _StageBars:
 @click.option("--no-entropy-gated", is_flag=True, help="Skip the entropy-gated variant (the paper's cheap gate).")
 @click.option("--skip-first", default=0, show_default=True, type=click.IntRange(0), help=SKIP_FIRST_HELP)
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems of each benchmark.")
+@click.option("--gate-rhos", "gate_rhos", default=None, help="Also run the gate shoot-out (forkpoint gates) at these "
+              "comma-separated target ρ, as a section of the report (e.g. 0.02,0.05).")
+@click.option("--router", "router_path", type=click.Path(file_okay=False), help="With --gate-rhos: a trained router's "
+              "folder, so the learned gate joins the shoot-out.")
 @preset_setting_option("samples")
 @preset_setting_option("temperature")
 @preset_setting_option("top_p")
@@ -280,7 +284,8 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
               calibration: tuple[str, ...], calibration_problems: int, out: str, preset: str | None, ratios: str,
               budgets: str, window: int, score_name: str, reference: str | None, no_baselines: bool,
               baseline_rho: tuple[str, ...], no_entropy_gated: bool, skip_first: int,
-              limit: int | None, samples: int | None, temperature: float | None, top_p: float | None,
+              limit: int | None, gate_rhos: str | None, router_path: str | None, samples: int | None,
+              temperature: float | None, top_p: float | None,
               max_new_tokens: int | None, seed: int, batch_size: int, ray_address: str | None, **opts: Any) -> None:
     """The paper's table and figures in one run: calibrate, sweep r, Guided, the entropy-gated variant and
     the random / early baselines (at Guided's realised ρ and at 0.25), base, guide and thinking reference,
@@ -310,7 +315,9 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
                      device=opts["device"], dtype=opts["dtype"],
                      revisions={"base": opts.get("base_revision"), "reason": opts.get("reason_revision"),
                                 "thinking": thinking_revision},
-                     trust_remote_code=opts.get("trust_remote_code", False), progress=bars, executor=executor)
+                     trust_remote_code=opts.get("trust_remote_code", False), progress=bars, executor=executor,
+                     gate_rhos=float_list(gate_rhos, "ratio", "--gate-rhos") if gate_rhos else (),
+                     router=router_path)
     finally:
         bars.close()
         close_executor(executor)
