@@ -312,3 +312,34 @@ def test_enrichment_groups_are_base_rollouts_with_guided_takeovers_pooled_too(qw
     for name, traces in (("one", base[:2]), ("two", base[2:]), ("all", base)):
         # "all tokens" are the base's own rollouts only, per benchmark as pooled
         assert size(name, "all") == sum(len(t) for t in traces)
+
+
+def test_recovery_dash_says_why_and_the_partial_average_is_marked():
+    from core.analysis.paper import NO_GAP, paper_table_html
+
+    rows = _sweep_rows()
+    rows.loc[(rows["benchmark"] == "y") & (rows["policy"] == "thinking"), ["accuracy", "pass@k"]] = (0.1, 0.3)
+    table = paper_table(rows)
+    y = table[(table["benchmark"] == "y") & (table["setting"] == "guided r=0.05")].iloc[0]
+    assert math.isnan(y["recovery@k"]) and y["no_gap"] == "accuracy,pass@k"
+    x = table[(table["benchmark"] == "x") & (table["setting"] == "guided r=0.05")].iloc[0]
+    assert x["no_gap"] == "" and x["recovery@k"] == pytest.approx(0.75)
+    avg = table[(table["benchmark"] == AVERAGE) & (table["setting"] == "guided r=0.05")].iloc[0]
+    assert avg["no_gap_in"] == "y" and not math.isnan(avg["recovery@k"])
+    html = paper_table_html(table)
+    assert "–†" in html and NO_GAP in html and "75.0%" in html
+    assert "<th>recovery</th>" in html  # recovery on accuracy beside recovery@k
+    assert "averaged over benchmarks that include y" in html and f"{100 * avg['recovery@k']:.1f}%*" in html
+
+
+def test_identical_guided_configurations_are_marked(qwen_pair):
+    import core
+    from core.evaluation.reproduce import identical_configs
+
+    problems = ["What is 2+3?", "How many are left?"]
+    a = core.generate(qwen_pair, problems, core.Guided(tau=100.0, lam=1.0, window=4), max_new_tokens=8)
+    b = core.generate(qwen_pair, problems, core.Guided(tau=200.0, lam=1.0, window=4), max_new_tokens=8)
+    c = core.generate(qwen_pair, problems, core.Guided(tau=-1.0, lam=0.0, window=4, max_takeovers=1),
+                      max_new_tokens=8)
+    assert a[0].key != b[0].key  # other gates, other request keys: the same tokens all the same
+    assert identical_configs({"r=0.01": a, "r=0.02": b, "r=0.3": c}) == {"r=0.02": "r=0.01"}

@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 
 from core.analysis import report as R
 from core.analysis.gates_report import gates_section
-from core.evaluation.harness import add_recovery
+from core.evaluation.harness import add_recovery, reference_values
 from core.io.atomic import write_atomic
 
 AVERAGE = "average"
@@ -80,7 +80,27 @@ def paper_table(sweep: pd.DataFrame) -> pd.DataFrame:
         long = pd.concat([long, avg[keep]], ignore_index=True)
     reference = _reference_of(sweep)
     ends = long[long["policy"] == long["config"]]
-    return add_recovery(long, base="base", reference=reference, ends=ends)
+    return recovery_notes(add_recovery(long, base="base", reference=reference, ends=ends), reference, ends)
+
+
+NO_GAP = "the reference does not beat the base here, so recovery is undefined"
+
+
+def recovery_notes(table: pd.DataFrame, reference: Any, ends: pd.DataFrame) -> pd.DataFrame:
+    """`table` with "no_gap" (per benchmark: the metrics, of "accuracy" and "pass@k", on which the reference
+    does not beat the base, so recovery there is undefined) and, on the average rows, "no_gap_in" (the
+    benchmarks averaged over where that holds): why a recovery cell is "–", or why an average is partial."""
+    gaps: dict[str, list[str]] = {}
+    for bench in dict.fromkeys(table["benchmark"]):
+        base = ends[(ends["benchmark"] == bench) & (ends["policy"] == "base")]
+        ref_acc, ref_k, _ = reference_values(ends, bench, reference)
+        if base.empty:
+            continue
+        gaps[bench] = [m for m, ref in (("accuracy", ref_acc), ("pass@k", ref_k))
+                       if not math.isnan(ref) and not ref > float(base[m].iloc[0])]
+    inside = [b for b in gaps if b != AVERAGE and gaps[b]]
+    return table.assign(no_gap=[",".join(gaps.get(b, [])) for b in table["benchmark"]],
+                        no_gap_in=[",".join(inside) if b == AVERAGE else "" for b in table["benchmark"]])
 
 
 def _reference_of(sweep: pd.DataFrame) -> Any:
@@ -93,24 +113,49 @@ def _reference_of(sweep: pd.DataFrame) -> Any:
 
 
 def paper_table_html(table: pd.DataFrame) -> str:
-    """The main table as HTML: one row per setting, per benchmark "acc / ungraded / Pass@k / rec@k / ρ" cells
-    ("ungraded": the share of samples with no answer extracted, when the table has it)."""
+    """The main table as HTML: one row per setting, per benchmark "acc / ungraded / Pass@k / recovery (on
+    accuracy) / recovery@k / ρ" cells ("ungraded": the share of samples with no answer extracted, when the table
+    has it; recovery when it has it). A "–" recovery where the reference does not beat the base is marked "†", an
+    average over such a benchmark "*", each explained under the table; rows with identical traces say so."""
     benches = list(dict.fromkeys(table["benchmark"]))
     k = int(table["k"].min()) if len(table) else 1
     ungraded = "ungraded" in table.columns
-    head = "".join(f"<th colspan={4 + ungraded}>{html.escape(str(b))}</th>" for b in benches)
-    sub = "".join("<th>acc</th>" + ("<th>ungraded</th>" if ungraded else "")
-                  + f"<th>Pass@{k}</th><th>recovery@{k}</th><th>ρ</th>" for _ in benches)
-    rows = []
+    rec = "recovery" in table.columns
+    head = "".join(f"<th colspan={4 + ungraded + rec}>{html.escape(str(b))}</th>" for b in benches)
+    sub = "".join("<th>acc</th>" + ("<th>ungraded</th>" if ungraded else "") + f"<th>Pass@{k}</th>"
+                  + ("<th>recovery</th>" if rec else "") + f"<th>recovery@{k}</th><th>ρ</th>" for _ in benches)
+    rows, marks = [], set()
     for setting in dict.fromkeys(table["setting"]):
         cells = []
         for b in benches:
             part = table[(table["setting"] == setting) & (table["benchmark"] == b)]
             vals = part.iloc[0] if len(part) else None
+            recs = [(col, metric) for col, metric in (("recovery", "accuracy"), (f"recovery@k", "pass@k"))
+                    if col != "recovery" or rec]
+            shown = []
+            for col, metric in recs:
+                cell = _pct(vals, col)
+                if vals is not None and metric in str(vals.get("no_gap", "") or "").split(",") and cell == "–":
+                    cell, _ = "–†", marks.add("†")
+                elif vals is not None and str(vals.get("no_gap_in", "") or "") and cell != "–":
+                    cell, _ = cell + "*", marks.add("*")
+                shown.append(cell)
             cells += [_pct(vals, "accuracy")] + ([_pct(vals, "ungraded")] if ungraded else []) + [
-                _pct(vals, "pass@k"), _pct(vals, "recovery@k"), _num(vals, "rho")]
-        rows.append(f"<tr><td>{html.escape(str(setting))}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return (f"<table><tr><th rowspan=2>setting</th>{head}</tr><tr>{sub}</tr>" + "".join(rows) + "</table>")
+                _pct(vals, "pass@k"), *shown, _num(vals, "rho")]
+        same = table[table["setting"] == setting].get("same_traces_as", pd.Series(dtype=object)).dropna()
+        label = html.escape(str(setting)) + (f" <span class='note'>(the same traces as {html.escape(str(same.iloc[0]))})"
+                                             "</span>" if len(same) and str(same.iloc[0]) else "")
+        rows.append(f"<tr><td>{label}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    notes = []
+    if "†" in marks:
+        notes.append("† " + NO_GAP + ".")
+    if "*" in marks:
+        where = ", ".join(sorted({b for v in table.get("no_gap_in", pd.Series(dtype=str)) for b in str(v).split(",")
+                                  if b}))
+        notes.append(f"* averaged over benchmarks that include {html.escape(where)}, where the reference does not "
+                     "beat the base: recovery from the averages, not an average of recoveries.")
+    foot = "".join(f"<p class='note'>{n}</p>" for n in notes)
+    return (f"<table><tr><th rowspan=2>setting</th>{head}</tr><tr>{sub}</tr>" + "".join(rows) + "</table>" + foot)
 
 
 def _pct(row: Any, col: str) -> str:

@@ -10,6 +10,7 @@ when the same call is repeated.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from core import settings
@@ -173,6 +175,12 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
         info["first_token_advice"] = advice
         log.warning("t = 0 is the largest spike in most base rollouts: %s", advice)
     table = paper_table(sweep)
+    same = identical_configs({label: ts for label, ts in keep.items() if label.startswith("r=")})
+    if same:
+        info["identical_guided"] = same
+        log.warning("Guided configurations with the same traces: %s", same)
+    table["same_traces_as"] = [f"guided {same[c]}" if p == "guided" and c in same else ""
+                               for p, c in zip(table["policy"], table["config"])]
     write_csv(sweep, out / "sweep.csv")
     write_csv(table, out / "table.csv")
     text = json.dumps(info, indent=1, default=str) + "\n"
@@ -183,6 +191,30 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
     report = Path(reproduce_html(str(out / "report.html"), table, analyses, info))
     log.info("reproduction report: %s", report)
     return Reproduction(out=out, report=report, table=table, sweep=sweep, analyses=analyses, info=info)
+
+
+def identical_configs(groups: Mapping[str, Sequence[Any]]) -> dict[str, str]:
+    """{config: an earlier config whose traces are token for token the same} (e.g. two calibration ratios whose
+    gates fire at the same positions): per (problem id, sample) the emitted tokens and who wrote each."""
+    def signature(traces: Sequence[Any]) -> tuple:
+        rows = []
+        for t in traces:
+            problem = t.meta.get("problem") or {}
+            sample = (t.meta.get("sampling") or {}).get("sample", 0)
+            content = hashlib.blake2b(np.asarray(t.token_ids, dtype=np.int64).tobytes()
+                                      + "\0".join(map(str, t.source)).encode(), digest_size=16).hexdigest()
+            rows.append((str(problem.get("id")), str(problem.get("prompt")), int(sample), content))
+        return tuple(sorted(rows))
+
+    seen: dict[tuple, str] = {}
+    out: dict[str, str] = {}
+    for label, traces in groups.items():
+        sig = signature(traces)
+        if sig and sig in seen:
+            out[label] = seen[sig]
+        else:
+            seen.setdefault(sig, label)
+    return out
 
 
 def enrichment_by_benchmark(by_bench: Mapping[str, Sequence[Any]], guided: Sequence[Any],
