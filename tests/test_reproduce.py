@@ -343,3 +343,32 @@ def test_identical_guided_configurations_are_marked(qwen_pair):
                       max_new_tokens=8)
     assert a[0].key != b[0].key  # other gates, other request keys: the same tokens all the same
     assert identical_configs({"r=0.01": a, "r=0.02": b, "r=0.3": c}) == {"r=0.02": "r=0.01"}
+
+
+def test_exactly_matched_baselines_hit_a_rho_below_one_token_and_draw_their_own_positions(qwen_pair):
+    import dataclasses
+
+    import numpy as np
+
+    import core
+    from core.decoding.policies import Step, row_identity
+    from core.evaluation.sweep import matched_baselines
+
+    rho, mean_tokens, limit = 0.0083, 60.0, 96
+    rough = matched_baselines(rho, mean_tokens, limit, 0)["early_only"]
+    built = matched_baselines(rho, mean_tokens, limit, 0, exact=True)
+    early = built["early_only"]
+    rows = np.array([row_identity(f"p{i}", 0) for i in range(4000)], dtype=np.uint64)
+    prefix = sum(early.takeover(Step(t=t, score=None, entropy_base=np.zeros(len(rows)), history=[[]] * len(rows),
+                                     taken=np.zeros(len(rows), dtype=np.int64), limit=limit, rows=rows)).astype(int)
+                 for t in range(3))
+    assert prefix.mean() / mean_tokens == pytest.approx(rho, rel=0.05)  # ρ 0.0083, not one token's 0.0167
+    assert math.ceil(rough.rate * limit - 1e-9) / mean_tokens == pytest.approx(1 / 60)  # the old rounding
+    other = matched_baselines(0.02, mean_tokens, limit, 0, exact=True)
+    assert built["random_positions"].seed != other["random_positions"].seed  # its own draws per ρ
+    # on a run: the dithered early prefix realises the target on average
+    pair = dataclasses.replace(qwen_pair, eos_ids=frozenset())
+    prompts = [f"What is {i} + {i}?" for i in range(30)]
+    runs = core.generate(pair, prompts, matched_baselines(0.05, 10.0, 10, 0, exact=True)["early_only"],
+                         max_new_tokens=10)
+    assert sum(t.n_takeovers for t in runs) / sum(len(t) for t in runs) == pytest.approx(0.05, abs=0.03)

@@ -119,9 +119,10 @@ def rollout_rho(policy: Policy, rollouts: Sequence[Trace], pair: ModelPair | Non
         return float("nan")
     if isinstance(policy, RandomPositions):
         return float(policy.rate)
-    if isinstance(policy, EarlyOnly):
+    if isinstance(policy, EarlyOnly):  # max_new_tokens as the longest rollout; a dithered prefix at its mean
         limit = max(len(t) for t in rollouts)
-        return sum(min(len(t), math.ceil(policy.rate * limit - 1e-9)) for t in rollouts) / n_tokens
+        n = policy.rate * limit if policy.seed is not None else math.ceil(policy.rate * limit - 1e-9)
+        return sum(min(len(t), n) for t in rollouts) / n_tokens
     skip = int(getattr(policy, "skip_first", 0))
     fired = 0
     for t in rollouts:
@@ -156,10 +157,10 @@ def equal_rho(name: str, rollouts: Sequence[Trace], rho: float, *, params: dict[
     rho = float(rho)
     if cls is RandomPositions:
         return {**params, "rate": rho}
-    if cls is EarlyOnly:
+    if cls is EarlyOnly:  # a dithered prefix: its mean is rho · the rollouts' mean length, not a whole token
         mean = float(np.mean([len(t) for t in rollouts]))
         limit = int(max_new_tokens or max(len(t) for t in rollouts))
-        return {**params, "rate": min(1.0, max(1, round(rho * mean)) / limit)}
+        return {**params, "rate": min(1.0, rho * mean / limit), "seed": int(params.get("seed", settings.SEED))}
     if cls is Guided:
         return {**params, **_guided_at_rho(rollouts, rho, params)}
     probe = make_policy(name, **params)

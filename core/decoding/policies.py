@@ -416,10 +416,20 @@ class EarlyOnly(Policy):
     label: ClassVar[str] = "EarlyOnly"
     help: ClassVar[str] = "The reasoner writes the first rate · max_new_tokens tokens (baseline)."
     rate: float = param(0.05, "Share of max_new_tokens written by the reasoner first.", low=0.0, high=1.0)
+    seed: int | None = param(None, "Dither the prefix (empty = off): each row's prefix is the whole number below or "
+                             "above rate · max_new_tokens, drawn from (seed, row), so that the mean prefix is exactly "
+                             "rate · max_new_tokens (a matched ρ below one token per response).", low=0,
+                             quiet_default=True)
     knob: ClassVar[str | None] = "rate"
 
     def takeover(self, step: Step) -> np.ndarray:
-        return np.full(len(step.taken), step.t < math.ceil(self.rate * step.limit - 1e-9))
+        if self.seed is None:
+            return np.full(len(step.taken), step.t < math.ceil(self.rate * step.limit - 1e-9))
+        n = self.rate * step.limit
+        low = math.floor(n + 1e-9)
+        rows = step.rows if step.rows is not None else range(len(step.taken))
+        extra = np.array([np.random.default_rng([self.seed, int(row)]).random() < n - low for row in rows])
+        return step.t < low + extra
 
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         return _silent(self, traces, f"rate={self.rate:g} · max_new_tokens rounds to 0")
