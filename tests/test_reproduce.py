@@ -372,3 +372,22 @@ def test_exactly_matched_baselines_hit_a_rho_below_one_token_and_draw_their_own_
     runs = core.generate(pair, prompts, matched_baselines(0.05, 10.0, 10, 0, exact=True)["early_only"],
                          max_new_tokens=10)
     assert sum(t.n_takeovers for t in runs) / sum(len(t) for t in runs) == pytest.approx(0.05, abs=0.03)
+
+
+def test_headline_labels_say_what_this_run_measured():
+    from core.analysis.paper import headline
+
+    auroc = pd.DataFrame({"benchmark": ["all", "all", "gsm8k", "gsm8k", "math500", "math500"],
+                          "signal": ["cross_entropy", "entropy_base"] * 3, "auroc": [0.75, 0.65, 0.9, 0.8, 0.7, 0.6]})
+    enr = pd.DataFrame({"benchmark": ["all"] * 6, "set": ["top_score", "taken_over"] * 3,
+                        "category": ["planning", "planning", "plan", "plan", "execute", "execute"],
+                        "enrichment": [5.5, 6.0, 12.9, 13.8, 0.9, 0.8]})
+    h = headline({"failure_auroc": auroc, "enrichment": enr})
+    rows = h[h["finding"] == "failure AUROC, top-100 mean score"]
+    assert list(rows["benchmark"]) == ["gsm8k", "math500", "all"]  # per benchmark first, the pooled row last
+    pooled = rows.set_index("benchmark").loc["all", "paper"]
+    assert pooled.startswith("– (pooled over benchmarks whose base rates differ") and "0.851" in pooled
+    planning = [f for f in h["finding"] if f.startswith("planning enrichment among top-1%")][0]
+    assert "(plan)" in planning and "reflect" not in planning and "verify" not in planning  # only what was tagged
+    rank = h[h["finding"].str.startswith("reasoner's top token")]["paper"].iloc[0]
+    assert "share of 1.0" in rank and "top 5" in rank

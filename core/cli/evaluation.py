@@ -324,7 +324,11 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
     shown = result.table[result.table["benchmark"] == result.table["benchmark"].iloc[-1]]
     from core.evaluation.harness import to_markdown
 
-    click.echo(to_markdown(shown, index="setting", columns=["accuracy", "ungraded", "pass@k", "recovery@k", "rho"]))
+    bench = str(shown["benchmark"].iloc[0])
+    click.echo(f"{'Average over the benchmarks' if bench == 'average' else 'Benchmark ' + bench} "
+               f"(per benchmark: {Path(out) / 'table.csv'}):")
+    click.echo(to_markdown(shown, index="setting", columns=["accuracy", "ungraded", "pass@k", "recovery",
+                                                            "recovery@k", "rho"]))
     click.echo(f"recovery against: {result.info['reference']}")
     from core.analysis.paper import headline
 
