@@ -42,6 +42,7 @@ _PUBLIC: dict[str, str] = {
     "read_jsonl": "core.views.exports",
     # 7. evaluation
     "evaluate": "core.evaluation.harness", "grade": "core.evaluation.grading", "reproduce": "core.evaluation.reproduce",
+    "compare_gates": "core.evaluation.gates",
     # 8. research instruments: does a takeover matter, where is success decided, where does a decision form
     "takeover_effects": "core.instruments.effects", "success_curve": "core.instruments.effects",
     "lens": "core.instruments.lens", "token_stats": "core.instruments.token_stats",

@@ -153,6 +153,7 @@ HEAVY = {
     "core.views.notebook": "anywidget",
     "core.analysis.report": "plotly",
     "core.analysis.paper": "plotly",
+    "core.analysis.gates_report": "plotly",
 }
 EDGES = ("core/cli/",)  # the CLI loads each command's stack only when it runs (`forkpoint ls` starts without torch)
 
