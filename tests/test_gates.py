@@ -134,7 +134,8 @@ def test_router_recovers_a_target_that_one_feature_determines(qwen_pair, base_tr
     assert len(card["training_keys"]) + len(card["held_out_keys"]) == len(base_traces)
     # the held-out AUROC recomputed here from the saved router, on the held-out traces only
     from core.analysis.failure import auroc
-    from core.decoding.router import load_router, trace_features
+    from core.decoding.router import load_router
+    from core.decoding.router_features import trace_features
 
     loaded = load_router(tmp_path / "r", qwen_pair)
     held = [t for t in base_traces if t.key in set(card["held_out_keys"])]
@@ -144,7 +145,7 @@ def test_router_recovers_a_target_that_one_feature_determines(qwen_pair, base_tr
 
 
 def test_router_features_are_what_the_engine_hands_the_gate(qwen_pair, base_traces) -> None:
-    from core.decoding.router import trace_features
+    from core.decoding.router_features import trace_features
 
     trace = base_traces[0]
     feats = trace_features(qwen_pair, trace)
@@ -177,7 +178,8 @@ def test_router_gate_target_card_and_lazy_run(qwen_pair, router_dir, monkeypatch
     reason = log.sizes("reason")
     assert len(reason) - 1 - fired in (0, 1)  # prefill, one forward per firing, the final flush
     # it fired exactly where its probability along the realised path exceeds the cut
-    from core.decoding.router import load_router, trace_features
+    from core.decoding.router import load_router
+    from core.decoding.router_features import trace_features
 
     probs = load_router(router_dir).net.prob(trace_features(pair, trace))
     expect = probs > 0.5

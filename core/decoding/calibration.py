@@ -18,6 +18,7 @@ import numpy as np
 from core import settings
 from core.annotate.spikes import Gate, calibrate_gate, gate_positions
 from core.decoding.generation import generate_many
+from core.decoding.router_features import trace_features
 from core.decoding.policies import (
     BaseOnly,
     EarlyOnly,
@@ -111,6 +112,17 @@ def _eligible(signals: Sequence[np.ndarray], skip_first: int) -> tuple[np.ndarra
     return pooled[~np.isnan(pooled)], sum(int(np.size(s)) for s in signals)
 
 
+def gate_signal(policy: Policy, trace: Trace, pair: ModelPair | None = None) -> np.ndarray:
+    """(T,) the value `policy`'s gate compares with its knob along `trace` (the router's: its probability of the
+    base's features there, which needs `pair`)."""
+    if getattr(policy, "reads_base_state", False):
+        if pair is None:
+            raise InvalidInputError(f"{policy.label}'s signal along a trace needs the pair (a forward of its base)")
+        policy.check_pair(pair)
+        return policy.prob(trace_features(pair, trace))  # type: ignore[attr-defined]
+    return policy.signal(trace, pair)
+
+
 def rollout_rho(policy: Policy, rollouts: Sequence[Trace], pair: ModelPair | None = None) -> float:
     """The share of the tokens of `rollouts` (base rollouts) where `policy`'s gate fires, replayed on the base's
     own path (no takeover changes it): what equal-ρ calibration aims at. NaN without tokens."""
@@ -126,7 +138,7 @@ def rollout_rho(policy: Policy, rollouts: Sequence[Trace], pair: ModelPair | Non
     skip = int(getattr(policy, "skip_first", 0))
     fired = 0
     for t in rollouts:
-        s = policy.signal(t, pair)
+        s = gate_signal(policy, t, pair)
         if isinstance(policy, Guided):
             fired += int(np.sum(gate_positions(s, policy.gate) >= skip))
         else:
@@ -164,7 +176,7 @@ def equal_rho(name: str, rollouts: Sequence[Trace], rho: float, *, params: dict[
     if cls is Guided:
         return {**params, **_guided_at_rho(rollouts, rho, params)}
     probe = make_policy(name, **params)
-    values, n_tokens = _eligible([probe.signal(t, pair) for t in rollouts], int(params.get("skip_first", 0)))
+    values, n_tokens = _eligible([gate_signal(probe, t, pair) for t in rollouts], int(params.get("skip_first", 0)))
     if not values.size:
         raise InvalidInputError(f"no signal values to calibrate {spec.label} on (every position skipped)")
     share = min(1.0, rho * n_tokens / values.size)  # of the positions where it may fire

@@ -20,7 +20,7 @@ import numpy as np
 from core import settings
 from core.annotate.spikes import Gate, gate_fires
 from core.decoding.params import Param, declared_params, param
-from core.decoding.router import check_router_pair, load_router, step_features, trace_features
+from core.decoding.router import check_router_pair, load_router, step_features
 from core.errors import InvalidInputError
 from core.scoring.registry import DEFAULT_SCORE, GATE_SCORES, check_gate_score, score_values
 from core.trace import Trace
@@ -344,8 +344,7 @@ class RouterGate(Policy):
     lazy: ClassVar[bool] = True
     knob: ClassVar[str | None] = "cut"
     path: str = param("router", "Folder of the trained router (router.safetensors + card.json).")
-    ratio: float = param(settings.RATIO, "Takeover rate whose cut the router's card gives (when cut is empty).",
-                         low=0.0, high=1.0)
+    ratio: float = param(settings.RATIO, "Takeover rate whose cut the router's card gives (when cut is empty).")
     cut: float | None = param(None, "Router probability above which the reasoner takes over (empty = the card's "
                               "cut for ratio; set by equal-ρ calibration).", low=0.0, high=1.0)
     weights: str = param("unchecked", "SHA-256 of the router's weights (recorded; a changed file is refused).",
@@ -356,6 +355,8 @@ class RouterGate(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not 0.0 < self.ratio < 1.0:
+            raise InvalidInputError(f"router parameter ratio must be in (0, 1), got {self.ratio!r}")
         self.router = load_router(self.path)
         sha = str(self.router.card["weights_sha256"])
         if self.weights not in ("unchecked", sha):
@@ -376,11 +377,15 @@ class RouterGate(Policy):
         return fires & (step.t >= self.skip_first) & within_budget(step.taken, step.limit, self.budget,
                                                                    self.max_takeovers)
 
+    reads_base_state: ClassVar[bool] = True  # its signal: `prob` of the base's features along a trace
+
+    def prob(self, features: np.ndarray) -> np.ndarray:
+        """(N,) the router's probabilities from (N, F) features (core/decoding/router_features.py along a trace)."""
+        return self.router.net.prob(features)
+
     def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
-        if pair is None:
-            raise InvalidInputError("the router's signal along a trace needs the pair (a forward of its base)")
-        self.check_pair(pair)
-        return self.router.net.prob(trace_features(pair, trace))
+        raise InvalidInputError("the router's signal along a trace needs a forward of the base: "
+                                "core.decoding.calibration.gate_signal(policy, trace, pair)")
 
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         return _silent(self, traces, f"the router's probability never exceeded cut={self.cut:g}; lower it or raise ratio")

@@ -4,7 +4,9 @@ traces). `core.train_router` (core/instruments/router_training.py) makes one; th
 
 Features at response position t, in this order: the base's last hidden state (d values, the one predicting
 t), its entropy (nats), its top-1 probability, its top-1 minus top-2 margin, and t / max_new_tokens. They are
-standardised with the training set's mean and spread, which the weights file carries.
+standardised with the training set's mean and spread, which the weights file carries. Routing needs numpy
+only (no torch: the policy registry imports this module); the features along a stored trace need a forward of
+the base (core/decoding/router_features.py).
 """
 
 from __future__ import annotations
@@ -17,13 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from safetensors.torch import load, save
+from safetensors.numpy import load, save
 
 from core.errors import InvalidInputError, PairMismatchError
 from core.io.atomic import write_atomic
-from core.pair.forward import backbone, head
-from core.scoring.metrics import entropy_and_top2
 
 FEATURES = ("hidden", "entropy_base", "top1_prob", "margin", "relative_position")
 CARD_FORMAT = "forkpoint-router"
@@ -54,23 +53,28 @@ def step_features(hidden: np.ndarray, entropy: np.ndarray, top2: np.ndarray, t: 
     return np.concatenate([np.asarray(hidden, dtype=np.float32), extra.astype(np.float32)], axis=1)
 
 
-class RouterNet(torch.nn.Module):
-    """Logistic regression (hidden=0) or one hidden layer over standardised features -> a logit."""
+class RouterNet:
+    """The classifier as numpy arrays: logistic regression (one layer) or one hidden ReLU layer over standardised
+    features -> a logit. Tensors: mean, scale, w0, b0 (and w1, b1 with a hidden layer); w has shape (out, in)."""
 
-    def __init__(self, n_features: int, hidden: int = 0) -> None:
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(n_features))
-        self.register_buffer("scale", torch.ones(n_features))
-        self.body = (torch.nn.Linear(n_features, 1) if hidden == 0 else
-                     torch.nn.Sequential(torch.nn.Linear(n_features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)))
+    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
+        self.tensors = {k: np.asarray(v, dtype=np.float64) for k, v in tensors.items()}
+        self.layers = sum(1 for k in self.tensors if k.startswith("w"))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body((x - self.mean) / self.scale).squeeze(-1)
+    def logit(self, x: np.ndarray) -> np.ndarray:
+        """(N,) logits from (N, F) features."""
+        t = self.tensors
+        h = (np.asarray(x, dtype=np.float64) - t["mean"]) / t["scale"]
+        for i in range(self.layers):
+            h = h @ t[f"w{i}"].T + t[f"b{i}"]
+            if i < self.layers - 1:
+                h = np.maximum(h, 0.0)
+        return h.reshape(len(h), -1)[:, 0]
 
     def prob(self, x: np.ndarray) -> np.ndarray:
         """(N,) probabilities that the gate should fire, from (N, F) features."""
-        with torch.no_grad():
-            return torch.sigmoid(self(torch.from_numpy(np.asarray(x, dtype=np.float32)))).double().numpy()
+        z = self.logit(x)
+        return 0.5 * (1.0 + np.tanh(0.5 * z))  # a sigmoid without overflow
 
 
 @dataclass
@@ -92,7 +96,7 @@ def save_router(path: str | Path, net: RouterNet, card: dict[str, Any]) -> dict[
     returns the card as written (with its format, version and the weights' hash)."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    blob = save({k: v.contiguous() for k, v in net.state_dict().items()})
+    blob = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in net.tensors.items()})
     write_atomic(out / WEIGHTS_FILE, lambda fh: fh.write(blob), what="router weights", binary=True)
     card = {**card, "format": CARD_FORMAT, "version": CARD_VERSION, "weights_sha256": hashlib.sha256(blob).hexdigest()}
     text = json.dumps(card, indent=1, sort_keys=True, default=str) + "\n"
@@ -126,10 +130,10 @@ def load_router(path: str | Path, pair: Any = None) -> Router:
     blob = (Path(path) / WEIGHTS_FILE).read_bytes()
     if hashlib.sha256(blob).hexdigest() != card.get("weights_sha256"):
         raise InvalidInputError(f"{Path(path) / WEIGHTS_FILE} does not match its card (changed after training?)")
-    state = load(blob)
-    net = RouterNet(int(card["n_features"]), int(card.get("hidden", 0)))
-    net.load_state_dict(state)
-    net.eval()
+    net = RouterNet(load(blob))
+    if net.tensors["mean"].shape != (int(card["n_features"]),):
+        raise InvalidInputError(f"{Path(path) / WEIGHTS_FILE}: {net.tensors['mean'].shape[0]} features, the card "
+                                f"says {card['n_features']}")
     return Router(net, card)
 
 
@@ -143,21 +147,3 @@ def check_router_pair(card: dict[str, Any], pair: Any, path: str | Path = "the r
             f"{names.get('reason')!r}; fingerprint {card.get('pair')}), not this one (fingerprint {mine}): a "
             "router reads one base model's hidden states; train one for this pair with `forkpoint router train`")
 
-
-def trace_features(pair: Any, trace: Any, chunk: int = 128) -> np.ndarray:
-    """(T, F) the features the engine would hand the router at each position of `trace` (the base's path is
-    the trace's tokens), from one teacher-forced forward of the base."""
-    n = len(trace)
-    prompt = list(trace.prompt_ids["base"])
-    if n == 0:
-        return np.zeros((0, 0), dtype=np.float32)
-    ids = torch.tensor([prompt + [int(x) for x in trace.token_ids]], dtype=torch.long, device=pair.device)
-    hidden, _ = backbone(pair.base, ids)
-    hidden = hidden[0, len(prompt) - 1 : len(prompt) - 1 + n]
-    h, top = [], []
-    for start in range(0, n, chunk):
-        e, t2 = entropy_and_top2(head(pair.base, hidden[start : start + chunk], pair.vocab_size))
-        h.append(e.cpu().numpy())
-        top.append(t2.cpu().numpy())
-    limit = int((trace.meta.get("sampling") or {}).get("max_new_tokens") or n)
-    return step_features(hidden.float().cpu().numpy(), np.concatenate(h), np.concatenate(top), np.arange(n), limit)

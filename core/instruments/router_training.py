@@ -30,8 +30,8 @@ from core.decoding.router import (
     keys_fingerprint,
     pair_fingerprint,
     save_router,
-    trace_features,
 )
+from core.decoding.router_features import trace_features
 from core.errors import InvalidInputError
 from core.instruments.effects import stored_effects
 from core.scoring.registry import check_score, score_values
@@ -77,25 +77,31 @@ def _split(keys: Sequence[str], seed: int) -> np.ndarray:
 
 def fit_router(x: np.ndarray, y: np.ndarray, *, hidden: int = 0, epochs: int = 300, lr: float = 0.05,
                weight_decay: float = 1e-3, seed: int = 0) -> RouterNet:
-    """A `RouterNet` fit by full-batch Adam on (N, F) features and (N,) labels, positives weighted up to balance."""
+    """A `RouterNet` fit in torch by full-batch Adam on (N, F) features and (N,) labels (positives weighted up to
+    balance the classes), returned as numpy arrays (routing needs no torch)."""
     if len(np.unique(y)) < 2:
         raise InvalidInputError(f"the router's training labels are all {bool(y[0]) if len(y) else '?'}: "
                                 "no positions of both kinds (more traces, or another target)")
     torch.manual_seed(seed)
-    net = RouterNet(x.shape[1], hidden)
     xt, yt = torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.float32))
-    net.mean.copy_(xt.mean(0))
-    net.scale.copy_(xt.std(0).clamp_min(1e-6))
+    mean, scale = xt.mean(0), xt.std(0).clamp_min(1e-6)
+    sizes = [x.shape[1], hidden, 1] if hidden else [x.shape[1], 1]
+    layers = [torch.nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
+    body = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.ReLU())][:-1])
     pos = float(yt.sum())
     loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor((len(yt) - pos) / max(pos, 1.0)))
-    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = torch.optim.Adam(body.parameters(), lr=lr, weight_decay=weight_decay)
+    xs = (xt - mean) / scale
     for _ in range(epochs):
         opt.zero_grad()
-        loss = loss_fn(net(xt), yt)
+        loss = loss_fn(body(xs).squeeze(-1), yt)
         loss.backward()
         opt.step()
-    net.eval()
-    return net
+    tensors = {"mean": mean.numpy(), "scale": scale.numpy()}
+    for i, layer in enumerate(layers):
+        tensors[f"w{i}"] = layer.weight.detach().numpy().copy()
+        tensors[f"b{i}"] = layer.bias.detach().numpy().copy()
+    return RouterNet(tensors)
 
 
 def cuts_per_rho(probs: np.ndarray, rhos: Sequence[float] = CARD_RHOS) -> dict[str, float]:
