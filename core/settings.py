@@ -101,6 +101,8 @@ SETTINGS: dict[str, Setting] = {
                 choices=("auto", "float32", "bfloat16", "float16")),
         Setting("device", "auto", "auto, cpu, cuda or cuda:N."),
         Setting("ratios", (0.01, 0.02, 0.05, 0.1), "Calibration ratios r of a sweep (each in (0, 1)), e.g. 0.01,0.02,0.05,0.1."),
+        Setting("gate_rhos", (0.02, 0.05, 0.1), "Target takeover rates ρ of the gate shoot-out (each in (0, 1)): every "
+                "gate is calibrated to each."),
         Setting("effect_samples", 8, "Continuations per arm (the reasoner / the base writes the token) and position "
                 "in takeover effects and the success curve.", 1, None),
         Setting("demo_measure_problems", 500, "Test problems the demo card is measured on.", 1, None),
@@ -126,6 +128,7 @@ HELD_CACHE_GIB: float | None = SETTINGS["held_cache_gib"].value
 DTYPE: str = SETTINGS["dtype"].value
 DEVICE: str = SETTINGS["device"].value
 RATIOS: tuple[float, ...] = SETTINGS["ratios"].value
+GATE_RHOS: tuple[float, ...] = SETTINGS["gate_rhos"].value
 EFFECT_SAMPLES: int = SETTINGS["effect_samples"].value
 
 # How every long-running core call reports progress (the one protocol; bars are drawn only at the edges):

@@ -383,7 +383,7 @@ _register_demo_measure()
 @click.option("--calibration", "calibration_path", help="Problems whose base rollouts set every gate's knob "
               "(default: the demo calibration set with the demo test set, else the first quarter of --problems).")
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
-@click.option("--ratios", default="0.02,0.05,0.1", show_default=True,
+@click.option("--ratios", default=",".join(map(str, settings.GATE_RHOS)), show_default=True,
               help="Comma-separated target takeover rates ρ, each in (0, 1): every gate is calibrated to each.")
 @click.option("--gates", "gate_names", default=None,
               help="Comma-separated gates (default: guided, entropy_gated, top_prob, margin, router, random_positions, "

@@ -344,7 +344,8 @@ class RouterGate(Policy):
     lazy: ClassVar[bool] = True
     knob: ClassVar[str | None] = "cut"
     path: str = param("router", "Folder of the trained router (router.safetensors + card.json).")
-    ratio: float = param(settings.RATIO, "Takeover rate whose cut the router's card gives (when cut is empty).")
+    ratio: float = param(settings.RATIO, "Takeover rate whose cut the router's card gives (when cut is empty).",
+                         low=0.0, high=1.0, open_range=True)
     cut: float | None = param(None, "Router probability above which the reasoner takes over (empty = the card's "
                               "cut for ratio; set by equal-ρ calibration).", low=0.0, high=1.0)
     weights: str = param("unchecked", "SHA-256 of the router's weights (recorded; a changed file is refused).",
@@ -355,16 +356,27 @@ class RouterGate(Policy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 < self.ratio < 1.0:
-            raise InvalidInputError(f"router parameter ratio must be in (0, 1), got {self.ratio!r}")
-        self.router = load_router(self.path)
-        sha = str(self.router.card["weights_sha256"])
-        if self.weights not in ("unchecked", sha):
-            raise InvalidInputError(f"the router in {self.path} is not the one recorded (weights {sha[:12]}..., "
-                                    f"recorded {self.weights[:12]}...): it was retrained or replaced")
-        self.weights = sha
-        if self.cut is None:
-            self.cut = self.router.cut_for(self.ratio)
+        self._loaded: Any = None
+
+    @property
+    def router(self) -> Any:
+        """The router in `path`, read on first use (its weights' hash and, without a cut, the card's cut for
+        `ratio` are filled in then; a file that is not the recorded one is refused)."""
+        if self._loaded is None:
+            loaded = load_router(self.path)
+            sha = str(loaded.card["weights_sha256"])
+            if self.weights not in ("unchecked", sha):
+                raise InvalidInputError(f"the router in {self.path} is not the one recorded (weights {sha[:12]}..., "
+                                        f"recorded {self.weights[:12]}...): it was retrained or replaced")
+            self.weights = sha
+            if self.cut is None:
+                self.cut = loaded.cut_for(self.ratio)
+            self._loaded = loaded
+        return self._loaded
+
+    def record(self) -> dict[str, Any]:
+        self.router  # noqa: B018  (read first: the record names the weights and the cut)
+        return super().record()
 
     def check_pair(self, pair: Any) -> None:
         check_router_pair(self.router.card, pair, self.path)

@@ -44,7 +44,7 @@ from core.settings import StageProgress
 log = logging.getLogger(__name__)
 
 GATES = ("guided", "entropy_gated", "top_prob", "margin", "router", "random_positions", "early_only")
-DEFAULT_GATE_RHOS = (0.02, 0.05, 0.1)
+DEFAULT_GATE_RHOS = settings.GATE_RHOS
 GATE_COLUMNS = ("benchmark", "gate", "label", "target_rho", "calibrated_rho", "rho", "accuracy", "pass@k", "k",
                 "recovery", "recovery@k", "wrong_to_right", "right_to_wrong", "problems", "samples",
                 "reason_evals_per_token", "wall_s_per_token", "knob", "knob_value", "mean_tokens", "reference")
