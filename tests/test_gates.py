@@ -205,8 +205,8 @@ def test_router_at_equal_rho_and_bad_inputs(qwen_pair, router_dir, base_traces, 
 
     policy = build_policy(qwen_pair, "router", {"path": str(router_dir)}, rho=0.1, rollouts=base_traces)
     assert rollout_rho(policy, base_traces, qwen_pair) == pytest.approx(0.1, rel=0.05)
-    with pytest.raises(core.InvalidInputError, match="not a router folder"):
-        make_policy("router", path=str(tmp_path))
+    with pytest.raises(core.InvalidInputError, match="not a router folder"):  # read on first use, before decoding
+        core.generate(qwen_pair, PROMPTS[0], make_policy("router", path=str(tmp_path)), max_new_tokens=2)
     with pytest.raises(core.InvalidInputError, match="target must be one of"):
         core.train_router(qwen_pair, base_traces, "nope")
 
