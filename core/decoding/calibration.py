@@ -131,8 +131,8 @@ def rollout_rho(policy: Policy, rollouts: Sequence[Trace], pair: ModelPair | Non
         return float("nan")
     if isinstance(policy, RandomPositions):
         return float(policy.rate)
-    if isinstance(policy, EarlyOnly):  # max_new_tokens as the longest rollout; a dithered prefix at its mean
-        limit = max(len(t) for t in rollouts)
+    if isinstance(policy, EarlyOnly):  # the rollouts' max_new_tokens (else the longest); a dithered prefix at its mean
+        limit = max(int((t.meta.get("sampling") or {}).get("max_new_tokens") or len(t)) for t in rollouts)
         n = policy.rate * limit if policy.seed is not None else math.ceil(policy.rate * limit - 1e-9)
         return sum(min(len(t), n) for t in rollouts) / n_tokens
     skip = int(getattr(policy, "skip_first", 0))
