@@ -47,9 +47,11 @@ _PUBLIC: dict[str, str] = {
     "read_jsonl": "core.views.exports",
     # 7. evaluation
     "evaluate": "core.evaluation.harness", "grade": "core.evaluation.grading", "reproduce": "core.reports.reproduce",
+    "compare_gates": "core.reports.gates",
     # 8. research instruments: does a takeover matter, where is success decided, where does a decision form
     "takeover_effects": "core.instruments.effects", "success_curve": "core.instruments.success_curve",
     "lens": "core.instruments.lens", "token_stats": "core.instruments.token_stats",
+    "train_router": "core.instruments.router_training",
     # 9. errors: every other type is in core.errors; catch ForkpointError for every user mistake
     "ForkpointError": "core.errors", "InvalidInputError": "core.errors",
 }  # fmt: skip

@@ -90,6 +90,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("window", 16, "Gate window W: the previous W scores whose mean the current one must exceed λ times.", 1, None),
         Setting("ratio", 0.05, "Calibration ratio r: the gate's tau is the (1 - r) quantile of base-rollout scores.",
                 0.0, 1.0, open_low=True, open_high=True, step=0.001),
+        Setting("rho", None, "Equal-ρ calibration: set the gate's knob (τ/λ, a threshold, the router's cut) on base "
+                "rollouts so that it takes over this share of tokens (empty = off: the knob as given).", 0.0, 1.0,
+                open_low=True, open_high=True, step=0.005),
         Setting("calibration_problems", 32, "Problems whose base rollouts calibrate the gate.", 1, None),
         Setting("score", "cross_entropy", "Disagreement score for spikes, gates and colour scales.", None, None),
         Setting("spike_top", 0.01, "Spikes: the top fraction of tokens by score (per trace or dataset).", 0.0, 1.0,
@@ -101,6 +104,8 @@ SETTINGS: dict[str, Setting] = {
                 choices=("auto", "float32", "bfloat16", "float16")),
         Setting("device", "auto", "auto, cpu, cuda or cuda:N."),
         Setting("ratios", (0.01, 0.02, 0.05, 0.1), "Calibration ratios r of a sweep (each in (0, 1)), e.g. 0.01,0.02,0.05,0.1."),
+        Setting("gate_rhos", (0.02, 0.05, 0.1), "Target takeover rates ρ of the gate shoot-out (each in (0, 1)): every "
+                "gate is calibrated to each."),
         Setting("effect_samples", 8, "Continuations per arm (the reasoner / the base writes the token) and position "
                 "in takeover effects and the success curve.", 1, None),
         Setting("demo_measure_problems", 500, "Test problems the demo card is measured on.", 1, None),
@@ -119,6 +124,7 @@ HOVER_K: int = SETTINGS["hover_k"].value
 WINDOW: int = SETTINGS["window"].value
 RATIO: float = SETTINGS["ratio"].value
 CALIBRATION_PROBLEMS: int = SETTINGS["calibration_problems"].value
+RHO: float | None = SETTINGS["rho"].value
 SCORE: str = SETTINGS["score"].value
 SPIKE_TOP: float = SETTINGS["spike_top"].value
 SPIKE_FLOOR: float = SETTINGS["spike_floor"].value
@@ -126,6 +132,7 @@ HELD_CACHE_GIB: float | None = SETTINGS["held_cache_gib"].value
 DTYPE: str = SETTINGS["dtype"].value
 DEVICE: str = SETTINGS["device"].value
 RATIOS: tuple[float, ...] = SETTINGS["ratios"].value
+GATE_RHOS: tuple[float, ...] = SETTINGS["gate_rhos"].value
 EFFECT_SAMPLES: int = SETTINGS["effect_samples"].value
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

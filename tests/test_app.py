@@ -717,3 +717,26 @@ def test_a_takeover_where_the_reasoner_already_wrote_shows_the_comparison(env):
     assert not any("not a branch" in t for t in _texts(at.warning))
     assert at.session_state["compare"] is not None
     assert any(f"Branch at token #{pos}" in t for t in _texts(at.markdown)), _texts(at.markdown)
+
+
+def test_dataset_page_shows_the_gate_shoot_out(env, tmp_path):
+    import pandas as pd
+
+    from core.reports.gates import write_gates
+
+    rows = [{"benchmark": "problems", "gate": g, "label": f"{g} ρ=0.05" if g not in ("base", "reason") else g,
+             "target_rho": 0.05, "calibrated_rho": 0.05, "rho": r, "accuracy": a, "pass@k": a, "k": 1,
+             "recovery": (a - 0.4) / 0.6, "recovery@k": (a - 0.4) / 0.6, "wrong_to_right": w, "right_to_wrong": 0,
+             "problems": 10, "samples": 1, "reason_evals_per_token": c, "wall_s_per_token": 0.01, "knob": "x",
+             "knob_value": 1.0, "mean_tokens": 50.0, "reference": "policy reason"}
+            for g, r, a, w, c in (("base", 0.0, 0.4, 0, 0.0), ("reason", 1.0, 1.0, 6, 1.0),
+                                  ("top_prob", 0.05, 0.9, 5, 0.05), ("guided", 0.05, 1.0, 6, 1.0))]
+    write_gates(tmp_path / "gates", pd.DataFrame(rows))
+    at = env.start().run()
+    at.switch_page("screens/dataset.py").run()
+    at.text_input(key="ds_gates_path").set_value(str(tmp_path / "gates")).run()
+    _ok(at)
+    shown = [df.value for df in at.dataframe if "label" in df.value.columns]
+    assert shown and list(shown[-1]["label"]) == ["base", "reason", "top_prob ρ=0.05", "guided ρ=0.05"]
+    at.text_input(key="ds_gates_path").set_value(str(tmp_path / "nope.csv")).run()
+    assert any("cannot read a gate shoot-out table" in str(e.value) for e in at.error)

@@ -153,6 +153,7 @@ HEAVY = {
     "core.notebook.widget": "anywidget",
     "core.reports.report": "plotly",
     "core.reports.paper": "plotly",
+    "core.reports.gates_report": "plotly",
 }
 EDGES = ("core/cli/",)  # the CLI loads each command's stack only when it runs (`forkpoint ls` starts without torch)
 

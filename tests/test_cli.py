@@ -302,7 +302,8 @@ def test_every_command_takes_its_defaults_and_ranges_from_the_settings_table():
         assert must in checked, must
     ratios = {name: next(o.default for o in cmd.params if o.name == "ratios") for name, cmd in commands(main)
               if any(o.name == "ratios" for o in cmd.params)}  # fmt: skip
-    assert ratios == {"eval": str(settings.RATIO), "reproduce": ",".join(map(str, settings.RATIOS))}
+    assert ratios == {"eval": str(settings.RATIO), "reproduce": ",".join(map(str, settings.RATIOS)),
+                      "gates": ",".join(map(str, settings.GATE_RHOS))}
     top_p = settings.SETTINGS["top_p"]
     assert top_p.range_text() == "in (0, 1]" and top_p.check(1.0) == 1.0
     for bad in (0.0, 1.5, float("nan"), "x", True):

@@ -74,3 +74,23 @@ def test_a_setting_on_the_records_table_gives_the_in_memory_numbers(tiny_demo, t
                                              **matched_baselines(0.1, mean_tokens, 12, 0, suffix="@0.1")}, **opts)
     pd.testing.assert_frame_equal(table, ev.policy_table(pd.concat([first, second], ignore_index=True)))
     assert len(kept["base"]) == 8 and len(table) == 7
+
+
+def test_the_cards_gate_shoot_out_section_shows_the_table_at_two_rho():
+    import pandas as pd
+
+    from core.reports.demo_card import gates_card
+
+    rows = [{"benchmark": "problems", "label": lab, "gate": g, "target_rho": t, "rho": r, "accuracy": a,
+             "pass@k": a, "k": 4, "recovery@k": rec, "wrong_to_right": w, "right_to_wrong": d, "problems": 100,
+             "reason_evals_per_token": c, "wall_s_per_token": 0.002}
+            for lab, g, t, r, a, rec, w, d, c in (
+                ("base", "base", None, 0.0, 0.45, 0.0, 0, 0, 0.0), ("reason", "reason", None, 1.0, 1.0, 1.0, 55, 0, 1.0),
+                ("top_prob ρ=0.02", "top_prob", 0.02, 0.0213, 0.97, 0.95, 52, 1, 0.0213),
+                ("top_prob ρ=0.05", "top_prob", 0.05, 0.0561, 0.99, 0.98, 54, 0, 0.0561),
+                ("top_prob ρ=0.1", "top_prob", 0.1, 0.11, 1.0, 1.0, 55, 0, 0.11))]
+    text = gates_card(pd.DataFrame(rows))
+    assert "| top_prob ρ=0.02 | 0.02 | 0.021 | 0.970 |" in text and "| top_prob ρ=0.05 |" in text
+    assert "ρ=0.1 |" not in text  # two ρ only
+    assert "first 100 held-out problems (4 samples each" in text and "forkpoint gates" in text
+    assert "What it does not show" in text and "| 52 | 1 |" in text and "| 2.00 |" in text

@@ -3,6 +3,8 @@ every declaration is complete and in range, and `make_policy` is the one constru
 
 from __future__ import annotations
 
+import functools
+
 import json
 import math
 import re
@@ -104,8 +106,25 @@ def test_every_parameter_is_declared_completely() -> None:
     assert {p.name for p in policy_spec("guided").user_params} == {"budget", "score", "max_takeovers", "skip_first"}
 
 
+@functools.lru_cache(maxsize=1)
+def _router_folder() -> tuple[str, str]:
+    """(folder, weights hash) of a small router written once (the router policy's free-text `path` needs one)."""
+    import tempfile
+
+    import numpy as np
+
+    from core.decoding.router import RouterNet, save_router
+
+    folder = tempfile.mkdtemp(prefix="router-")
+    net = RouterNet({"mean": np.zeros(3), "scale": np.ones(3), "w0": np.ones((1, 3)), "b0": np.zeros(1)})
+    card = save_router(folder, net, {"n_features": 3, "hidden": 0, "pair": "x", "thresholds": {"0.05": 0.5}})
+    return folder, card["weights_sha256"]
+
+
 def _value_in(p: Param, u: float) -> object:
     """A valid, non-default value of `p` picked by u in [0, 1)."""
+    if p.kind is str and not p.choices:  # free text: the router's folder and its weights' hash
+        return _router_folder()[0 if p.name == "path" else 1]
     if p.kind is str:
         return p.choices[int(u * len(p.choices))]
     if p.kind is dict:
@@ -113,6 +132,8 @@ def _value_in(p: Param, u: float) -> object:
     low = p.low if p.low is not None else -5.0
     high = p.high if p.high is not None else low + 100.0
     value = low + u * (high - low)
+    if p.open_range:  # the bounds themselves excluded
+        value = min(max(value, low + 1e-3), high - 1e-3)
     return int(value) if p.kind is int else round(value, 6)
 
 

@@ -284,3 +284,110 @@ def test_calibration_holdout_and_the_first_token_advice_that_fits_the_pair():
     assert "--skip-first" in first_token_advice(pair("Question: {problem}\nAnswer:", plain_chat))
     traces = [type("T", (), {"source": ["reason", "base", "reason"], "__len__": lambda self: 3})() for _ in range(2)]
     assert first_token_takeover_share(traces) == pytest.approx(0.5)
+
+
+# -- the report's defects found by an independent recomputation (issue 32) -----------------------------
+
+
+def test_enrichment_groups_are_base_rollouts_with_guided_takeovers_pooled_too(qwen_pair):
+    import core
+    from core.reports.reproduce import enrichment_by_benchmark
+
+    qs = ["What is 2+3?", "Tom has 3 boxes of 4 apples.", "How many are left?", "Ann has 9 pens."]
+    benches = {"one": [{"id": "a", "question": qs[0], "answer": "5"}, {"id": "b", "question": qs[1], "answer": "12"}],
+               "two": [{"id": "c", "question": qs[2], "answer": "1"}, {"id": "d", "question": qs[3], "answer": "9"}]}
+    problems = [p for ps in benches.values() for p in ps]
+    base = core.generate(qwen_pair, problems, max_new_tokens=16)
+    guided = core.generate(qwen_pair, problems, core.EntropyGated(threshold=1.5), max_new_tokens=16)
+    by_bench = {"one": base[:2], "two": base[2:]}
+    table = enrichment_by_benchmark(by_bench, guided, benches, "cross_entropy")
+
+    def size(bench, which):
+        return int(table[(table["benchmark"] == bench) & (table["set"] == which)]["size"].iloc[0])
+
+    taken = {"one": sum(t.n_takeovers for t in guided[:2]), "two": sum(t.n_takeovers for t in guided[2:])}
+    assert taken["one"] and taken["two"]
+    for name, n in (("one", taken["one"]), ("two", taken["two"]), ("all", taken["one"] + taken["two"])):
+        assert size(name, "taken_over") == n  # the pooled group keeps Guided's takeovers
+    for name, traces in (("one", base[:2]), ("two", base[2:]), ("all", base)):
+        # "all tokens" are the base's own rollouts only, per benchmark as pooled
+        assert size(name, "all") == sum(len(t) for t in traces)
+
+
+def test_recovery_dash_says_why_and_the_partial_average_is_marked():
+    from core.reports.paper import NO_GAP, paper_table_html
+
+    rows = _sweep_rows()
+    rows.loc[(rows["benchmark"] == "y") & (rows["policy"] == "thinking"), ["accuracy", "pass@k"]] = (0.1, 0.3)
+    table = paper_table(rows)
+    y = table[(table["benchmark"] == "y") & (table["setting"] == "guided r=0.05")].iloc[0]
+    assert math.isnan(y["recovery@k"]) and y["no_gap"] == "accuracy,pass@k"
+    x = table[(table["benchmark"] == "x") & (table["setting"] == "guided r=0.05")].iloc[0]
+    assert x["no_gap"] == "" and x["recovery@k"] == pytest.approx(0.75)
+    avg = table[(table["benchmark"] == AVERAGE) & (table["setting"] == "guided r=0.05")].iloc[0]
+    assert avg["no_gap_in"] == "y" and not math.isnan(avg["recovery@k"])
+    html = paper_table_html(table)
+    assert "–†" in html and NO_GAP in html and "75.0%" in html
+    assert "<th>recovery</th>" in html  # recovery on accuracy beside recovery@k
+    assert "averaged over benchmarks that include y" in html and f"{100 * avg['recovery@k']:.1f}%*" in html
+
+
+def test_identical_guided_configurations_are_marked(qwen_pair):
+    import core
+    from core.reports.reproduce import identical_configs
+
+    problems = ["What is 2+3?", "How many are left?"]
+    a = core.generate(qwen_pair, problems, core.Guided(tau=100.0, lam=1.0, window=4), max_new_tokens=8)
+    b = core.generate(qwen_pair, problems, core.Guided(tau=200.0, lam=1.0, window=4), max_new_tokens=8)
+    c = core.generate(qwen_pair, problems, core.Guided(tau=-1.0, lam=0.0, window=4, max_takeovers=1),
+                      max_new_tokens=8)
+    assert a[0].key != b[0].key  # other gates, other request keys: the same tokens all the same
+    assert identical_configs({"r=0.01": a, "r=0.02": b, "r=0.3": c}) == {"r=0.02": "r=0.01"}
+
+
+def test_exactly_matched_baselines_hit_a_rho_below_one_token_and_draw_their_own_positions(qwen_pair):
+    import dataclasses
+
+    import numpy as np
+
+    import core
+    from core.decoding.policies import Step, row_identity
+    from core.evaluation.sweep import matched_baselines
+
+    rho, mean_tokens, limit = 0.0083, 60.0, 96
+    rough = matched_baselines(rho, mean_tokens, limit, 0)["early_only"]
+    built = matched_baselines(rho, mean_tokens, limit, 0, exact=True)
+    early = built["early_only"]
+    rows = np.array([row_identity(f"p{i}", 0) for i in range(4000)], dtype=np.uint64)
+    prefix = sum(early.takeover(Step(t=t, score=None, entropy_base=np.zeros(len(rows)), history=[[]] * len(rows),
+                                     taken=np.zeros(len(rows), dtype=np.int64), limit=limit, rows=rows)).astype(int)
+                 for t in range(3))
+    assert prefix.mean() / mean_tokens == pytest.approx(rho, rel=0.05)  # ρ 0.0083, not one token's 0.0167
+    assert math.ceil(rough.rate * limit - 1e-9) / mean_tokens == pytest.approx(1 / 60)  # the old rounding
+    other = matched_baselines(0.02, mean_tokens, limit, 0, exact=True)
+    assert built["random_positions"].seed != other["random_positions"].seed  # its own draws per ρ
+    # on a run: the dithered early prefix realises the target on average
+    pair = dataclasses.replace(qwen_pair, eos_ids=frozenset())
+    prompts = [f"What is {i} + {i}?" for i in range(30)]
+    runs = core.generate(pair, prompts, matched_baselines(0.05, 10.0, 10, 0, exact=True)["early_only"],
+                         max_new_tokens=10)
+    assert sum(t.n_takeovers for t in runs) / sum(len(t) for t in runs) == pytest.approx(0.05, abs=0.03)
+
+
+def test_headline_labels_say_what_this_run_measured():
+    from core.reports.paper import headline
+
+    auroc = pd.DataFrame({"benchmark": ["all", "all", "gsm8k", "gsm8k", "math500", "math500"],
+                          "signal": ["cross_entropy", "entropy_base"] * 3, "auroc": [0.75, 0.65, 0.9, 0.8, 0.7, 0.6]})
+    enr = pd.DataFrame({"benchmark": ["all"] * 6, "set": ["top_score", "taken_over"] * 3,
+                        "category": ["planning", "planning", "plan", "plan", "execute", "execute"],
+                        "enrichment": [5.5, 6.0, 12.9, 13.8, 0.9, 0.8]})
+    h = headline({"failure_auroc": auroc, "enrichment": enr})
+    rows = h[h["finding"] == "failure AUROC, top-100 mean score"]
+    assert list(rows["benchmark"]) == ["gsm8k", "math500", "all"]  # per benchmark first, the pooled row last
+    pooled = rows.set_index("benchmark").loc["all", "paper"]
+    assert pooled.startswith("– (pooled over benchmarks whose base rates differ") and "0.851" in pooled
+    planning = [f for f in h["finding"] if f.startswith("planning enrichment among top-1%")][0]
+    assert "(plan)" in planning and "reflect" not in planning and "verify" not in planning  # only what was tagged
+    rank = h[h["finding"].str.startswith("reasoner's top token")]["paper"].iloc[0]
+    assert "share of 1.0" in rank and "top 5" in rank

@@ -11,6 +11,7 @@ from app.context import get_context
 from app.instruments_panels import dataset_instruments
 from app.view import select_rows, with_policy_labels
 from core import settings
+from core.reports import gates_report
 from core.reports import report as R
 from core.analysis import tables as A
 from core.analysis.registry import (
@@ -20,6 +21,7 @@ from core.analysis.registry import (
     run_analysis,
 )
 from core.errors import ForkpointError
+from core.reports.gates import read_gates
 from core.scoring.registry import score_label
 
 MAX_TRACES = 2000
@@ -100,6 +102,24 @@ def _tidy(name: str, fig) -> None:
                          minor={"showgrid": False})
 
 
+def _gates_tab() -> None:
+    """The gate shoot-out (`forkpoint gates --out DIR`): its table and Pareto plots, read from DIR/gates.csv."""
+    where = st.text_input("Shoot-out folder or gates.csv", key="ds_gates_path",
+                          help="Written by `forkpoint gates --out DIR` (or core.compare_gates + write_gates).")
+    if not where:
+        st.caption("Run `forkpoint gates --ratios 0.02,0.05,0.1 --out DIR` and give DIR here.")
+        return
+    try:
+        table = read_gates(where)
+    except ForkpointError as err:
+        st.error(str(err))
+        return
+    st.caption(gates_report.NOTE)
+    st.dataframe(table[[c for c in gates_report.SHOWN if c in table.columns]], hide_index=True)
+    for heading, fig in gates_report.gates_figures(table):
+        st.plotly_chart(fig, width="stretch", key=f"ds_gates_{heading}")
+
+
 def main() -> None:
     ctx = get_context()
     state.show_notice()
@@ -117,13 +137,15 @@ def main() -> None:
               "the sidebar's calibrated gate does not apply to these pooled analyses; its p% does")
     c2.caption(f"{len(keys)} traces · score {score_label(s.score)} · top fraction {top:g} ({source})")
     specs = list_analyses()
-    tabs = st.tabs([spec.label for spec in specs] + ["Reasoners"])
+    tabs = st.tabs([spec.label for spec in specs] + ["Reasoners", "Gates"])
     path = s.store_path
     for tab, spec in zip(tabs, specs):
         with tab:
             _show(spec, path, keys, s.score, top, segment)
-    with tabs[-1]:
+    with tabs[-2]:
         reasoners_tab(*_reasoners(path, keys, s.score, top))
+    with tabs[-1]:
+        _gates_tab()
     dataset_instruments(ctx, keys)
 
 main()

@@ -91,8 +91,13 @@ def _policy_form(score: str) -> tuple[str, dict, dict]:
     for j, setting in enumerate(spec.calibration):
         calib[setting] = _setting_input(cols[(len(widgets) + j) % 3], setting, f"{setting} (calibration)",
                                         key=f"gen_{name}_calib_{setting}")
-    if spec.needs_gate:
-        st.caption(f"{spec.label} calibrates its gate (τ, λ) on BaseOnly rollouts of the chosen problems first.")
+    if spec.cls.knob is not None and spec.cls.knob != "rate":
+        rho = st.number_input("match takeover rate ρ (0 = off)", 0.0, 0.99, 0.0, 0.005, format="%.3f",
+                              key=f"gen_{name}_rho", help=settings.SETTINGS["rho"].help)
+        if rho > 0:
+            calib["rho"] = float(rho)
+    if spec.needs_gate or "rho" in calib:
+        st.caption(f"{spec.label} calibrates its gate on BaseOnly rollouts of held-out problems first.")
     return name, params, calib
 
 
@@ -146,14 +151,16 @@ def main() -> None:
                   on_click=state.notice, args=("info", "Generation cancelled; traces finished before that stay stored."))
         bar = st.progress(0.0, text="starting")
         phase = _phase_bar(bar)
-        gated = policy_spec(name).needs_gate
+        gated = policy_spec(name).needs_gate or "rho" in calib
         calibration, in_sample = holdout(problems, chosen, settings.CALIBRATION_PROBLEMS)
         if gated and in_sample:
             st.warning("Every problem of the set is chosen, so the gate is calibrated in-sample (on the problems "
                        "it then runs on). Choose fewer problems to hold some out.")
         try:
-            policy = build_policy(ctx.pair, name, {**params, **{k: v for k, v in calib.items() if k != "ratio"}},
+            policy = build_policy(ctx.pair, name, {**params, **{k: v for k, v in calib.items()
+                                                                  if k not in ("ratio", "rho")}},
                                   calibrate_on=calibration, ratio=float(calib.get("ratio", settings.RATIO)),
+                                  rho=calib.get("rho"),
                                   store=ctx.store, max_new_tokens=max_new,
                                   progress=phase("Calibrating the gate (base rollouts)", 0.0, 0.3))
             traces = actions.run_generate(ctx.pair, ctx.store, chosen, policy, max_new_tokens=max_new,

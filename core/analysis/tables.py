@@ -250,11 +250,14 @@ PLANNING = "planning"  # pooled pseudo-category in `enrichment`
 
 
 def enrichment(
-    traces: Trace | Sequence[Trace], score: str = DEFAULT_SCORE, top: float = settings.SPIKE_TOP, segment: str | None = None
+    traces: Trace | Sequence[Trace], score: str = DEFAULT_SCORE, top: float = settings.SPIKE_TOP, segment: str | None = None,
+    taken: Sequence[Trace] | None = None,
 ) -> pd.DataFrame:
     """Share of each tag category among all tokens, top-`top` score tokens, top entropy tokens and
     tokens taken over (written by the reasoner); enrichment = share / share among all tokens.
 
+    With `taken` (e.g. Guided's traces), the taken-over set is read from those and every other set from
+    `traces` alone (e.g. the base's own rollouts), as the paper does; without, all sets come from `traces`.
     Columns set, category, share, enrichment, n (category count in the set), size (set size). Besides
     each tag, category "planning" pools every non-execute tag (the paper's planning share).
     """
@@ -268,7 +271,11 @@ def enrichment(
         pools["all"].append(tags)
         pools["top_score"].append(tags[top_positions(s, top)])
         pools["top_entropy"].append(tags[top_positions(h, top)])
-        pools["taken_over"].append(tags[source == TAKEOVER_SOURCE])
+        if taken is None:
+            pools["taken_over"].append(tags[source == TAKEOVER_SOURCE])
+    for t in _prepare(taken, score, segment) if taken is not None else ():
+        pos, _ = _values(t, score, segment)
+        pools["taken_over"].append(_tags(t)[pos][np.asarray(t.source, dtype=object)[pos] == TAKEOVER_SOURCE])
     sets = {name: np.concatenate(parts) if parts else np.zeros(0, dtype=object) for name, parts in pools.items()}
     categories = sorted({str(c) for c in sets["all"]})
     if "execute" in categories and len(categories) > 1:

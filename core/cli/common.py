@@ -309,9 +309,9 @@ def setting_option(name: str, param: Param | None = None, *, dest: str | None = 
     if param is not None:
         kind, choices = param.kind, param.choices or choices
         if param.low is not None:
-            low, open_low = param.low, False
+            low, open_low = param.low, param.open_range
         if param.high is not None:
-            high, open_high = param.high, False
+            high, open_high = param.high, param.open_range
     if kind is str and not choices and name == "score":
         from core.scoring.registry import SCORES
 

@@ -283,6 +283,10 @@ class _StageBars:
 @click.option("--no-entropy-gated", is_flag=True, help="Skip the entropy-gated variant (the paper's cheap gate).")
 @click.option("--skip-first", default=0, show_default=True, type=click.IntRange(0), help=SKIP_FIRST_HELP)
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems of each benchmark.")
+@click.option("--gate-rhos", "gate_rhos", default=None, help="Also run the gate shoot-out (forkpoint gates) at these "
+              "comma-separated target ρ, as a section of the report (e.g. 0.02,0.05).")
+@click.option("--router", "router_path", type=click.Path(file_okay=False), help="With --gate-rhos: a trained router's "
+              "folder, so the learned gate joins the shoot-out.")
 @preset_setting_option("samples")
 @preset_setting_option("temperature")
 @preset_setting_option("top_p")
@@ -296,7 +300,8 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
               calibration: tuple[str, ...], calibration_problems: int, out: str, preset: str | None, ratios: str,
               budgets: str, window: int, score_name: str, reference: str | None, no_baselines: bool,
               baseline_rho: tuple[str, ...], no_entropy_gated: bool, skip_first: int,
-              limit: int | None, samples: int | None, temperature: float | None, top_p: float | None,
+              limit: int | None, gate_rhos: str | None, router_path: str | None, samples: int | None,
+              temperature: float | None, top_p: float | None,
               max_new_tokens: int | None, seed: int, batch_size: int, ray_address: str | None, **opts: Any) -> None:
     """The paper's table and figures in one run: calibrate, sweep r, Guided, the entropy-gated variant and
     the random / early baselines (at Guided's realised ρ and at 0.25), base, guide and thinking reference,
@@ -326,14 +331,20 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
                      device=opts["device"], dtype=opts["dtype"],
                      revisions={"base": opts.get("base_revision"), "reason": opts.get("reason_revision"),
                                 "thinking": thinking_revision},
-                     trust_remote_code=opts.get("trust_remote_code", False), progress=bars, executor=executor)
+                     trust_remote_code=opts.get("trust_remote_code", False), progress=bars, executor=executor,
+                     gate_rhos=float_list(gate_rhos, "ratio", "--gate-rhos") if gate_rhos else (),
+                     router=router_path)
     finally:
         bars.close()
         close_executor(executor)
     shown = result.table[result.table["benchmark"] == result.table["benchmark"].iloc[-1]]
     from core.evaluation.harness import to_markdown
 
-    echo(to_markdown(shown, index="setting", columns=["accuracy", "ungraded", "pass@k", "recovery@k", "rho"]))
+    bench = str(shown["benchmark"].iloc[0])
+    echo(f"{'Average over the benchmarks' if bench == 'average' else 'Benchmark ' + bench} "
+               f"(per benchmark: {Path(out) / 'table.csv'}):")
+    echo(to_markdown(shown, index="setting", columns=["accuracy", "ungraded", "pass@k", "recovery",
+                                                            "recovery@k", "rho"]))
     echo(f"recovery against: {result.info['reference']}")
     from core.reports.paper import headline
 
@@ -388,3 +399,90 @@ def _register_demo_measure() -> None:
 
 
 _register_demo_measure()
+
+
+@main.command()
+@pair_options
+@store_option
+@click.option("--problems", "problems_path", help="Problem source: JSONL/CSV file, hf:<dataset id>[:config][:split], "
+              "or a benchmark short name (default: the demo test set).")
+@click.option("--calibration", "calibration_path", help="Problems whose base rollouts set every gate's knob "
+              "(default: the demo calibration set with the demo test set, else the first quarter of --problems).")
+@click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
+@click.option("--ratios", default=",".join(map(str, settings.GATE_RHOS)), show_default=True,
+              help="Comma-separated target takeover rates ρ, each in (0, 1): every gate is calibrated to each.")
+@click.option("--gates", "gate_names", default=None,
+              help="Comma-separated gates (default: guided, entropy_gated, top_prob, margin, router, random_positions, "
+                   "early_only).")
+@click.option("--router", "router_path", type=click.Path(file_okay=False),
+              help="A trained router's folder (forkpoint router train). Default: one is trained on the calibration "
+                   "rollouts (target gate) into OUT/router.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (gates.csv, gates.html).")
+@setting_option("samples")
+@setting_option("temperature")
+@setting_option("top_p")
+@setting_option("max_new_tokens")
+@setting_option("seed")
+@setting_option("batch_size")
+@ray_option
+@fail_cleanly
+def gates(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
+          ratios: str, gate_names: str | None, router_path: str | None, out: str, samples: int, temperature: float,
+          top_p: float, max_new_tokens: int, seed: int, batch_size: int, ray_address: str | None,
+          **opts: Any) -> None:
+    """The gate shoot-out: every gate at each equal takeover rate ρ (realised ρ, accuracy, pass@k, recovery, flips
+    against the base, reasoner evaluations and wall seconds per token); gates.csv and gates.html in --out."""
+    from core.reports.gates import GATES, compare_gates, gate_summary, write_gates
+    from core.evaluation.harness import to_markdown
+
+    rho_list = float_list(ratios, "ratio", "--ratios")
+    chosen = [g.strip() for g in gate_names.split(",") if g.strip()] if gate_names else list(GATES)
+    unknown = [g for g in chosen if g not in GATES]
+    if unknown:
+        raise click.BadParameter(f"unknown gate {unknown[0]!r}; choose from: {', '.join(GATES)}", param_hint="--gates")
+    check_output(out, "--out", folder=True)
+    store = open_store(store_path)
+    check_output(store.path, "--store", folder=True)
+    problems = _source(problems_path, limit)
+    if calibration_path:
+        calibration = _source(calibration_path, None)
+    elif problems_path is None:
+        from core.demo.pair import demo_problems
+
+        calibration = demo_problems("calib")
+    else:
+        calibration, problems = problems[: max(1, len(problems) // 4)], problems[max(1, len(problems) // 4):]
+    executor = make_executor(ray_address, opts)
+    pair = pair_or_spec(opts, executor)
+    common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
+                  max_new_tokens=max_new_tokens, batch_size=batch_size, executor=executor)
+    bars = _StageBars()
+    try:
+        if "router" in chosen and router_path is None:
+            from core.evaluation.sweep import calibration_rollouts
+            from core.instruments.router_training import train_router
+
+            if executor is not None:
+                pair = pair_from_options(opts)  # the router reads the base's hidden states here
+            rollouts = calibration_rollouts(pair, calibration, progress=None, **common)
+            router_path = str(Path(out) / "router")
+            made = train_router(pair, list(rollouts), "gate", out=router_path, seed=seed)
+            click.echo(f"router trained on {len(rollouts)} calibration rollouts (held-out AUROC "
+                       f"{made.card['held_out_auroc'] or float('nan'):.3f}) -> {router_path}", err=True)
+        table = compare_gates(pair, problems, calibration, rho_list, gates=chosen, router=router_path,
+                              progress=bars, **common)
+    finally:
+        bars.close()
+        close_executor(executor)
+    info = {"pair": pair.spec() if hasattr(pair, "spec") else str(pair), "ratios": rho_list, "gates": chosen,
+            "router": router_path, "problems": problems_path or "demo test set", "limit": limit,
+            "calibration": calibration_path or "held out", **{k: v for k, v in common.items()
+                                                              if k not in ("store", "executor")},
+            "store": str(store.path)}
+    paths = write_gates(out, table, info)
+    summary = gate_summary(table)
+    click.echo(to_markdown(summary, index="label", columns=["rho", "accuracy", "pass@k", "recovery@k",
+                                                            "wrong_to_right", "right_to_wrong",
+                                                            "reason_evals_per_token", "wall_s_per_token"]))
+    where = "averaged over benchmarks" if summary["benchmark"].iloc[0] == "average" else summary["benchmark"].iloc[0]
+    click.echo(f"({where}; recovery against: {table['reference'].iloc[0]}) -> {paths['csv']}, {paths['html']}")

@@ -72,7 +72,7 @@ def _stored(store: Any, keys: tuple[str, ...]) -> list[Any]:
 @click.option("--out", default="effects.csv", show_default=True, type=click.Path(dir_okay=False), help="CSV to write.")
 @click.option("--overwrite", is_flag=True, help="Replace --out (stored continuations are reused, not decoded again).")
 @policy_options
-@settings_options("ratio", "calibration_problems", "max_new_tokens", "temperature", "batch_size")
+@settings_options("calibration_problems", "max_new_tokens", "temperature", "batch_size")  # --ratio: policy_options
 @ray_option
 @fail_cleanly
 def effects(store_path: str | None, problems_path: str | None, limit: int | None, keys: tuple[str, ...], positions: str,
@@ -271,3 +271,67 @@ def tokens(store_path: str | None, by: str, score_name: str, sort_by: str, top: 
         write_csv(table, path, what="token table")
     echo(table.head(top).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     echo(f"{len(table)} {by}s over {len(traces)} traces" + (f" -> {path}" if path else ""))
+
+
+@main.group()
+def router() -> None:
+    """A learned gate over the base's own state: train one on stored traces, show its card."""
+
+
+@router.command("train")
+@pair_options
+@store_option
+@click.option("--target", type=click.Choice(["gate", "effect"]), default="gate", show_default=True,
+              help="gate: where the paper's calibrated gate fires on the traces; effect: where a measured takeover "
+                   "helped (`forkpoint effects` results in the store).")
+@click.option("--key", "keys", multiple=True, help="Train on these stored traces (default: the store's base "
+              "rollouts of this pair).")
+@click.option("--limit", type=click.IntRange(2), default=256, show_default=True, help="Most stored rollouts read.")
+@click.option("--hidden", type=click.IntRange(0), default=0, show_default=True,
+              help="Width of the one hidden layer (0 = logistic regression).")
+@click.option("--epochs", type=click.IntRange(1), default=300, show_default=True, help="Full-batch Adam steps.")
+@click.option("--out", required=True, help="Folder to write router.safetensors and card.json into.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing router folder.")
+@settings_options("ratio", "window", "score", "seed")
+@fail_cleanly
+def router_train(store_path: str | None, target: str, keys: tuple[str, ...], limit: int, hidden: int, epochs: int,
+                 out: str, overwrite: bool, ratio: float, window: int, score: str, seed: int, **opts: Any) -> None:
+    """Train a router (core.train_router) for this pair and save it with its card."""
+    from core.decoding.calibration import base_rollouts
+    from core.instruments.router_training import train_router
+
+    path = _free(out, overwrite)
+    pair = pair_from_options(opts)
+    store = open_store(store_path)
+    traces = _stored(store, keys) if keys else base_rollouts(pair, store, limit=limit)
+    if len(traces) < 2:
+        raise click.ClickException(f"{store.path} holds {len(traces)} base rollout(s) of this pair; generate some "
+                                   "first (forkpoint generate --policy base_only) or pass --key")
+    made = train_router(pair, traces, target, out=path, store=store, ratio=ratio, window=window, score=score,
+                        hidden=hidden, epochs=epochs, seed=seed)
+    echo(_card_text(made.card))
+    echo(f"router written to {path}")
+
+
+@router.command("show")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@fail_cleanly
+def router_show(path: str) -> None:
+    """Print a router's card: pair, features, target, training traces, held-out AUROC, cut per ρ."""
+    from core.decoding.router import read_card
+
+    echo(_card_text(read_card(path)))
+
+
+def _card_text(card: dict[str, Any]) -> str:
+    auroc = card.get("held_out_auroc")
+    lines = [f"target        {card.get('target')} {card.get('target_params') or ''}",
+             f"pair          {card.get('pair')} (base {(card.get('pair_models') or {}).get('base')}, "
+             f"reasoner {(card.get('pair_models') or {}).get('reason')})",
+             f"features      {', '.join(card.get('features', []))} ({card.get('n_features')} values; "
+             f"{'logistic regression' if not card.get('hidden') else str(card.get('hidden')) + ' hidden units'})",
+             f"traces        {len(card.get('training_keys', []))} training, {len(card.get('held_out_keys', []))} held "
+             f"out (fingerprint {card.get('training_fingerprint')})",
+             f"held-out AUROC {'–' if auroc is None else f'{auroc:.3f}'}",
+             "cut per ρ     " + ", ".join(f"ρ={r}: {c:.4g}" for r, c in (card.get("thresholds") or {}).items())]
+    return "\n".join(lines)

@@ -86,11 +86,13 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
                    "with the demo test set, else the first --calibration-problems of --problems, at most a "
                    "quarter, which are then not generated).")
 @policy_options
-@settings_options("ratio", "calibration_problems", "max_new_tokens", "temperature", "top_p", "samples", "batch_size")
+@settings_options("rho", "calibration_problems", "max_new_tokens", "temperature", "top_p", "samples",  # --ratio: policy_options
+                  "batch_size")
 @ray_option
 @fail_cleanly
 def generate(store_path: str | None, problems_path: str | None, prompt: str | None, limit: int | None,
-             calibrate_on: str | None, policy_name: str, ratio: float, calibration_problems: int, max_new_tokens: int,
+             calibrate_on: str | None, policy_name: str, ratio: float, rho: float | None, calibration_problems: int,
+             max_new_tokens: int,
              temperature: float, top_p: float, seed: int, samples: int, batch_size: int, ray_address: str | None,
              **opts: Any) -> None:
     """Generate traces with a takeover policy into the store (options: see `core.list_policies()`)."""
@@ -120,7 +122,10 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     store = open_store(store_path)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
     calibration: list[Any] = []
-    if policy_spec(policy_name).needs_gate and "tau" not in params:
+    if rho is not None and policy_spec(policy_name).cls.knob is None:
+        raise click.BadParameter(f"policy {policy_name} has no knob to calibrate", param_hint="--rho")
+    calibrating = rho is not None or (policy_spec(policy_name).needs_gate and "tau" not in params)
+    if calibrating:
         calibration, problems = _calibration_split(calibrate_on, problems, problems_path, prompt,
                                                    calibration_problems)
     problems, unfit = _runnable(pair, problems, max_new_tokens)
@@ -129,10 +134,10 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     if not problems:
         raise click.ClickException(f"none of the {len(unfit)} problem(s) can run (see above); nothing generated")
     try:
-        if policy_spec(policy_name).needs_gate and "tau" not in params:
+        if calibrating:
             echo(f"calibrating the gate on base rollouts of {len(calibration)} problems ...", err=True)
         policy = build_policy(pair, policy_name, params, calibrate_on=calibration, ratio=ratio, store=store,
-                              executor=executor, **sampling)
+                              executor=executor, rho=rho, **sampling)
         bar = Bar(f"generate {policy.name}", unit="trace")
         traces = generate_many(pair, problems, policy, samples=samples, top_p=top_p, store=store,
                                on_trace=grade_trace, progress=bar, executor=executor, **sampling)

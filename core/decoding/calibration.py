@@ -11,11 +11,24 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import math
+
+import numpy as np
 
 from core import settings
-from core.annotate.spikes import Gate, calibrate_gate
+from core.annotate.spikes import Gate, calibrate_gate, gate_positions
 from core.decoding.generation import generate_many
-from core.decoding.policies import BaseOnly, Policy, make_policy, policy_spec
+from core.decoding.router_features import trace_features
+from core.decoding.policies import (
+    BaseOnly,
+    EarlyOnly,
+    Guided,
+    Policy,
+    RandomPositions,
+    list_policies,
+    make_policy,
+    policy_spec,
+)
 from core.errors import InvalidInputError
 from core.pair.loading import ModelPair
 from core.scoring.registry import check_score, score_values
@@ -89,16 +102,145 @@ def calibrate(pair: ModelPair, prompts: Sequence[Any] | None = None, ratio: floa
     return calibrate_gate([score_values(t.metrics, score) for t in traces], ratio, window)
 
 
+RHO_DIGITS = 6  # significant digits of an equal-ρ knob: the same rollouts give the same request key
+
+
+def _eligible(signals: Sequence[np.ndarray], skip_first: int) -> tuple[np.ndarray, int]:
+    """(the pooled signal values where the gate may fire, the number of tokens in all)."""
+    parts = [np.asarray(s, dtype=np.float64).reshape(-1)[skip_first:] for s in signals]
+    pooled = np.concatenate(parts) if parts else np.zeros(0)
+    return pooled[~np.isnan(pooled)], sum(int(np.size(s)) for s in signals)
+
+
+def gate_signal(policy: Policy, trace: Trace, pair: ModelPair | None = None) -> np.ndarray:
+    """(T,) the value `policy`'s gate compares with its knob along `trace` (the router's: its probability of the
+    base's features there, which needs `pair`)."""
+    if getattr(policy, "reads_base_state", False):
+        if pair is None:
+            raise InvalidInputError(f"{policy.label}'s signal along a trace needs the pair (a forward of its base)")
+        policy.check_pair(pair)
+        return policy.prob(trace_features(pair, trace))  # type: ignore[attr-defined]
+    return policy.signal(trace, pair)
+
+
+def rollout_rho(policy: Policy, rollouts: Sequence[Trace], pair: ModelPair | None = None) -> float:
+    """The share of the tokens of `rollouts` (base rollouts) where `policy`'s gate fires, replayed on the base's
+    own path (no takeover changes it): what equal-ρ calibration aims at. NaN without tokens."""
+    n_tokens = sum(len(t) for t in rollouts)
+    if not n_tokens:
+        return float("nan")
+    if isinstance(policy, RandomPositions):
+        return float(policy.rate)
+    if isinstance(policy, EarlyOnly):  # the rollouts' max_new_tokens (else the longest); a dithered prefix at its mean
+        limit = max(int((t.meta.get("sampling") or {}).get("max_new_tokens") or len(t)) for t in rollouts)
+        n = policy.rate * limit if policy.seed is not None else math.ceil(policy.rate * limit - 1e-9)
+        return sum(min(len(t), n) for t in rollouts) / n_tokens
+    skip = int(getattr(policy, "skip_first", 0))
+    fired = 0
+    for t in rollouts:
+        s = gate_signal(policy, t, pair)
+        if isinstance(policy, Guided):
+            fired += int(np.sum(gate_positions(s, policy.gate) >= skip))
+        else:
+            knob = getattr(policy, str(policy.knob))
+            hit = (s < knob) if policy.fires_below else (s > knob)
+            fired += int(np.sum(hit[skip:]))
+    return fired / n_tokens
+
+
+def equal_rho(name: str, rollouts: Sequence[Trace], rho: float, *, params: dict[str, Any] | None = None,
+              pair: ModelPair | None = None, max_new_tokens: int | None = None) -> dict[str, Any]:
+    """The parameters of gate `name` (its other `params` kept) with its one knob set so that it would take over
+    a share `rho` of the tokens of `rollouts` (base rollouts, see `rollout_rho`): Guided's τ/λ refit by the
+    paper's rule at the ratio r whose gate fires at that share (bisection on r); the thresholds of the gates on
+    the base alone (entropy, top-1 probability, margin, the router's cut) as quantiles of their signal; random
+    positions' rate; early-only's prefix sized on the rollouts' mean length. The one equal-ρ calibration:
+    `build_policy(rho=...)` (CLI, app) and `compare_gates` come here."""
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not 0.0 < float(rho) < 1.0:
+        raise InvalidInputError(f"rho (the target takeover rate) must be in (0, 1), got {rho!r}")
+    spec = policy_spec(name)
+    cls = spec.cls
+    if cls.knob is None:
+        raise InvalidInputError(f"Policy {name!r} has no knob to calibrate; the gates that do: "
+                                f"{', '.join(s.name for s in list_policies() if s.cls.knob)}")
+    if not rollouts or not sum(len(t) for t in rollouts):
+        raise InvalidInputError("equal-ρ calibration needs base rollouts with at least one token")
+    params = {k: v for k, v in dict(params or {}).items() if k not in ("tau", "lam", cls.knob)}
+    rho = float(rho)
+    if cls is RandomPositions:
+        return {**params, "rate": rho}
+    if cls is EarlyOnly:  # a dithered prefix: its mean is rho · the rollouts' mean length, not a whole token
+        mean = float(np.mean([len(t) for t in rollouts]))
+        limit = int(max_new_tokens or max(len(t) for t in rollouts))
+        return {**params, "rate": min(1.0, rho * mean / limit), "seed": int(params.get("seed", settings.SEED))}
+    if cls is Guided:
+        return {**params, **_guided_at_rho(rollouts, rho, params)}
+    probe = make_policy(name, **params)
+    values, n_tokens = _eligible([gate_signal(probe, t, pair) for t in rollouts], int(params.get("skip_first", 0)))
+    if not values.size:
+        raise InvalidInputError(f"no signal values to calibrate {spec.label} on (every position skipped)")
+    share = min(1.0, rho * n_tokens / values.size)  # of the positions where it may fire
+    knob = float(np.quantile(values, share if cls.fires_below else 1.0 - share))
+    knob = float(f"{knob:.{RHO_DIGITS}g}")
+    declared = spec.param(cls.knob)
+    if declared.low is not None:
+        knob = max(float(declared.low), knob)
+    if declared.high is not None:
+        knob = min(float(declared.high), knob)
+    return {**params, cls.knob: knob}
+
+
+def _guided_at_rho(rollouts: Sequence[Trace], rho: float, params: dict[str, Any]) -> dict[str, Any]:
+    """Guided's tau/lam/window: the paper's rule at the calibration ratio r whose gate fires at a share `rho` of
+    the rollouts' tokens (its λ test makes that share smaller than r; it grows with r)."""
+    window = int(params.get("window", settings.WINDOW))
+    probe = make_policy("guided", tau=0.0, lam=1.0, window=window, score=params.get("score", settings.SCORE))
+    scores = [probe.signal(t) for t in rollouts]
+    skip = int(params.get("skip_first", 0))
+    n_tokens = sum(len(s) for s in scores)
+    lo, hi = 1e-4, 1.0 - 1e-4
+    best: tuple[float, Gate] | None = None
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        try:
+            gate = calibrate_gate(scores, mid, window)
+        except InvalidInputError:  # no score above the quantile: a larger r
+            lo = mid
+            continue
+        got = sum(int(np.sum(gate_positions(s, gate) >= skip)) for s in scores) / n_tokens
+        if best is None or abs(got - rho) < abs(best[0] - rho):
+            best = (got, gate)
+        lo, hi = (mid, hi) if got < rho else (lo, mid)
+        if hi / lo < 1.0 + 1e-4:
+            break
+    if best is None:
+        raise InvalidInputError("the Guided gate could not be fit on these rollouts (constant scores?)")
+    return {"tau": best[1].tau, "lam": best[1].lam, "window": best[1].window}
+
+
 def build_policy(pair: ModelPair | None, name: str, params: dict[str, Any] | None = None, *,
                  calibrate_on: Sequence[Any] = (), ratio: float = settings.RATIO, store: Any = None,
                  max_new_tokens: int = settings.MAX_NEW_TOKENS, temperature: float = settings.TEMPERATURE,
                  top_p: float = settings.TOP_P, seed: int = settings.SEED, batch_size: int = settings.BATCH_SIZE,
-                 progress: Callable[[int, int], None] | None = None, executor: Any = None) -> Policy:
+                 progress: Callable[[int, int], None] | None = None, executor: Any = None,
+                 rho: float | None = None, rollouts: Sequence[Trace] | None = None) -> Policy:
     """`make_policy(name, **params)`, calibrating the gate first when the policy needs one and `params` give
     no tau: on base rollouts of `calibrate_on` at `ratio`, with the window and score from `params`.
-    The CLI, the app and the notebook build every policy through here."""
+    With `rho` (a target takeover rate): equal-ρ calibration (`equal_rho`) of any gate's knob on the base
+    rollouts of `calibrate_on` (or on `rollouts`, made already), replacing the knob in `params`.
+    The CLI, the app, the notebook and `compare_gates` build every policy through here."""
     spec = policy_spec(name)
     params = dict(params or {})
+    if rho is not None:
+        if rollouts is None:
+            if pair is None or not len(calibrate_on):
+                raise InvalidInputError(f"{spec.label} at a takeover rate rho={rho!r} needs problems whose base "
+                                        "rollouts calibrate it")
+            rollouts = generate_many(pair, list(calibrate_on), BaseOnly(), batch_size=batch_size,
+                                     max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                     store=store, progress=progress, executor=executor)
+        return make_policy(name, **equal_rho(name, list(rollouts), rho, params=params, pair=pair,
+                                             max_new_tokens=max_new_tokens))
     if not spec.needs_gate or "tau" in params:
         return make_policy(name, **params)
     if pair is None or not len(calibrate_on):

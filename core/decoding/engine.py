@@ -36,7 +36,7 @@ from core.scoring.metrics import (
     EMITTED,
     LogProbs,
     emitted_metrics,
-    entropy,
+    entropy_and_top2,
     step_metrics,
 )
 from core.scoring.registry import score_values
@@ -126,6 +126,7 @@ class Decoder:
                  progress: Callable[[int, int], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
                  on_token: Callable[[int, int, str], None] | None = None) -> None:
+        policy.check_pair(pair)  # e.g. a router made for another pair
         self.on_token = on_token if len(rows) == 1 else None  # streaming: (pos, token id, source) of a single row
         self.pair, self.rows, self.policy, self.sampling, self.k = pair, rows, policy, sampling, k
         if states is None:
@@ -259,9 +260,11 @@ class Decoder:
         when it must emit; the metrics of skipped positions are filled by `_flush`."""
         p, live = self.t, self._live()
         a = self.base.logits()
-        h_base = entropy(a).cpu().numpy()
+        h, top2 = entropy_and_top2(a)
+        h_base = h.cpu().numpy()
         step = Step(t=p, score=None, entropy_base=h_base, history=[r.history for r in self.rows], taken=self.taken,
-                    limit=self.limit, rows=self.identities)
+                    limit=self.limit, rows=self.identities, top2=top2.cpu().numpy(),
+                    hidden_base=self.base.last_hidden.float().cpu().numpy())
         fire = np.asarray(self.policy.takeover(step), dtype=bool) & live & ~self._replaying(p)
         forced = self.policy.forced_token(p)
         b = None

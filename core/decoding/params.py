@@ -31,6 +31,7 @@ class Param:
     optional: bool = False  # None is allowed and means "off" (e.g. no budget cap)
     from_gate: bool = False  # Guided's tau/lam/window: set by a calibrated Gate (make_policy(gate=...))
     quiet_default: bool = False  # left out of a policy's record at its default (keeps older traces' keys)
+    open_range: bool = False  # low and high themselves excluded (a rate in (0, 1))
 
     def check(self, value: Any, owner: str = "policy") -> Any:
         """`value` coerced to `kind` if it is valid, else raise naming the parameter and the valid range."""
@@ -38,6 +39,10 @@ class Param:
             return None
         where = f"{owner} parameter {self.name}"
         if self.kind is str:
+            if not self.choices:  # free text (a path): any non-empty string
+                if not isinstance(value, str) or not value.strip():
+                    raise InvalidInputError(f"{where} must be a non-empty string, got {value!r}")
+                return value
             if value not in self.choices:
                 raise InvalidInputError(f"{where} must be one of: {', '.join(self.choices)}; got {value!r}")
             return value
@@ -50,6 +55,8 @@ class Param:
             raise InvalidInputError(f"{where} must be {'an integer' if self.kind is int else 'a number'}"
                                     f"{self.range_text()}, got {value!r}")
         value = self.kind(value)
+        if self.open_range and value in (self.low, self.high):
+            raise InvalidInputError(f"{where} must be{self.range_text()}, got {value!r}")
         if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
             raise InvalidInputError(f"{where} must be{self.range_text()}, got {value!r}")
         return value
@@ -57,19 +64,20 @@ class Param:
     def range_text(self) -> str:
         """' in [low, high]' / ' ≥ low' / '' for messages and help."""
         if self.low is not None and self.high is not None:
-            return f" in [{self.low:g}, {self.high:g}]"
+            return f" in ({self.low:g}, {self.high:g})" if self.open_range else f" in [{self.low:g}, {self.high:g}]"
         if self.low is not None:
             return f" ≥ {self.low:g}"
         return f" ≤ {self.high:g}" if self.high is not None else ""
 
 
 def param(default: Any, help: str, *, low: float | None = None, high: float | None = None,
-          choices: Sequence[str] = (), from_gate: bool = False, quiet_default: bool = False) -> Any:
+          choices: Sequence[str] = (), from_gate: bool = False, quiet_default: bool = False,
+          open_range: bool = False) -> Any:
     """A dataclass field that declares a policy parameter (kind and optional-ness come from the annotation).
     `quiet_default`: a parameter added later, recorded only when it differs from its default, so that the
     request keys of traces made before it existed stay the same."""
     meta = {"help": help, "low": low, "high": high, "choices": tuple(choices), "from_gate": from_gate,
-            "quiet_default": quiet_default}
+            "quiet_default": quiet_default, "open_range": open_range}
     if isinstance(default, dict):
         return field(default_factory=dict, metadata={"param": meta})
     return field(default=default, metadata={"param": meta})

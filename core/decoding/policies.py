@@ -20,8 +20,9 @@ import numpy as np
 from core import settings
 from core.annotate.spikes import Gate, gate_fires
 from core.decoding.params import Param, declared_params, param
+from core.decoding.router import check_router_pair, load_router, step_features
 from core.errors import InvalidInputError
-from core.scoring.registry import DEFAULT_SCORE, GATE_SCORES, check_gate_score
+from core.scoring.registry import DEFAULT_SCORE, GATE_SCORES, check_gate_score, score_values
 from core.trace import Trace
 
 REASON = "reason"  # Forced({pos: REASON}): the reasoning model picks the token at pos
@@ -64,6 +65,8 @@ class Step:
     scores; base entropies for lazy policies). taken: (B,) takeovers so far. limit: max_new_tokens.
     rows: (B,) each row's identity (from its prompt and sample index, see `row_identity`): the same in
     any batch, order or branch of it, so per-row random draws do not depend on how rows are batched.
+    top2: (B, 2) the base's two largest probabilities at t; hidden_base: (B, d) the base's last hidden
+    state (the one predicting t). Lazy policies get both (gates on the base alone read them); None otherwise.
     """
 
     t: int
@@ -73,6 +76,8 @@ class Step:
     taken: np.ndarray
     limit: int
     rows: np.ndarray | None = None
+    top2: np.ndarray | None = None
+    hidden_base: np.ndarray | None = None
 
 
 def row_identity(prompt: str, sample: int) -> int:
@@ -95,6 +100,10 @@ class Policy:
     lazy: ClassVar[bool] = False
     calibration: ClassVar[tuple[str, ...]] = ()  # settings a calibration step reads before building
     internal: ClassVar[bool] = False
+    # The one parameter equal-ρ calibration (core.decoding.calibration.equal_rho) sets from base rollouts, and
+    # whether the gate fires where `signal` is above it (False: below). None: not a gate with a knob.
+    knob: ClassVar[str | None] = None
+    fires_below: ClassVar[bool] = False
     score: str = DEFAULT_SCORE
 
     def __post_init__(self) -> None:
@@ -116,6 +125,14 @@ class Policy:
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         """A notice for the user when this policy clearly did nothing in `traces` (0 takeovers), else None."""
         return None
+
+    def check_pair(self, pair: Any) -> None:
+        """Raise when this policy cannot run with `pair` (the engine asks before decoding; a router names its pair)."""
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        """(T,) the value this gate compares with its knob at each position of `trace` (a base rollout), as
+        the engine would see it there; what equal-ρ calibration takes quantiles of."""
+        raise InvalidInputError(f"{self.label} has no per-position signal to calibrate a takeover rate on")
 
 
 def within_budget(taken: np.ndarray, limit: int, budget: float | None, max_takeovers: int | None) -> np.ndarray:
@@ -200,6 +217,11 @@ class Guided(Policy):
         fires = np.array([gate_fires(h, float(s), self.gate) for h, s in zip(step.history, step.score)])
         return fires & within_budget(step.taken, step.limit, self.budget, self.max_takeovers)
 
+    knob: ClassVar[str | None] = "tau"  # with lam: refit by the paper's rule at the ratio that realises ρ
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        return np.asarray(score_values(trace.metrics, self.score), dtype=np.float64)
+
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         return _silent(self, traces, f"{self.score} never passed the gate (τ={self.tau:.3g}, "
                        f"λ={self.lam:.3g}); calibrate with a larger ratio r")
@@ -225,9 +247,160 @@ class EntropyGated(Policy):
         return (step.entropy_base > self.threshold) & (step.t >= self.skip_first) & within_budget(
             step.taken, step.limit, self.budget, self.max_takeovers)
 
+    knob: ClassVar[str | None] = "threshold"
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        return np.asarray(trace.metrics["entropy_base"], dtype=np.float64)
+
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         return _silent(self, traces, f"the base's entropy never exceeded threshold="
                        f"{self.threshold:g} nats; lower it (see the entropy_base column of a BaseOnly trace)")
+
+
+def top_two(trace: Trace) -> np.ndarray:
+    """(T, 2) the base's two largest probabilities at each position of `trace` (from its stored top-k)."""
+    probs = np.asarray(trace.topk["base"][1], dtype=np.float64).reshape(len(trace), -1)
+    if probs.shape[1] < 2:
+        probs = np.concatenate([probs, np.zeros((len(trace), 2 - probs.shape[1]))], axis=1)
+    return probs[:, :2]
+
+
+def _top2(step: Step) -> np.ndarray:
+    if step.top2 is None:
+        raise InvalidInputError("this gate reads the base's top-2 probabilities: run it through the lazy engine path")
+    return np.asarray(step.top2, dtype=np.float64)
+
+
+@dataclass
+class TopProb(Policy):
+    """Nudging's gate: take over where the base's top-1 probability is below `gamma` (the base yields where
+    it is unsure of its own best token). Lazy: the reasoner runs only where it fires."""
+
+    name: ClassVar[str] = "top_prob"
+    label: ClassVar[str] = "TopProb"
+    help: ClassVar[str] = "Take over where the base's top-1 probability is below gamma (Nudging)."
+    lazy: ClassVar[bool] = True
+    gamma: float = param(0.3, "Base top-1 probability below which the reasoner takes over (Nudging: 0.3-0.4).",
+                         low=0.0, high=1.0)
+    budget: float | None = param(None, _BUDGET_HELP, low=0.0, high=1.0)
+    max_takeovers: int | None = param(None, _MAX_HELP, low=0)
+    skip_first: int = param(0, _SKIP_HELP, low=0, quiet_default=True)
+
+    def takeover(self, step: Step) -> np.ndarray:
+        return (_top2(step)[:, 0] < self.gamma) & (step.t >= self.skip_first) & within_budget(
+            step.taken, step.limit, self.budget, self.max_takeovers)
+
+    knob: ClassVar[str | None] = "gamma"
+    fires_below: ClassVar[bool] = True
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        return top_two(trace)[:, 0]
+
+    def diagnose(self, traces: Sequence[Trace]) -> str | None:
+        return _silent(self, traces, f"the base's top-1 probability never fell below gamma={self.gamma:g}; raise it")
+
+
+@dataclass
+class Margin(Policy):
+    """Take over where the base's top-1 and top-2 probabilities are within `delta` of each other (a close
+    call between two continuations). Lazy: the reasoner runs only where it fires."""
+
+    name: ClassVar[str] = "margin"
+    label: ClassVar[str] = "Margin"
+    help: ClassVar[str] = "Take over where the base's top-1 minus top-2 probability is below delta."
+    lazy: ClassVar[bool] = True
+    delta: float = param(0.1, "Top-1 minus top-2 base probability below which the reasoner takes over.",
+                         low=0.0, high=1.0)
+    budget: float | None = param(None, _BUDGET_HELP, low=0.0, high=1.0)
+    max_takeovers: int | None = param(None, _MAX_HELP, low=0)
+    skip_first: int = param(0, _SKIP_HELP, low=0, quiet_default=True)
+
+    def takeover(self, step: Step) -> np.ndarray:
+        top = _top2(step)
+        return ((top[:, 0] - top[:, 1]) < self.delta) & (step.t >= self.skip_first) & within_budget(
+            step.taken, step.limit, self.budget, self.max_takeovers)
+
+    knob: ClassVar[str | None] = "delta"
+    fires_below: ClassVar[bool] = True
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        top = top_two(trace)
+        return top[:, 0] - top[:, 1]
+
+    def diagnose(self, traces: Sequence[Trace]) -> str | None:
+        return _silent(self, traces, f"the base's top-1/top-2 margin never fell below delta={self.delta:g}; raise it")
+
+
+@dataclass
+class RouterGate(Policy):
+    """A learned gate (core.train_router): a small classifier over what the base alone has at step t (its last
+    hidden state, entropy, top-1 probability, margin, relative position) fires where its probability exceeds
+    `cut` (default: the card's cut for takeover rate `ratio`). Lazy: the reasoner runs only where it fires. A
+    router made for another pair is refused."""
+
+    name: ClassVar[str] = "router"
+    label: ClassVar[str] = "Router"
+    help: ClassVar[str] = "Take over where a learned router over the base's own state fires (core.train_router)."
+    lazy: ClassVar[bool] = True
+    knob: ClassVar[str | None] = "cut"
+    path: str = param("router", "Folder of the trained router (router.safetensors + card.json).")
+    ratio: float = param(settings.RATIO, "Takeover rate whose cut the router's card gives (when cut is empty).",
+                         low=0.0, high=1.0, open_range=True)
+    cut: float | None = param(None, "Router probability above which the reasoner takes over (empty = the card's "
+                              "cut for ratio; set by equal-ρ calibration).", low=0.0, high=1.0)
+    weights: str = param("unchecked", "SHA-256 of the router's weights (recorded; a changed file is refused).",
+                         quiet_default=True)
+    budget: float | None = param(None, _BUDGET_HELP, low=0.0, high=1.0)
+    max_takeovers: int | None = param(None, _MAX_HELP, low=0)
+    skip_first: int = param(0, _SKIP_HELP, low=0, quiet_default=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._loaded: Any = None
+
+    @property
+    def router(self) -> Any:
+        """The router in `path`, read on first use (its weights' hash and, without a cut, the card's cut for
+        `ratio` are filled in then; a file that is not the recorded one is refused)."""
+        if self._loaded is None:
+            loaded = load_router(self.path)
+            sha = str(loaded.card["weights_sha256"])
+            if self.weights not in ("unchecked", sha):
+                raise InvalidInputError(f"the router in {self.path} is not the one recorded (weights {sha[:12]}..., "
+                                        f"recorded {self.weights[:12]}...): it was retrained or replaced")
+            self.weights = sha
+            if self.cut is None:
+                self.cut = loaded.cut_for(self.ratio)
+            self._loaded = loaded
+        return self._loaded
+
+    def record(self) -> dict[str, Any]:
+        self.router  # noqa: B018  (read first: the record names the weights and the cut)
+        return super().record()
+
+    def check_pair(self, pair: Any) -> None:
+        check_router_pair(self.router.card, pair, self.path)
+
+    def takeover(self, step: Step) -> np.ndarray:
+        if step.hidden_base is None:
+            raise InvalidInputError("the router reads the base's hidden state: run it through the lazy engine path")
+        feats = step_features(step.hidden_base, step.entropy_base, _top2(step), step.t, step.limit)
+        fires = self.router.net.prob(feats) > float(self.cut)
+        return fires & (step.t >= self.skip_first) & within_budget(step.taken, step.limit, self.budget,
+                                                                   self.max_takeovers)
+
+    reads_base_state: ClassVar[bool] = True  # its signal: `prob` of the base's features along a trace
+
+    def prob(self, features: np.ndarray) -> np.ndarray:
+        """(N,) the router's probabilities from (N, F) features (core/decoding/router_features.py along a trace)."""
+        return self.router.net.prob(features)
+
+    def signal(self, trace: Trace, pair: Any = None) -> np.ndarray:
+        raise InvalidInputError("the router's signal along a trace needs a forward of the base: "
+                                "core.decoding.calibration.gate_signal(policy, trace, pair)")
+
+    def diagnose(self, traces: Sequence[Trace]) -> str | None:
+        return _silent(self, traces, f"the router's probability never exceeded cut={self.cut:g}; lower it or raise ratio")
 
 
 @dataclass
@@ -241,6 +414,7 @@ class RandomPositions(Policy):
     help: ClassVar[str] = "Take over at random positions with probability rate (baseline)."
     rate: float = param(0.05, "Share of positions taken over.", low=0.0, high=1.0)
     seed: int = param(settings.SEED, "Seed of the position draws.", low=0)
+    knob: ClassVar[str | None] = "rate"
 
     def takeover(self, step: Step) -> np.ndarray:
         rows = step.rows if step.rows is not None else range(len(step.taken))
@@ -259,9 +433,20 @@ class EarlyOnly(Policy):
     label: ClassVar[str] = "EarlyOnly"
     help: ClassVar[str] = "The reasoner writes the first rate · max_new_tokens tokens (baseline)."
     rate: float = param(0.05, "Share of max_new_tokens written by the reasoner first.", low=0.0, high=1.0)
+    seed: int | None = param(None, "Dither the prefix (empty = off): each row's prefix is the whole number below or "
+                             "above rate · max_new_tokens, drawn from (seed, row), so that the mean prefix is exactly "
+                             "rate · max_new_tokens (a matched ρ below one token per response).", low=0,
+                             quiet_default=True)
+    knob: ClassVar[str | None] = "rate"
 
     def takeover(self, step: Step) -> np.ndarray:
-        return np.full(len(step.taken), step.t < math.ceil(self.rate * step.limit - 1e-9))
+        if self.seed is None:
+            return np.full(len(step.taken), step.t < math.ceil(self.rate * step.limit - 1e-9))
+        n = self.rate * step.limit
+        low = math.floor(n + 1e-9)
+        rows = step.rows if step.rows is not None else range(len(step.taken))
+        extra = np.array([np.random.default_rng([self.seed, int(row)]).random() < n - low for row in rows])
+        return step.t < low + extra
 
     def diagnose(self, traces: Sequence[Trace]) -> str | None:
         return _silent(self, traces, f"rate={self.rate:g} · max_new_tokens rounds to 0")
@@ -313,7 +498,7 @@ def register_policy(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-for _cls in (BaseOnly, Guided, EntropyGated, RandomPositions, EarlyOnly, ReasonOnly, Forced):
+for _cls in (BaseOnly, Guided, EntropyGated, TopProb, Margin, RouterGate, RandomPositions, EarlyOnly, ReasonOnly, Forced):
     register_policy(_cls)
 
 

@@ -9,6 +9,7 @@ offline calibration), sampled like the evaluation itself.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -78,11 +79,26 @@ def fixed_label(rho: float) -> str:
 
 
 def matched_baselines(rho: float, mean_tokens: float, max_new_tokens: int, seed: int,
-                      suffix: str = "") -> dict[str, Policy]:
+                      suffix: str = "", exact: bool = False) -> dict[str, Policy]:
     """RandomPositions and EarlyOnly at takeover rate `rho` on responses of about `mean_tokens` tokens
-    ({"random_positions" + suffix: ..., "early_only" + suffix: ...}): the one builder of ρ-matched baselines."""
-    return {f"random_positions{suffix}": RandomPositions(rate=min(1.0, rho), seed=seed),
-            f"early_only{suffix}": EarlyOnly(rate=early_rate_for(rho, mean_tokens, max_new_tokens))}
+    ({"random_positions" + suffix: ..., "early_only" + suffix: ...}): the one builder of ρ-matched baselines.
+
+    `exact` (the sweep's): EarlyOnly's prefix is dithered per row so that its mean is rho · mean_tokens (not
+    rounded to a whole token, which at ρ ≈ 0.008 doubled it), and each ρ draws its own random positions (a
+    seed of its own), so that the rows of several ratios do not share one set of draws. Without it, the
+    demo card's rule (its numbers were measured so)."""
+    if not exact:
+        return {f"random_positions{suffix}": RandomPositions(rate=min(1.0, rho), seed=seed),
+                f"early_only{suffix}": EarlyOnly(rate=early_rate_for(rho, mean_tokens, max_new_tokens))}
+    own = baseline_seed(seed, rho)
+    return {f"random_positions{suffix}": RandomPositions(rate=min(1.0, rho), seed=own),
+            f"early_only{suffix}": EarlyOnly(rate=min(1.0, rho * mean_tokens / max_new_tokens), seed=own)}
+
+
+def baseline_seed(seed: int, rho: float) -> int:
+    """A seed of its own for the baselines at `rho` (stable: from the seed and the rate's digits)."""
+    digest = hashlib.blake2b(f"{int(seed)}:{float(rho)!r}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
 
 
 def config_label(ratio: float, budget: float | None) -> str:
@@ -199,7 +215,7 @@ def _fixed_baselines(pair: Any, problems: Any, rhos: Sequence[float], ends: pd.D
         for rho in rhos:
             label = fixed_label(rho)
             got: dict[str, list[Any]] = {}
-            others = matched_baselines(rho, mean_tokens, common["max_new_tokens"], common.get("seed", 0))
+            others = matched_baselines(rho, mean_tokens, common["max_new_tokens"], common.get("seed", 0), exact=True)
             rec = stage_table(pair, {bench: ps}, others, keep=got, progress=bar(f"baselines at {label} ({bench})"),
                               **common)
             found.append(rec.assign(config=label, ratio=np.nan, budget=None, matched_rho=rho,
@@ -240,7 +256,7 @@ def _one_config(pair: Any, problems: Any, gate: Gate, ratio: float, budget: floa
         rho, mean_tokens = float(guided["rho"]), float(guided["mean_tokens"])
         if not baselines or rho <= 0:
             continue
-        others = matched_baselines(rho, mean_tokens, common["max_new_tokens"], common.get("seed", 0))
+        others = matched_baselines(rho, mean_tokens, common["max_new_tokens"], common.get("seed", 0), exact=True)
         got = {}
         rec = stage_table(pair, {bench: ps}, others, keep=got, progress=bar(f"baselines at ρ of {label} ({bench})"),
                           **common)

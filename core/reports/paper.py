@@ -18,7 +18,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from core.reports import report as R
-from core.evaluation.harness import add_recovery
+from core.reports.gates_report import gates_section
+from core.evaluation.harness import add_recovery, reference_values
 from core.io.atomic import write_atomic
 
 AVERAGE = "average"
@@ -39,8 +40,19 @@ PAPER_PER_BENCHMARK: dict[str, dict[str, float]] = {
     "failure AUROC, top-100 mean score": {"gsm8k": 0.851},
     "failure AUROC, top-100 mean base entropy": {"gsm8k": 0.817},
 }
-PLANNING_NOTE = ("every non-execute tag pooled (plan + reflect + verify + conclude): the paper's planning / "
-                 "execution split, which its 7.5× (top disagreement) and 17.6× (taken over) compare with")
+PLANNING_NOTE = ("every non-execute tag pooled ({tags}): the paper's planning / execution split, which its 7.5× "
+                 "(top disagreement) and 17.6× (taken over) compare with")
+POOLED_AUROC = ("– (pooled over benchmarks whose base rates differ, which moves an AUROC: compare the rows per "
+                "benchmark; the paper's {value} is GSM8K alone)")
+RANK_PAPER = ("always, i.e. a share of 1.0 (ReasonMaxxer: the token RL promotes always lies in the base's top 5; "
+              "here the share of spikes whose reasoner top token is in the base top 5)")
+
+
+def planning_note(enrichment: pd.DataFrame | None) -> str:
+    """PLANNING_NOTE naming the non-execute tags this run tagged (not a fixed list it may never have used)."""
+    tags = [] if enrichment is None or enrichment.empty or "category" not in enrichment else [
+        str(c) for c in dict.fromkeys(enrichment["category"]) if c not in ("execute", "planning")]
+    return PLANNING_NOTE.format(tags=" + ".join(tags) if tags else "none tagged in this run")
 PLAN_ONLY_NOTE = "the 'plan' tag alone (the demo card's definition); the paper has no such number"
 METRIC_COLUMNS = ("accuracy", "pass@k", "recovery@k", "rho")
 
@@ -79,7 +91,27 @@ def paper_table(sweep: pd.DataFrame) -> pd.DataFrame:
         long = pd.concat([long, avg[keep]], ignore_index=True)
     reference = _reference_of(sweep)
     ends = long[long["policy"] == long["config"]]
-    return add_recovery(long, base="base", reference=reference, ends=ends)
+    return recovery_notes(add_recovery(long, base="base", reference=reference, ends=ends), reference, ends)
+
+
+NO_GAP = "the reference does not beat the base here, so recovery is undefined"
+
+
+def recovery_notes(table: pd.DataFrame, reference: Any, ends: pd.DataFrame) -> pd.DataFrame:
+    """`table` with "no_gap" (per benchmark: the metrics, of "accuracy" and "pass@k", on which the reference
+    does not beat the base, so recovery there is undefined) and, on the average rows, "no_gap_in" (the
+    benchmarks averaged over where that holds): why a recovery cell is "–", or why an average is partial."""
+    gaps: dict[str, list[str]] = {}
+    for bench in dict.fromkeys(table["benchmark"]):
+        base = ends[(ends["benchmark"] == bench) & (ends["policy"] == "base")]
+        ref_acc, ref_k, _ = reference_values(ends, bench, reference)
+        if base.empty:
+            continue
+        gaps[bench] = [m for m, ref in (("accuracy", ref_acc), ("pass@k", ref_k))
+                       if not math.isnan(ref) and not ref > float(base[m].iloc[0])]
+    inside = [b for b in gaps if b != AVERAGE and gaps[b]]
+    return table.assign(no_gap=[",".join(gaps.get(b, [])) for b in table["benchmark"]],
+                        no_gap_in=[",".join(inside) if b == AVERAGE else "" for b in table["benchmark"]])
 
 
 def _reference_of(sweep: pd.DataFrame) -> Any:
@@ -92,24 +124,49 @@ def _reference_of(sweep: pd.DataFrame) -> Any:
 
 
 def paper_table_html(table: pd.DataFrame) -> str:
-    """The main table as HTML: one row per setting, per benchmark "acc / ungraded / Pass@k / rec@k / ρ" cells
-    ("ungraded": the share of samples with no answer extracted, when the table has it)."""
+    """The main table as HTML: one row per setting, per benchmark "acc / ungraded / Pass@k / recovery (on
+    accuracy) / recovery@k / ρ" cells ("ungraded": the share of samples with no answer extracted, when the table
+    has it; recovery when it has it). A "–" recovery where the reference does not beat the base is marked "†", an
+    average over such a benchmark "*", each explained under the table; rows with identical traces say so."""
     benches = list(dict.fromkeys(table["benchmark"]))
     k = int(table["k"].min()) if len(table) else 1
     ungraded = "ungraded" in table.columns
-    head = "".join(f"<th colspan={4 + ungraded}>{html.escape(str(b))}</th>" for b in benches)
-    sub = "".join("<th>acc</th>" + ("<th>ungraded</th>" if ungraded else "")
-                  + f"<th>Pass@{k}</th><th>recovery@{k}</th><th>ρ</th>" for _ in benches)
-    rows = []
+    rec = "recovery" in table.columns
+    head = "".join(f"<th colspan={4 + ungraded + rec}>{html.escape(str(b))}</th>" for b in benches)
+    sub = "".join("<th>acc</th>" + ("<th>ungraded</th>" if ungraded else "") + f"<th>Pass@{k}</th>"
+                  + ("<th>recovery</th>" if rec else "") + f"<th>recovery@{k}</th><th>ρ</th>" for _ in benches)
+    rows, marks = [], set()
     for setting in dict.fromkeys(table["setting"]):
         cells = []
         for b in benches:
             part = table[(table["setting"] == setting) & (table["benchmark"] == b)]
             vals = part.iloc[0] if len(part) else None
+            recs = [(col, metric) for col, metric in (("recovery", "accuracy"), (f"recovery@k", "pass@k"))
+                    if col != "recovery" or rec]
+            shown = []
+            for col, metric in recs:
+                cell = _pct(vals, col)
+                if vals is not None and metric in str(vals.get("no_gap", "") or "").split(",") and cell == "–":
+                    cell, _ = "–†", marks.add("†")
+                elif vals is not None and str(vals.get("no_gap_in", "") or "") and cell != "–":
+                    cell, _ = cell + "*", marks.add("*")
+                shown.append(cell)
             cells += [_pct(vals, "accuracy")] + ([_pct(vals, "ungraded")] if ungraded else []) + [
-                _pct(vals, "pass@k"), _pct(vals, "recovery@k"), _num(vals, "rho")]
-        rows.append(f"<tr><td>{html.escape(str(setting))}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return (f"<table><tr><th rowspan=2>setting</th>{head}</tr><tr>{sub}</tr>" + "".join(rows) + "</table>")
+                _pct(vals, "pass@k"), *shown, _num(vals, "rho")]
+        same = table[table["setting"] == setting].get("same_traces_as", pd.Series(dtype=object)).dropna()
+        label = html.escape(str(setting)) + (f" <span class='note'>(the same traces as {html.escape(str(same.iloc[0]))})"
+                                             "</span>" if len(same) and str(same.iloc[0]) else "")
+        rows.append(f"<tr><td>{label}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    notes = []
+    if "†" in marks:
+        notes.append("† " + NO_GAP + ".")
+    if "*" in marks:
+        where = ", ".join(sorted({b for v in table.get("no_gap_in", pd.Series(dtype=str)) for b in str(v).split(",")
+                                  if b}))
+        notes.append(f"* averaged over benchmarks that include {html.escape(where)}, where the reference does not "
+                     "beat the base: recovery from the averages, not an average of recoveries.")
+    foot = "".join(f"<p class='note'>{n}</p>" for n in notes)
+    return (f"<table><tr><th rowspan=2>setting</th>{head}</tr><tr>{sub}</tr>" + "".join(rows) + "</table>" + foot)
 
 
 def _pct(row: Any, col: str) -> str:
@@ -161,16 +218,22 @@ def headline(analyses: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
         ("IoU of top-10% score and top-10% base-entropy tokens", main,
          pick("entropy_iou", "iou", lambda d: d["p"] == 0.1), "high for all p"),
     ]
+    names = _benchmarks(frame("failure_auroc"))
+    several = len([b for b in names if b != R.ALL_BENCHMARKS]) > 1
     for finding, entropy in (("failure AUROC, top-100 mean score", False),
                              ("failure AUROC, top-100 mean base entropy", True)):
-        for bench in _benchmarks(frame("failure_auroc")) or [main]:
+        for bench in [b for b in names if b != R.ALL_BENCHMARKS] + [b for b in names if b == R.ALL_BENCHMARKS] \
+                or [main]:
             value = pick("failure_auroc", "auroc", (lambda d: d["signal"] == "entropy_base") if entropy
                          else (lambda d: d["signal"] != "entropy_base"), bench=bench)
-            out.append((finding, bench, value, _paper_value(finding, bench)))
+            paper = (POOLED_AUROC.format(value=_paper_value(finding, "gsm8k")) if several and bench == R.ALL_BENCHMARKS
+                     else _paper_value(finding, bench))
+            out.append((finding, bench, value, paper))
+    note = planning_note(analyses.get("enrichment"))
     out += [
         ("reasoner's top token within the base top-5 (spikes)", main,
-         pick("reason_rank_within", "share", lambda d: (d["at"] == "spikes") & (d["k"] == 5)), "always (ReasonMaxxer)"),
-        ("planning enrichment among top-1% score tokens [" + PLANNING_NOTE + "]", main, enr("planning", "top_score"),
+         pick("reason_rank_within", "share", lambda d: (d["at"] == "spikes") & (d["k"] == 5)), RANK_PAPER),
+        ("planning enrichment among top-1% score tokens [" + note + "]", main, enr("planning", "top_score"),
          "≈ 7.5×"),
         ("planning enrichment among tokens taken over [pooled planning, as above]", main,
          enr("planning", "taken_over"), "≈ 17.6×"),
@@ -247,6 +310,9 @@ def reproduce_html(path: str, table: pd.DataFrame, analyses: Mapping[str, pd.Dat
              "<h2>Headline analyses against the paper</h2>", R._table_html(headline(analyses))]
     for i, (heading, fig) in enumerate(figures):
         parts.append(f"<h2>{html.escape(heading)}</h2>\n" + fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
+    if "gates" in analyses:  # the gate shoot-out (core.compare_gates), plotly's JavaScript is embedded above
+        parts.append("<h2>Which gate knows when? The gates at equal ρ</h2>\n"
+                     + gates_section(analyses["gates"], include_plotlyjs=False))
     for name in ("position_summary", "gini", "mass_fraction", "entropy_iou", "failure_auroc", "reason_rank_within",
                  "enrichment"):
         if name in analyses:

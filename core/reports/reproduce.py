@@ -10,6 +10,7 @@ when the same call is repeated.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -18,12 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from core import settings
 from core.analysis.tables import enrichment, first_token_artifact_share
 from core.decoding.calibration import first_token_advice
 from core.errors import InvalidInputError
+from core.reports.gates import compare_gates, gate_summary, write_gates
 from core.evaluation.harness import GUIDE, THINKING, Reference
 from core.evaluation.sources import BENCHMARKS, load_benchmarks
 from core.evaluation.sweep import DEFAULT_BASELINE_RHOS, DEFAULT_RATIOS, budget_sweep
@@ -89,7 +92,8 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
               seed: int = settings.SEED, batch_size: int = settings.BATCH_SIZE, base_format: str | None = None,
               reason_format: str | None = None, thinking_format: str | None = None, device: str = "auto",
               dtype: str = "auto", revisions: Mapping[str, str | None] | None = None,
-              trust_remote_code: bool = False, progress: StageProgress | None = None, executor: Any = None) -> Reproduction:
+              trust_remote_code: bool = False, progress: StageProgress | None = None, executor: Any = None,
+              gate_rhos: Sequence[float] = (), router: str | None = None) -> Reproduction:
     """Run the paper's protocol and write `<out>/report.html` plus CSVs (see module doc).
 
     `base`/`reason`: model sources, or a loaded `ModelPair` as `base` (then `reason` is ignored).
@@ -101,7 +105,10 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
     `baseline_rhos`: the random / early baselines' rates ("realised" = Guided's, per configuration; numbers =
     fixed rates); `entropy_gated`: run the entropy-gated variant beside Guided; `skip_first`: the gates'
     first-k-positions skip (see `Guided`).
-    `executor` (e.g. `core.RayExecutor()`) makes the traces on other workers (docs/SCALE.md)."""
+    `executor` (e.g. `core.RayExecutor()`) makes the traces on other workers (docs/SCALE.md).
+    `gate_rhos`: also run the gate shoot-out (`core.compare_gates`) at these target ρ, with the same problems,
+    calibration and sampling (the learned gate with `router`, a trained router's folder); it is a section of
+    the report and `<out>/gates/`."""
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,16 +132,24 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
                          baselines=baselines, baseline_rhos=baseline_rhos, entropy_gated=entropy_gated,
                          skip_first=skip_first, thinking=thinking_pair, reference=reference, store=store, seed=seed,
                          batch_size=batch_size, progress=progress, keep=keep, executor=executor, **sampling)
+    gate_table = None
+    if gate_rhos:
+        gate_table = compare_gates(pair, benches, calibration, list(gate_rhos), router=router, thinking=thinking_pair,
+                                   reference=reference, store=store, seed=seed, batch_size=batch_size,
+                                   progress=progress, executor=executor, **sampling)
     info = _info(pair, thinking_pair, benches, calibration, sampling, reference, ratios, budgets, window, score,
                  seed, store, preset)
     info.update(baseline_rhos=list(baseline_rhos) if baselines else [], entropy_gated=entropy_gated,
                 skip_first=skip_first)
-    return write_reproduction(out, sweep, keep, info, score=score, reference=reference, benches=benches, pair=pair)
+    if gate_table is not None:
+        info["gate_rhos"] = list(gate_rhos)
+    return write_reproduction(out, sweep, keep, info, score=score, reference=reference, benches=benches, pair=pair,
+                              gates=gate_table)
 
 
 def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[Any]], info: dict[str, Any], *,
                        score: str, reference: Reference, benches: Mapping[str, list[Any]] | None = None,
-                       pair: Any = None) -> Reproduction:
+                       pair: Any = None, gates: pd.DataFrame | None = None) -> Reproduction:
     """The analyses over the base rollouts per benchmark and pooled (enrichment also over the tokens Guided
     took over), the paper-style table, the CSVs and the HTML report in `out`. `benches` (the evaluation
     problems by benchmark) says which benchmark each trace is from; `pair` lets the t = 0 warning suggest
@@ -149,11 +164,7 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
     by_bench = split_by_benchmark(base_traces, benches)
     analyses = benchmark_tables(by_bench, str(out / "analysis"), score=score)
     try:
-        guided_by = split_by_benchmark(guided, benches)
-        frames = [enrichment(pooled([ts, guided_by.get(name, [])]), score).assign(benchmark=name)
-                  for name, ts in _with_all(by_bench).items()]
-        table = pd.concat(frames, ignore_index=True)
-        analyses["enrichment"] = table[["benchmark", *[c for c in table.columns if c != "benchmark"]]]
+        analyses["enrichment"] = enrichment_by_benchmark(by_bench, guided, benches, score)
         write_csv(analyses["enrichment"], out / "analysis" / "enrichment.csv")
     except (ImportError, OSError, ValueError) as exc:  # spaCy model missing etc.
         log.warning("enrichment skipped: %s", exc)
@@ -164,13 +175,61 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
         info["first_token_advice"] = advice
         log.warning("t = 0 is the largest spike in most base rollouts: %s", advice)
     table = paper_table(sweep)
+    same = identical_configs({label: ts for label, ts in keep.items() if label.startswith("r=")})
+    if same:
+        info["identical_guided"] = same
+        log.warning("Guided configurations with the same traces: %s", same)
+    table["same_traces_as"] = [f"guided {same[c]}" if p == "guided" and c in same else ""
+                               for p, c in zip(table["policy"], table["config"])]
     write_csv(sweep, out / "sweep.csv")
     write_csv(table, out / "table.csv")
     text = json.dumps(info, indent=1, default=str) + "\n"
     write_atomic(out / "run.json", lambda fh: fh.write(text), what="run record")
+    if gates is not None:
+        write_gates(out / "gates", gates, info)
+        analyses["gates"] = gate_summary(gates)
     report = Path(reproduce_html(str(out / "report.html"), table, analyses, info))
     log.info("reproduction report: %s", report)
     return Reproduction(out=out, report=report, table=table, sweep=sweep, analyses=analyses, info=info)
+
+
+def identical_configs(groups: Mapping[str, Sequence[Any]]) -> dict[str, str]:
+    """{config: an earlier config whose traces are token for token the same} (e.g. two calibration ratios whose
+    gates fire at the same positions): per (problem id, sample) the emitted tokens and who wrote each."""
+    def signature(traces: Sequence[Any]) -> tuple:
+        rows = []
+        for t in traces:
+            problem = t.meta.get("problem") or {}
+            sample = (t.meta.get("sampling") or {}).get("sample", 0)
+            content = hashlib.blake2b(np.asarray(t.token_ids, dtype=np.int64).tobytes()
+                                      + "\0".join(map(str, t.source)).encode(), digest_size=16).hexdigest()
+            rows.append((str(problem.get("id")), str(problem.get("prompt")), int(sample), content))
+        return tuple(sorted(rows))
+
+    seen: dict[tuple, str] = {}
+    out: dict[str, str] = {}
+    for label, traces in groups.items():
+        sig = signature(traces)
+        if sig and sig in seen:
+            out[label] = seen[sig]
+        else:
+            seen.setdefault(sig, label)
+    return out
+
+
+def enrichment_by_benchmark(by_bench: Mapping[str, Sequence[Any]], guided: Sequence[Any],
+                            benches: Mapping[str, list[Any]] | None, score: str) -> pd.DataFrame:
+    """Planning enrichment per benchmark and, with several, pooled ("all"): every set over the base's own
+    rollouts (`by_bench`) but "taken_over", which is over the Guided traces (`guided`, every ratio) of the
+    same benchmark(s): one rule for each group, the pooled one included."""
+    from core.reports.report import ALL_BENCHMARKS
+
+    groups = _with_all(by_bench)
+    guided_by = split_by_benchmark(guided, benches)
+    taken = {**guided_by, **({ALL_BENCHMARKS: guided} if ALL_BENCHMARKS in groups else {})}
+    frames = [enrichment(ts, score, taken=taken.get(name, [])).assign(benchmark=name) for name, ts in groups.items()]
+    table = pd.concat(frames, ignore_index=True)
+    return table[["benchmark", *[c for c in table.columns if c != "benchmark"]]]
 
 
 def split_by_benchmark(traces: Sequence[Any], benches: Mapping[str, list[Any]] | None) -> dict[str, list[Any]]:

@@ -290,3 +290,17 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     if not bool(torch.isfinite(h).all()):  # -inf logits: 0 · log 0 = 0
         h = _plogp_diff(p, torch.zeros_like(la[..., :1]), la)
     return h
+
+
+def entropy_and_top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(C, V) logits -> ((C,) entropy in nats, (C, 2) the two largest probabilities): everything a gate on the
+    base alone reads (entropy, Nudging's top-1 probability, the top-1/top-2 margin), from one softmax."""
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    la, p = _log_softmax(logits.to(dtype))
+    h = -torch.linalg.vecdot(p, la)
+    if not bool(torch.isfinite(h).all()):  # -inf logits: 0 · log 0 = 0
+        h = _plogp_diff(p, torch.zeros_like(la[..., :1]), la)
+    top = torch.topk(p, min(2, p.shape[-1]), dim=-1).values
+    if top.shape[-1] < 2:
+        top = torch.cat([top, torch.zeros_like(top)], dim=-1)
+    return h, top

@@ -1,0 +1,232 @@
+"""The gate shoot-out (`core.compare_gates`): which gate knows *when*? Every gate of the policy registry that has
+a knob, each set by the one equal-ρ calibration (`core.decoding.calibration.equal_rho`) on base rollouts of
+held-out calibration problems, at each target ρ, run on the same problems and samples as the base; per gate
+and ρ: realised ρ, accuracy, pass@k, recovery, flips against the base per problem, the reasoner's
+evaluations per token and wall seconds per token.
+
+It reuses the harness: `stream_records` makes and grades the traces (stored, resumable), `policy_table` and
+`add_recovery` summarise them, `sweep.calibration_rollouts` makes the calibration rollouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core import settings
+from core.decoding.calibration import build_policy, rollout_rho
+from core.decoding.policies import BaseOnly, ReasonOnly, policy_spec
+from core.errors import InvalidInputError
+from core.evaluation.harness import (
+    BASE,
+    GUIDE,
+    THINKING,
+    Reference,
+    add_recovery,
+    keep_traces,
+    policy_table,
+    require_gold,
+    stream_records,
+)
+from core.evaluation.record_table import RecordTable
+from core.evaluation.sweep import calibration_rollouts
+from core.evaluation.thinking import Solo
+from core.io.csvsafe import write_csv
+from core.settings import StageProgress
+
+log = logging.getLogger(__name__)
+
+GATES = ("guided", "entropy_gated", "top_prob", "margin", "router", "random_positions", "early_only")
+DEFAULT_GATE_RHOS = settings.GATE_RHOS
+GATE_COLUMNS = ("benchmark", "gate", "label", "target_rho", "calibrated_rho", "rho", "accuracy", "pass@k", "k",
+                "recovery", "recovery@k", "wrong_to_right", "right_to_wrong", "problems", "samples",
+                "reason_evals_per_token", "wall_s_per_token", "knob", "knob_value", "mean_tokens", "reference")
+
+
+def gate_label(gate: str, rho: float) -> str:
+    """"top_prob ρ=0.05": one row of the shoot-out."""
+    return f"{gate} ρ={rho:g}"
+
+
+def problem_right(records: pd.DataFrame) -> pd.Series:
+    """Per (benchmark, index): whether the problem counts as solved, i.e. at least half its samples are correct."""
+    return records.groupby(["benchmark", "index"])["correct"].mean() >= 0.5
+
+
+def flips(records: pd.DataFrame, label: str, base: str = BASE) -> pd.DataFrame:
+    """Per benchmark: problems the base got wrong and policy `label` right (wrong_to_right), and the reverse,
+    a problem being right when at least half its samples are (`problem_right`); problems both ran only."""
+    mine = problem_right(records[records["policy"] == label])
+    theirs = problem_right(records[records["policy"] == base])
+    both = mine.index.intersection(theirs.index)
+    mine, theirs = mine.loc[both], theirs.loc[both]
+    frame = pd.DataFrame({"up": mine & ~theirs, "down": ~mine & theirs})
+    out = frame.groupby(level="benchmark").sum()
+    return pd.DataFrame({"benchmark": out.index, "wrong_to_right": out["up"].astype(int).to_numpy(),
+                         "right_to_wrong": out["down"].astype(int).to_numpy()})
+
+
+def reason_evals_per_token(policy: Any, records: pd.DataFrame) -> float:
+    """The reasoner's evaluations that decoding needs, per generated token: a lazy gate asks it only where it
+    fires (takeovers / tokens; the metrics of the other positions are filled in one batched pass afterwards),
+    every other policy scores each position with it (1.0)."""
+    tokens = float(records["tokens"].sum())
+    if not tokens:
+        return math.nan
+    return float(records["taken"].sum()) / tokens if type(policy).lazy else 1.0
+
+
+def compare_gates(pair: Any, problems: Any, calibration: Sequence[Any], ratios: Sequence[float] = DEFAULT_GATE_RHOS,
+                  *, gates: Sequence[str] = GATES, router: str | None = None, params: Mapping[str, dict] | None = None,
+                  samples: int = settings.SAMPLES, thinking: Any = None, reference: Reference | None = None,
+                  store: Any = None, temperature: float = settings.TEMPERATURE, top_p: float = settings.TOP_P,
+                  seed: int = settings.SEED, max_new_tokens: int = settings.MAX_NEW_TOKENS,
+                  batch_size: int = settings.BATCH_SIZE, progress: StageProgress | None = None,
+                  keep: dict[str, Any] | None = None, executor: Any = None) -> pd.DataFrame:
+    """The shoot-out table (GATE_COLUMNS), one row per benchmark x gate x target ρ, plus the base and the
+    reference rows (gate "base" / "reason" / "thinking"). Each gate's knob is set by equal-ρ calibration on
+    base rollouts of `calibration` (held out from `problems`); "router" needs `router` (a trained router's
+    folder) and is left out without one. `params`: extra parameters per gate (e.g. {"guided": {"window": 8}}).
+    With `keep`, traces are collected by label. Wall seconds per token are measured per stage here (NaN when a
+    stage made no new trace: everything came from the store)."""
+    require_gold(problems)
+    ratios = [float(r) for r in ratios]
+    bad = [r for r in ratios if not 0.0 < r < 1.0]
+    if bad or not ratios:
+        raise InvalidInputError(f"ratios (target takeover rates) must be in (0, 1), got {list(ratios)!r}")
+    gates = [g for g in gates if g != "router" or router is not None]
+    for g in gates:
+        if policy_spec(g).cls.knob is None:
+            raise InvalidInputError(f"{g!r} has no knob to set at equal ρ; the gates: {', '.join(GATES)}")
+    if not calibration:
+        raise InvalidInputError("compare_gates needs calibration problems (held out from the evaluated ones)")
+    params = {g: dict(v) for g, v in (params or {}).items()}
+    if router is not None:
+        params.setdefault("router", {})["path"] = str(router)
+    common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
+                  max_new_tokens=max_new_tokens, batch_size=batch_size, executor=executor)
+    keep = {} if keep is None else keep
+    reference = reference if reference is not None else (THINKING if thinking is not None else GUIDE)
+
+    def bar(stage: str) -> Callable[[int, int], None] | None:
+        return None if progress is None else (lambda done, total: progress(stage, done, total))
+
+    rollouts = list(calibration_rollouts(pair, calibration, keep=keep, progress=bar("calibration rollouts"),
+                                         **common))
+    rows: list[dict[str, Any]] = []
+    with RecordTable() as records:
+        stream_records(pair, problems, {BASE: BaseOnly(), GUIDE: ReasonOnly()}, keep=keep, into=records,
+                       progress=bar("base and reference"), **common)
+        if thinking is not None:
+            held: dict[str, Any] = {}
+            stream_records(thinking, problems, {THINKING: Solo()}, keep=held, into=records,
+                           progress=bar("thinking"), **common)
+            keep_traces(keep, THINKING, held.get(THINKING, []), store)
+        runs: dict[str, tuple[Any, float, float, float]] = {}
+        for rho in ratios:
+            for gate in gates:
+                label = gate_label(gate, rho)
+                policy = build_policy(pair, gate, params.get(gate), rho=rho, rollouts=rollouts,
+                                      max_new_tokens=max_new_tokens)
+                before = _count(store)
+                t0 = time.perf_counter()
+                stream_records(pair, problems, {label: policy}, keep=keep, into=records, progress=bar(label),
+                               **common)
+                wall = time.perf_counter() - t0
+                fresh = store is None or _count(store) > before
+                runs[label] = (policy, rho, rollout_rho(policy, rollouts, pair), wall if fresh else math.nan)
+        frame = records.frame()
+        table = policy_table(records, base=BASE, reference=reference)
+    tokens_of = frame.groupby("policy")["tokens"].sum()  # a stage's wall time covers every benchmark
+    for _, row in table.iterrows():
+        label = str(row["policy"])
+        part = frame[(frame["benchmark"] == row["benchmark"]) & (frame["policy"] == label)]
+        flip = flips(frame[frame["benchmark"] == row["benchmark"]], label)
+        up, down = ((int(flip["wrong_to_right"].sum()), int(flip["right_to_wrong"].sum())) if len(flip) else (0, 0))
+        entry = {**row.to_dict(), "label": label, "wrong_to_right": up, "right_to_wrong": down}
+        if label in runs:
+            policy, rho, calibrated, wall = runs[label]
+            knob = str(type(policy).knob)
+            tokens = float(tokens_of.get(label, 0))
+            entry.update(gate=policy.name, target_rho=rho, calibrated_rho=calibrated, knob=knob,
+                         knob_value=_knob(policy, knob),
+                         reason_evals_per_token=reason_evals_per_token(policy, part),
+                         wall_s_per_token=wall / tokens if tokens and not math.isnan(wall) else math.nan)
+        else:
+            entry.update(gate=label, target_rho=math.nan, calibrated_rho=math.nan, knob=None, knob_value=math.nan,
+                         reason_evals_per_token=1.0 if label != BASE else 0.0, wall_s_per_token=math.nan)
+            if label == BASE:
+                entry.update(wrong_to_right=0, right_to_wrong=0)
+        rows.append(entry)
+    out = pd.DataFrame(rows)
+    return out[[c for c in GATE_COLUMNS if c in out.columns]]
+
+
+def _knob(policy: Any, knob: str) -> float:
+    """The calibrated value of a gate's knob (Guided: its τ; λ is in its record)."""
+    value = getattr(policy, knob, math.nan)
+    return float(value) if isinstance(value, (int, float, np.floating)) and value is not None else math.nan
+
+
+def _count(store: Any) -> int:
+    """How many traces `store` holds (to tell a stage that made traces from one read back)."""
+    return len(store.keys()) if hasattr(store, "keys") else 0
+
+
+def gate_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """The shoot-out averaged over benchmarks (or the only one): one row per gate and target ρ, flips summed;
+    recovery recomputed from the averages (as the paper's table does)."""
+    if table.empty:
+        return table
+    if table["benchmark"].nunique() == 1:
+        return table.reset_index(drop=True)
+    sums = ["wrong_to_right", "right_to_wrong", "problems"]
+    means = ["calibrated_rho", "rho", "accuracy", "pass@k", "reason_evals_per_token", "wall_s_per_token",
+             "mean_tokens", "knob_value"]
+    keys = ["label", "gate", "target_rho", "knob"]
+    g = table.fillna({"target_rho": -1.0, "knob": ""}).groupby(keys, sort=False)
+    avg = g[means].mean().join(g[sums].sum()).join(g[["k", "samples"]].min()).reset_index()
+    avg = avg.replace({"target_rho": {-1.0: math.nan}, "knob": {"": None}}).assign(benchmark="average")
+    ends = avg[avg["label"].isin([BASE, GUIDE, THINKING])].rename(columns={"label": "policy"})
+    ref = str(table["reference"].iloc[0]).removeprefix("policy ").removesuffix(" (missing)")
+    avg = add_recovery(avg.rename(columns={"label": "policy"}), base=BASE, reference=ref, ends=ends)
+    return avg.rename(columns={"policy": "label"})[[c for c in GATE_COLUMNS if c in table.columns]]
+
+
+def write_gates(out: str | Path, table: pd.DataFrame, info: Mapping[str, Any] | None = None) -> dict[str, Path]:
+    """Write `out`/gates.csv (every benchmark and the average) and `out`/gates.html (the table and its Pareto
+    plots, self-contained); returns {"csv": path, "html": path}."""
+    from core.reports.gates_report import gates_html  # plotly
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = gate_summary(table)
+    full = table if summary is table or set(summary["benchmark"]) <= set(table["benchmark"]) else pd.concat(
+        [table, summary], ignore_index=True)
+    write_csv(full, out / "gates.csv")
+    html = gates_html(str(out / "gates.html"), summary, table, dict(info or {}))
+    return {"csv": out / "gates.csv", "html": Path(html)}
+
+
+def read_gates(path: str | Path) -> pd.DataFrame:
+    """A shoot-out table written by `write_gates` (its gates.csv, or the folder holding it): the average rows
+    when there are several benchmarks, else the only benchmark's. InvalidInputError naming the file otherwise."""
+    file = Path(path)
+    file = file / "gates.csv" if file.is_dir() else file
+    try:
+        table = pd.read_csv(file)
+    except (OSError, ValueError) as err:
+        raise InvalidInputError(f"cannot read a gate shoot-out table from {file}: {err}") from err
+    missing = {"benchmark", "label", "gate", "rho", "accuracy"} - set(table.columns)
+    if missing:
+        raise InvalidInputError(f"{file} is not a gates.csv (no column {', '.join(sorted(missing))}); make one with "
+                                "`forkpoint gates --out DIR`")
+    return table[table["benchmark"] == "average"].reset_index(drop=True) if (table["benchmark"] == "average").any() \
+        else table
