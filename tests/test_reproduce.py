@@ -282,7 +282,11 @@ def test_calibration_holdout_and_the_first_token_advice_that_fits_the_pair():
     assert "no thinking mode" in no_think and "--skip-first" in no_think and "use a +think" not in no_think
     assert "already opens" in first_token_advice(pair("chat:think+think", thinking))
     assert "--skip-first" in first_token_advice(pair("Question: {problem}\nAnswer:", plain_chat))
-    traces = [type("T", (), {"source": ["reason", "base", "reason"], "__len__": lambda self: 3})() for _ in range(2)]
+    from core.trace import Trace
+
+    counted = {"takeovers": Trace.takeovers, "n_takeovers": Trace.n_takeovers}  # the record's one count of takeovers
+    traces = [type("T", (), {"source": ["reason", "base", "reason", "forced"], "__len__": lambda self: 4, **counted})()
+              for _ in range(2)]
     assert first_token_takeover_share(traces) == pytest.approx(0.5)
 
 
