@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.decoding.policies import Policy, Step
+from core.decoding.policies import BaseOnly, Policy, Step
 from core.decoding.records import TokenRecord
 from core.decoding.sampling import Sampling, position_generator, sample_token
 from core.decoding.state import ModelState
@@ -143,6 +143,12 @@ class Decoder:
         self.fed = np.zeros((len(rows), 64), dtype=np.int64)  # emitted ids (pads for finished rows), column p - start
         self.sizer = BlockSizer(timed=torch.device(pair.device).type == "cpu")  # see BlockSizer: reproducible on GPUs
         self.deferred: dict[str, dict[int, torch.Tensor]] = {s: {} for s in SIDES}  # lazy: p -> (B, d) hidden
+        # BaseOnly reads nothing of a step (no gate, no forced token): with an adaptive lookahead the reasoner
+        # need not follow the base at all, so it reads the response once, after the run (or every LAZY_FLUSH
+        # positions), as a teacher-forced pass; lookahead=1 keeps the documented lock-step reads
+        self.blind = type(policy) is BaseOnly and self.lookahead is None
+        self.lazy = policy.lazy or self.blind
+        self.eos = torch.tensor(sorted(pair.eos_ids), dtype=torch.long)
         self.stop_chars = max((len(s) for s in sampling.stop), default=0)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -151,11 +157,11 @@ class Decoder:
         """Decode to the end; returns per-row arrays of the new positions (as `metrics_from_hidden`)."""
         while self.t < self.limit and not all(r.done for r in self.rows):
             self._check_stop()
-            if self.policy.lazy:
+            if self.lazy:
                 self._lazy_step()
             else:
                 self._block()
-        if self.policy.lazy:
+        if self.lazy:
             self._flush()
         for state in self.states.values():  # as lock-step leaves them: the last token is never read
             state.crop(self.t - 1)
@@ -201,6 +207,7 @@ class Decoder:
         t0 = time.perf_counter()
         self._read(self.base)  # the token emitted last (at most one) is read now
         logits_a, drafts = self._draft(n)  # (B, n, V), (B, n)
+        n = drafts.shape[1]  # fewer when every row drafted its end
         t1 = time.perf_counter()
         hidden = self._read(self.reason, drafts[:, : n - 1])[:, -n:]  # (B, n, d): positions t .. t+n-1
         logits_b = self.reason.logits(hidden)
@@ -221,8 +228,12 @@ class Decoder:
         self.sizer.add(n, False)
 
     def _draft(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The base's next n tokens (pads for finished rows) and the logits they were drawn from."""
+        """The base's next n tokens (pads for finished rows) and the logits they were drawn from; fewer
+        when every row has drafted an end of sequence or reached its room (a draft after it is never
+        committed: the row ends there, or the block ends at the token that replaced it)."""
         live = self._live()
+        room = np.array([np.iinfo(np.int64).max if r.room is None else r.room for r in self.rows])
+        ended = ~live
         logits, drafts = [], []
         for j in range(n):
             if j:
@@ -231,8 +242,12 @@ class Decoder:
             d = self._sample(a, self.t + j, live)
             logits.append(a)
             drafts.append(d)
-            if j < n - 1:  # the last draft is read with the next block, once it is known to stand
-                self.base.feed(d.unsqueeze(1))
+            ended = ended | (self.t + j + 1 >= room)
+            if len(self.eos):  # a replaying row's draft is not its token
+                ended |= torch.isin(d, self.eos).numpy() & ~self._replaying(self.t + j)
+            if ended.all() or j == n - 1:  # the last draft is read with the next block, once it is known to stand
+                break
+            self.base.feed(d.unsqueeze(1))
         return torch.stack(logits, dim=1), torch.stack(drafts, dim=1)
 
     def _verify_position(self, j: int, logprobs: LogProbs, b: torch.Tensor, draft: torch.Tensor,
@@ -259,11 +274,15 @@ class Decoder:
         when it must emit; the metrics of skipped positions are filled by `_flush`."""
         p, live = self.t, self._live()
         a = self.base.logits()
-        h_base = entropy(a).cpu().numpy()
-        step = Step(t=p, score=None, entropy_base=h_base, history=[r.history for r in self.rows], taken=self.taken,
-                    limit=self.limit, rows=self.identities)
-        fire = np.asarray(self.policy.takeover(step), dtype=bool) & live & ~self._replaying(p)
-        forced = self.policy.forced_token(p)
+        if self.blind:  # nothing to decide: no gate value, no takeover
+            h_base = np.zeros(len(self.rows), dtype=np.float32)
+            fire, forced = np.zeros(len(self.rows), dtype=bool), None
+        else:
+            h_base = entropy(a).cpu().numpy()
+            step = Step(t=p, score=None, entropy_base=h_base, history=[r.history for r in self.rows],
+                        taken=self.taken, limit=self.limit, rows=self.identities)
+            fire = np.asarray(self.policy.takeover(step), dtype=bool) & live & ~self._replaying(p)
+            forced = self.policy.forced_token(p)
         b = None
         if fire.any() or forced is not None:
             self._log_reason(self._read(self.reason))
