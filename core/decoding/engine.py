@@ -45,6 +45,7 @@ from core.scoring.teacher_forced import empty_metrics, metrics_from_hidden
 MAX_LOOKAHEAD = 32  # the adaptive block size never exceeds this
 LOGIT_BYTES = 512 << 20  # at most this many bytes of logits and log-probs (both models) per block
 LAZY_FLUSH = 512  # lazy policies: fill metrics at least every this many positions
+DEFERRED_BYTES = 128 << 20  # lazy policies: ... and at least every this many bytes of kept base logits
 RATE_WINDOW = 256  # positions over which the change rate that sizes blocks is measured
 
 
@@ -142,7 +143,10 @@ class Decoder:
         self.record = TokenRecord(len(rows), start)
         self.fed = np.zeros((len(rows), 64), dtype=np.int64)  # emitted ids (pads for finished rows), column p - start
         self.sizer = BlockSizer(timed=torch.device(pair.device).type == "cpu")  # see BlockSizer: reproducible on GPUs
-        self.deferred: dict[str, dict[int, torch.Tensor]] = {s: {} for s in SIDES}  # lazy: p -> (B, d) hidden
+        # lazy: p -> the base's (B, V) logits its token was drawn from (kept: no second head pass), and the
+        # reasoner's (B, d) hidden states; flushed every LAZY_FLUSH positions or DEFERRED_BYTES of logits
+        self.deferred: dict[str, dict[int, torch.Tensor]] = {s: {} for s in SIDES}
+        self.flush_every = max(1, min(LAZY_FLUSH, DEFERRED_BYTES // (4 * len(rows) * pair.vocab_size)))
         # BaseOnly reads nothing of a step (no gate, no forced token): with an adaptive lookahead the reasoner
         # need not follow the base at all, so it reads the response once, after the run (or every LAZY_FLUSH
         # positions), as a teacher-forced pass; lookahead=1 keeps the documented lock-step reads
@@ -157,7 +161,9 @@ class Decoder:
         """Decode to the end; returns per-row arrays of the new positions (as `metrics_from_hidden`)."""
         while self.t < self.limit and not all(r.done for r in self.rows):
             self._check_stop()
-            if self.lazy:
+            if self.blind:
+                self._blind_step()
+            elif self.lazy:
                 self._lazy_step()
             else:
                 self._block()
@@ -274,25 +280,33 @@ class Decoder:
         when it must emit; the metrics of skipped positions are filled by `_flush`."""
         p, live = self.t, self._live()
         a = self.base.logits()
-        if self.blind:  # nothing to decide: no gate value, no takeover
-            h_base = np.zeros(len(self.rows), dtype=np.float32)
-            fire, forced = np.zeros(len(self.rows), dtype=bool), None
-        else:
-            h_base = entropy(a).cpu().numpy()
-            step = Step(t=p, score=None, entropy_base=h_base, history=[r.history for r in self.rows],
-                        taken=self.taken, limit=self.limit, rows=self.identities)
-            fire = np.asarray(self.policy.takeover(step), dtype=bool) & live & ~self._replaying(p)
-            forced = self.policy.forced_token(p)
+        h_base = entropy(a).cpu().numpy()
+        step = Step(t=p, score=None, entropy_base=h_base, history=[r.history for r in self.rows], taken=self.taken,
+                    limit=self.limit, rows=self.identities)
+        fire = np.asarray(self.policy.takeover(step), dtype=bool) & live & ~self._replaying(p)
+        forced = self.policy.forced_token(p)
         b = None
         if fire.any() or forced is not None:
             self._log_reason(self._read(self.reason))
             b = self.reason.logits()
         tokens, sources = self._choose(p, self._sample(a, p, live).numpy(), b, fire, forced, live)
-        self.deferred["base"][p] = self.base.last_hidden
+        self.deferred["base"][p] = a
         self._commit(p, tokens, sources, live, h_base, None)
         if self.t < self.limit and not all(r.done for r in self.rows):
             self.base.feed(torch.from_numpy(tokens).unsqueeze(1))
-            if len(self.deferred["base"]) >= LAZY_FLUSH:
+            if len(self.deferred["base"]) >= self.flush_every:
+                self._flush()
+
+    def _blind_step(self) -> None:
+        """One position of BaseOnly: the base's draw, nothing to decide; the reasoner reads in `_flush`."""
+        p, live = self.t, self._live()
+        a, none = self.base.logits(), np.zeros(len(self.rows), dtype=bool)
+        tokens, sources = self._choose(p, self._sample(a, p, live).numpy(), None, none, None, live)
+        self.deferred["base"][p] = a
+        self._commit(p, tokens, sources, live, np.zeros(len(self.rows), dtype=np.float32), None)
+        if self.t < self.limit and not all(r.done for r in self.rows):
+            self.base.feed(torch.from_numpy(tokens).unsqueeze(1))
+            if len(self.deferred["base"]) >= self.flush_every:
                 self._flush()
 
     def _log_reason(self, hidden: torch.Tensor) -> None:
@@ -301,15 +315,18 @@ class Decoder:
             self.deferred["reason"][first + i] = hidden[:, i]
 
     def _flush(self) -> None:
-        """Metrics of the deferred positions, from both models' logged hidden states, in batched passes."""
+        """Metrics of the deferred positions, from the base's kept logits and the reasoner's logged hidden
+        states (its head applied in batched passes)."""
         positions = sorted(self.deferred["base"])
         if not positions:
             return
         self._log_reason(self._read(self.reason, stop=positions[-1]))  # the last emitted token is never read
-        hidden = {s: torch.stack([self.deferred[s][p] for p in positions], dim=1) for s in SIDES}  # (B, M, d)
+        logits = torch.stack([self.deferred["base"][p] for p in positions], dim=1)  # (B, M, V)
+        hidden = torch.stack([self.deferred["reason"][p] for p in positions], dim=1)  # (B, M, d)
         targets = self._ids(positions[0], positions[-1] + 1)
         for i in range(len(self.rows)):
-            arrays = metrics_from_hidden(self.pair, {s: hidden[s][i] for s in SIDES}, targets[i], k=self.k)
+            arrays = metrics_from_hidden(self.pair, {"reason": hidden[i]}, targets[i], k=self.k,
+                                         logits={"base": logits[i]})
             self.record.write_row(i, positions[0], arrays)
         self.deferred = {s: {} for s in SIDES}
 
