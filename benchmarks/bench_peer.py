@@ -20,7 +20,9 @@ Rows, each forkpoint vs its hand-written peer (the peers' code is below, each a 
   4. `core.score` vs two bare teacher-forced forwards (`model(ids).logits`)
   5. (--memory) peak memory of each variant: RSS high-water mark (Linux VmHWM, reset through
      /proc/self/clear_refs after loading and one warm-up run) above the RSS before the run, one fresh
-     subprocess per variant. It counts every CPU allocation (torch's, numpy's, Python's).
+     subprocess per variant, with glibc's mmap threshold fixed at 128 KiB and the heap trimmed before the
+     run, so that buffers freed by the warm-up are not silently reused). It counts every CPU allocation
+     (torch's, numpy's, Python's).
 Times: CPU seconds of this one-thread process (primary: other jobs on a shared machine disturb it far less
 than wall time) and wall seconds; repeats alternate forkpoint and peer (order flipped every repeat);
 ratios are medians of the per-repeat ratios (min-max beside them). Results: benchmarks/RESULTS.md, "Peer".
@@ -322,6 +324,11 @@ def measure_child(name: str, row: str, side: int, n: int, cache: Path) -> dict:
     setup = Setup(name, *loaded, n)
     fn = setup.variants()[row][side]
     fn()
+    import ctypes
+    import gc
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # what the warm-up freed goes back to the system, so its reuse counts
     with open("/proc/self/clear_refs", "w") as handle:  # "5" resets VmHWM to the current RSS (Linux)
         handle.write("5")
     before = _rss_kib("VmRSS")
@@ -336,7 +343,10 @@ def memory_rows(name: str, rows: str, n: int, cache: Path, threads: int) -> list
         for side in (0, 1):
             cmd = [sys.executable, __file__, "--child", f"{name}:{row}:{side}", "--tokens", str(n), "--cache", str(cache),
                    "--threads", str(threads)]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            # a fixed mmap threshold: every large buffer is mapped when allocated and unmapped when freed, so the
+            # high-water mark sees each run's own peak instead of reused heap
+            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17), "MALLOC_TRIM_THRESHOLD_": str(1 << 17)}
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
             got.append(json.loads(done.stdout.strip().splitlines()[-1]))
         out.append({"pair": name, "row": row, "ours_mib": got[0]["peak_mib"], "peer_mib": got[1]["peak_mib"],
                     "resident_mib": got[0]["resident_mib"]})
@@ -379,6 +389,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="max_new_tokens (the real model writes exactly this many)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     ap.add_argument("--memory", action="store_true", help="row 5: peak RSS of every variant, one subprocess each")
+    ap.add_argument("--memory-only", action="store_true", help="row 5 alone (no timed rows)")
     ap.add_argument("--profile", action="store_true", help="cProfile of row 1 (forkpoint) on each pair")
     ap.add_argument("--cache", type=Path, default=ROOT / ".cache" / "gguf-test", help="where the wheel is kept")
     ap.add_argument("--write", action="store_true", help="write the results into benchmarks/RESULTS.md")
@@ -406,7 +417,7 @@ def main() -> None:
               f"{pair.base.config.hidden_size}; {len(setup.prompts)} prompt(s), {sum(map(len, setup.responses))} "
               f"tokens; gate tau {setup.gate.tau:.3g} lam {setup.gate.lam:.3g}; entropy threshold "
               f"{setup.entropy_gated.threshold:.3g}", flush=True)
-        for r in time_rows(setup, args.rows, args.repeats):
+        for r in time_rows(setup, "" if args.memory_only else args.rows, args.repeats):
             results.append(r)
             print(f"[{name}] row {r['row']} {LABELS[r['row']]}: {r['ours_ms']:.2f} vs {r['peer_ms']:.2f} ms/token "
                   f"(CPU): ratio {r['cpu_ratio']:.3f} ({r['cpu_min']:.2f}-{r['cpu_max']:.2f}), wall {r['wall_ratio']:.3f} "
@@ -414,7 +425,7 @@ def main() -> None:
         if args.profile:
             profiles.append(profile_row1(setup))
             print(profiles[-1], flush=True)
-        if args.memory:
+        if args.memory or args.memory_only:
             del setup, loaded, pair
             memory += memory_rows(name, "1234", args.tokens, args.cache, args.threads)
             for m in memory[-4:]:
