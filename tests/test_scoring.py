@@ -219,6 +219,17 @@ def test_display_tokens_of_arbitrary_ids_join_to_the_decoded_text(tiny_tokenizer
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=st.lists(st.integers(0, 399), max_size=12))
+def test_display_tokens_fast_decoder_is_the_tokenizers_decode(tiny_tokenizer, ids: list[int]) -> None:
+    """display_tokens calls a fast tokenizer's Rust decoder directly: the very strings of `decode`."""
+    from core.pair.tokens import _decoder
+
+    dec = _decoder(tiny_tokenizer)
+    assert "backend" in dec.__code__.co_freevars  # the direct path, not the fallback
+    assert dec(ids) == tiny_tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ids=st.lists(st.integers(0, 399), min_size=1, max_size=30), data=st.data())
 def test_display_tokens_reuse_a_longer_responses_prefix(tiny_tokenizer, ids: list[int], data) -> None:
     """A branch reuses its parent's display strings for the shared prefix (all but a finished parent's

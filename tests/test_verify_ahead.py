@@ -223,3 +223,40 @@ def test_an_untimed_block_size_follows_the_outputs_alone() -> None:
             sizer.observe(n=8, base_step_s=0.01, verify_s=0.08)
     assert untimed.block() == before and untimed.cost() == (1.0, 0.0)
     assert timed.block() != before
+
+
+def test_base_only_reads_the_reasoner_after_the_run(long_pair, monkeypatch) -> None:
+    """BaseOnly decides nothing per step: with an adaptive lookahead the reasoner reads the response in one
+    teacher-forced pass at the end (or one per flush), and the metrics it fills per block are lock-step's."""
+    import core.decoding.engine as engine
+
+    log = FeedLog(long_pair, monkeypatch)
+    trace = core.generate(long_pair, PROMPTS[1], max_new_tokens=20)
+    assert log.sizes("reason") == [len(trace.prompt_ids["reason"]), 19]
+    assert log.sizes("base") == [len(trace.prompt_ids["base"])] + [1] * 19
+    monkeypatch.setattr(engine, "LAZY_FLUSH", 6)  # blocks of 6 positions: the same numbers as one block
+    log.calls.clear()
+    kw = {"max_new_tokens": 20, "temperature": 0.9, "seed": 4, "samples": 2}
+    flushed = run(long_pair, PROMPTS[:2], core.BaseOnly(), None, **kw)
+    assert log.sizes("reason")[1:] == [5, 6, 6, 2]  # each flush reads up to its last position (19 never)
+    for got, want in zip(flushed, run(long_pair, PROMPTS[:2], core.BaseOnly(), 1, **kw)):
+        assert_same(got, want)
+    assert_matches_score(long_pair, flushed[-1])
+
+
+def test_drafts_stop_at_the_end_of_sequence(long_pair, monkeypatch) -> None:
+    """A block stops drafting at a drafted end of sequence: nothing after it is fed to either model (each
+    reads every token once, the last never), and the trace is lock-step's."""
+    free = core.generate(long_pair, PROMPTS[1], max_new_tokens=30, lookahead=1)
+    ids = free.token_ids.tolist()
+    # an end token first drawn inside a block of 8 (not at its last position, where drafting stops anyway)
+    end = next(p for p in range(9, 30) if ids[p] not in ids[:p] and p % 8 != 7)
+    pair = dataclasses.replace(long_pair, eos_ids=frozenset({ids[end]}))
+    never = core.Guided(tau=1e9, lam=1.0, window=4)  # verify-ahead blocks, no takeover
+    log = FeedLog(pair, monkeypatch)
+    ahead = core.generate(pair, PROMPTS[1], never, max_new_tokens=30, lookahead=8)
+    assert len(ahead) == end + 1 and ahead.token_ids[-1] == ids[end]
+    for side in SIDES:
+        assert sum(log.sizes(side)) == len(ahead.prompt_ids[side]) + end
+    assert max(log.sizes("reason")[1:]) == 7  # blocks did happen (the first reads 7 drafts after the prompt)
+    assert_same(ahead, core.generate(pair, PROMPTS[1], never, max_new_tokens=30, lookahead=1))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.decoding.policies import Policy, Step
+from core.decoding.policies import BaseOnly, Policy, Step
 from core.decoding.token_record import TokenRecord
 from core.decoding.sampling import Sampling, position_generator, sample_token
 from core.decoding.state import ModelState
@@ -45,6 +45,7 @@ from core.scoring.teacher_forced import empty_metrics, metrics_from_hidden
 MAX_LOOKAHEAD = 32  # the adaptive block size never exceeds this
 LOGIT_BYTES = 512 << 20  # at most this many bytes of logits and log-probs (both models) per block
 LAZY_FLUSH = 512  # lazy policies: fill metrics at least every this many positions
+DEFERRED_BYTES = 128 << 20  # lazy policies: ... and at least every this many bytes of kept base logits
 RATE_WINDOW = 256  # positions over which the change rate that sizes blocks is measured
 
 
@@ -143,7 +144,16 @@ class Decoder:
         self.record = TokenRecord(len(rows), start)
         self.fed = np.zeros((len(rows), 64), dtype=np.int64)  # emitted ids (pads for finished rows), column p - start
         self.sizer = BlockSizer(timed=torch.device(pair.device).type == "cpu")  # see BlockSizer: reproducible on GPUs
-        self.deferred: dict[str, dict[int, torch.Tensor]] = {s: {} for s in SIDES}  # lazy: p -> (B, d) hidden
+        # lazy: p -> the base's (B, V) logits its token was drawn from (kept: no second head pass), and the
+        # reasoner's (B, d) hidden states; flushed every LAZY_FLUSH positions or DEFERRED_BYTES of logits
+        self.deferred: dict[str, dict[int, torch.Tensor]] = {s: {} for s in SIDES}
+        self.flush_every = max(1, min(LAZY_FLUSH, DEFERRED_BYTES // (4 * len(rows) * pair.vocab_size)))
+        # BaseOnly reads nothing of a step (no gate, no forced token): with an adaptive lookahead the reasoner
+        # need not follow the base at all, so it reads the response once, after the run (or every LAZY_FLUSH
+        # positions), as a teacher-forced pass; lookahead=1 keeps the documented lock-step reads
+        self.blind = type(policy) is BaseOnly and self.lookahead is None
+        self.lazy = policy.lazy or self.blind
+        self.eos = torch.tensor(sorted(pair.eos_ids), dtype=torch.long)
         self.stop_chars = max((len(s) for s in sampling.stop), default=0)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -152,11 +162,13 @@ class Decoder:
         """Decode to the end; returns per-row arrays of the new positions (as `metrics_from_hidden`)."""
         while self.t < self.limit and not all(r.done for r in self.rows):
             self._check_stop()
-            if self.policy.lazy:
+            if self.blind:
+                self._blind_step()
+            elif self.lazy:
                 self._lazy_step()
             else:
                 self._block()
-        if self.policy.lazy:
+        if self.lazy:
             self._flush()
         for state in self.states.values():  # as lock-step leaves them: the last token is never read
             state.crop(self.t - 1)
@@ -202,6 +214,7 @@ class Decoder:
         t0 = time.perf_counter()
         self._read(self.base)  # the token emitted last (at most one) is read now
         logits_a, drafts = self._draft(n)  # (B, n, V), (B, n)
+        n = drafts.shape[1]  # fewer when every row drafted its end
         t1 = time.perf_counter()
         hidden = self._read(self.reason, drafts[:, : n - 1])[:, -n:]  # (B, n, d): positions t .. t+n-1
         logits_b = self.reason.logits(hidden)
@@ -222,8 +235,12 @@ class Decoder:
         self.sizer.add(n, False)
 
     def _draft(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The base's next n tokens (pads for finished rows) and the logits they were drawn from."""
+        """The base's next n tokens (pads for finished rows) and the logits they were drawn from; fewer
+        when every row has drafted an end of sequence or reached its room (a draft after it is never
+        committed: the row ends there, or the block ends at the token that replaced it)."""
         live = self._live()
+        room = np.array([np.iinfo(np.int64).max if r.room is None else r.room for r in self.rows])
+        ended = ~live
         logits, drafts = [], []
         for j in range(n):
             if j:
@@ -232,8 +249,12 @@ class Decoder:
             d = self._sample(a, self.t + j, live)
             logits.append(a)
             drafts.append(d)
-            if j < n - 1:  # the last draft is read with the next block, once it is known to stand
-                self.base.feed(d.unsqueeze(1))
+            ended = ended | (self.t + j + 1 >= room)
+            if len(self.eos):  # a replaying row's draft is not its token
+                ended |= torch.isin(d, self.eos).numpy() & ~self._replaying(self.t + j)
+            if ended.all() or j == n - 1:  # the last draft is read with the next block, once it is known to stand
+                break
+            self.base.feed(d.unsqueeze(1))
         return torch.stack(logits, dim=1), torch.stack(drafts, dim=1)
 
     def _verify_position(self, j: int, logprobs: LogProbs, b: torch.Tensor, draft: torch.Tensor,
@@ -272,11 +293,23 @@ class Decoder:
             self._log_reason(self._read(self.reason))
             b = self.reason.logits()
         tokens, sources = self._choose(p, self._sample(a, p, live).numpy(), b, fire, forced, live)
-        self.deferred["base"][p] = self.base.last_hidden
+        self.deferred["base"][p] = a
         self._commit(p, tokens, sources, live, h_base, None)
         if self.t < self.limit and not all(r.done for r in self.rows):
             self.base.feed(torch.from_numpy(tokens).unsqueeze(1))
-            if len(self.deferred["base"]) >= LAZY_FLUSH:
+            if len(self.deferred["base"]) >= self.flush_every:
+                self._flush()
+
+    def _blind_step(self) -> None:
+        """One position of BaseOnly: the base's draw, nothing to decide; the reasoner reads in `_flush`."""
+        p, live = self.t, self._live()
+        a, none = self.base.logits(), np.zeros(len(self.rows), dtype=bool)
+        tokens, sources = self._choose(p, self._sample(a, p, live).numpy(), None, none, None, live)
+        self.deferred["base"][p] = a
+        self._commit(p, tokens, sources, live, np.zeros(len(self.rows), dtype=np.float32), None)
+        if self.t < self.limit and not all(r.done for r in self.rows):
+            self.base.feed(torch.from_numpy(tokens).unsqueeze(1))
+            if len(self.deferred["base"]) >= self.flush_every:
                 self._flush()
 
     def _log_reason(self, hidden: torch.Tensor) -> None:
@@ -285,15 +318,18 @@ class Decoder:
             self.deferred["reason"][first + i] = hidden[:, i]
 
     def _flush(self) -> None:
-        """Metrics of the deferred positions, from both models' logged hidden states, in batched passes."""
+        """Metrics of the deferred positions, from the base's kept logits and the reasoner's logged hidden
+        states (its head applied in batched passes)."""
         positions = sorted(self.deferred["base"])
         if not positions:
             return
         self._log_reason(self._read(self.reason, stop=positions[-1]))  # the last emitted token is never read
-        hidden = {s: torch.stack([self.deferred[s][p] for p in positions], dim=1) for s in SIDES}  # (B, M, d)
+        logits = torch.stack([self.deferred["base"][p] for p in positions], dim=1)  # (B, M, V)
+        hidden = torch.stack([self.deferred["reason"][p] for p in positions], dim=1)  # (B, M, d)
         targets = self._ids(positions[0], positions[-1] + 1)
         for i in range(len(self.rows)):
-            arrays = metrics_from_hidden(self.pair, {s: hidden[s][i] for s in SIDES}, targets[i], k=self.k)
+            arrays = metrics_from_hidden(self.pair, {"reason": hidden[i]}, targets[i], k=self.k,
+                                         logits={"base": logits[i]})
             self.record.write_row(i, positions[0], arrays)
         self.deferred = {s: {} for s in SIDES}
 

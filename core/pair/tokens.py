@@ -36,8 +36,7 @@ def display_tokens(tokenizer: Any, ids: Sequence[int], known: Sequence[str] = ()
     if len(known) > len(ids):
         raise InvalidInputError(f"{len(known)} known display strings for {len(ids)} tokens")
 
-    def dec(span: list[int]) -> str:
-        return tokenizer.decode(span, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    dec = _decoder(tokenizer)
 
     out: list[str] = list(known)
     prefix, read = _context_start(out)  # text up to `read` is already emitted; `prefix` is the decode context start
@@ -54,3 +53,18 @@ def display_tokens(tokenizer: Any, ids: Sequence[int], known: Sequence[str] = ()
         tail = dec(ids[prefix:])[len(dec(ids[prefix:read])) :]
         out[-1] = out[-1] + tail
     return out
+
+
+def _decoder(tokenizer: Any) -> Any:
+    """`span -> text` as `tokenizer.decode(span, skip_special_tokens=False, clean_up_tokenization_spaces=False)`;
+    for a fast tokenizer whose decode is exactly its Rust decoder's, that decoder called directly (a third of
+    the time: most of a short span's decode is transformers' Python around it)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another transformers layout: the public call
+        TokenizersBackend = None
+    if (TokenizersBackend is not None and isinstance(tokenizer, TokenizersBackend) and hasattr(backend, "decode")
+            and type(tokenizer)._decode is TokenizersBackend._decode and type(tokenizer).decode is TokenizersBackend.decode):
+        return lambda span: backend.decode(span, skip_special_tokens=False)
+    return lambda span: tokenizer.decode(span, skip_special_tokens=False, clean_up_tokenization_spaces=False)

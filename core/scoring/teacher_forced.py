@@ -65,16 +65,20 @@ def _check_length(pair: ModelPair, prompt_ids: dict[str, list[int]], n: int) -> 
 
 
 def metrics_from_hidden(pair: ModelPair, hidden: dict[str, torch.Tensor], targets: torch.Tensor | None,
-                        k: int = DEFAULT_K, chunk: int = DEFAULT_CHUNK) -> dict[str, np.ndarray]:
-    """Per-position metrics from each model's (T, d) hidden states, the head applied chunk by chunk."""
-    n = hidden["base"].shape[0]
+                        k: int = DEFAULT_K, chunk: int = DEFAULT_CHUNK,
+                        logits: dict[str, torch.Tensor] | None = None) -> dict[str, np.ndarray]:
+    """Per-position metrics from each model's (T, d) hidden states, the head applied chunk by chunk; a side
+    in `logits` gives its (T, V) logits instead (e.g. those decoding drew its tokens from)."""
+    logits = logits or {}
+    n = (logits["base"] if "base" in logits else hidden["base"]).shape[0]
     parts: list[dict[str, torch.Tensor]] = []
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
-        logits = {side: head(pair.model(side), hidden[side][start:stop], pair.vocab_size) for side in SIDES}
-        parts.append(chunk_metrics(logits["base"], logits["reason"],
+        block = {side: logits[side][start:stop] if side in logits else
+                 head(pair.model(side), hidden[side][start:stop], pair.vocab_size) for side in SIDES}
+        parts.append(chunk_metrics(block["base"], block["reason"],
                                    None if targets is None else targets[start:stop], k=k))
-        del logits
+        del block
     if not parts:
         return empty_metrics(k)
     return {name: torch.cat([p[name] for p in parts]).cpu().numpy() for name in parts[0]}
