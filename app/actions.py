@@ -43,17 +43,6 @@ def first_trace(pair: core.ModelPair, store: TraceStore, problem: Problem,
                          on_trace=grade_trace)[0]
 
 
-def showcase_trace(pair: core.ModelPair, store: TraceStore, problems: Sequence[Problem], look: int = 8,
-                   max_new_tokens: int = settings.MAX_NEW_TOKENS) -> Trace:
-    """The first view: greedy BaseOnly traces of the first `look` problems (stored), and of those the
-    first the base model gets wrong (the interesting case), else the first."""
-    if not problems:
-        raise InvalidInputError("No problems to show")
-    traces = generate_many(pair, list(problems[:look]), make_policy("base_only"), max_new_tokens=max_new_tokens, store=store,
-                           batch_size=look, on_trace=grade_trace)
-    return next((t for t in traces if t.meta.get("correct") is False), traces[0])
-
-
 def run_branch(pair: core.ModelPair, store: TraceStore, parent: Trace, pos: int, token: int | None = None,
                max_new_tokens: int | None = None, progress: Progress | None = None, rest: Sequence[int] = (),
                temperature: float | None = None, seed: int | None = None) -> Trace:

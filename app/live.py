@@ -1,9 +1,10 @@
 """The switchboard's live channel: a click in the token view posts the switch here, and the new continuation
 comes back as it is generated, then the finished trace's view, without waiting for a Streamlit rerun.
 
-    POST /_forkpoint/switch  {"session": s, "key": parent, "pos": p, "token": id | null}
+    POST /_forkpoint/switch  {"session": s, "key": parent, "pos": p, "token": id | null, "text": typed | null}
     -> application/x-ndjson: {"start": p}, {"text": "..."} ..., {"done": key, "view": {...}}, {"stored": key}
-       or {"error": "..."}
+       or {"same": "the reasoner writes ' x' here too: nothing changes"} (a switch that changes no token:
+       no new trace, no history step) or {"error": "..."}
 
 Streamlit reruns a page to change it: a click, a script run and a redraw of every element (0.4-0.5 s on the
 demo pair, five times the models' own work). Here the page's token view (app/components, token_view.js)
@@ -36,6 +37,7 @@ from core.trace import Trace
 ROUTE = "/_forkpoint/switch"
 MAX_BODY = 4096  # bytes: a switch request is a few numbers
 MAX_SESSIONS = 32  # browser sessions remembered (oldest forgotten first)
+MAX_TYPED = 1000  # characters of typed text one edit may carry
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,47 @@ def serving() -> bool:
     return _SERVED.is_set()
 
 
-def switch_request(parent: Trace, pos: int, token: int | None) -> dict[int, int | str]:
-    """The switches a click asks for: a token id forces that token at `pos` (other switches kept), a plain
+def switch_request(parent: Trace, pos: int, token: int | None, typed: list[int] | None = None
+                   ) -> dict[int, int | list[int] | str]:
+    """The switches a click asks for: typed token ids replace the text from `pos` on (the switches before it
+    kept; the rest is written anew), a token id forces that token at `pos` (other switches kept), a plain
     click flips `pos` (core.decoding.takeover.flipped)."""
+    if typed:
+        return {**{p: w for p, w in switches_in_force(parent).items() if p < int(pos)}, int(pos): [int(i) for i in typed]}
     if token is not None:
         return {**switches_in_force(parent), int(pos): int(token)}
     return flipped(parent, int(pos))
+
+
+def unchanged(parent: Trace, wanted: dict[int, Any], then: str) -> int | None:
+    """The position of a flip that cannot change a token (None when it may): on a greedy trace whose own policy
+    decides the rest, a base token handed to the reasoner whose top token is that same token, or a takeover
+    handed back to a base whose top token it is. Such a switch is answered without decoding."""
+    current = switches_in_force(parent)
+    changed = [p for p in set(current) | set(wanted) if current.get(p) != wanted.get(p)]
+    temperature = float((parent.meta.get("sampling") or {}).get("temperature") or 0.0)
+    if len(changed) != 1 or then != "policy" or temperature > 0 or not 0 <= changed[0] < len(parent):
+        return None
+    pos = changed[0]
+    who, source = wanted.get(pos), str(parent.source[pos])
+    side = "reason" if who == "reason" and source == "base" else "base" if who == "base" and source == "reason" else None
+    if side is None:
+        return None
+    return pos if int(parent.topk[side][0][pos][0]) == int(parent.token_ids[pos]) else None
+
+
+def same_text(parent: Trace, pos: int, decode: Callable[[int], str] | None = None) -> str:
+    """What the page says for a switch that changes no token."""
+    who = "base" if str(parent.source[pos]) == "reason" else "reasoner"
+    tok = int(parent.token_ids[pos])
+    return f"the {who} writes {(decode(tok) if decode is not None else parent.tokens[pos])!r} here too: nothing changes"
+
+
+def is_same(parent: Trace, child: Trace) -> bool:
+    """Whether a switch's child is its parent again (core returns the parent itself; an older core a trace with
+    the parent's tokens)."""
+    return child is parent or child.key == parent.key or (
+        len(child) == len(parent) and bool((child.token_ids == parent.token_ids).all()))
 
 
 def run_switch(view: LiveView, parent: Trace, wanted: dict[int, int | str],
@@ -127,8 +164,10 @@ class _ReadOnly:
         return None
 
 
-def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[[dict | None], None]) -> None:
-    """The request's job, on a worker thread: stream the new tokens, then the view, then "stored"."""
+def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[[dict | None], None],
+          text: str | None = None) -> None:
+    """The request's job, on a worker thread: stream the new tokens, then the view, then "stored" (or "same" for
+    a switch that changes no token: nothing is stored)."""
     started = [False]
 
     def on_text(p: int, text: str) -> None:
@@ -141,7 +180,18 @@ def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[
         parent = view.store.get(key)
         if not 0 <= pos < len(parent):
             raise ForkpointError(f"Token #{pos} is outside this trace (0..{len(parent) - 1})")
-        child = run_switch(view, parent, switch_request(parent, pos, token), on_text)
+        typed = view.pair.encode(text) if text else None
+        if text and not typed:
+            raise ForkpointError(f"The typed text {text[:40]!r} has no tokens")
+        wanted = switch_request(parent, pos, token, typed)
+        still = unchanged(parent, wanted, view.then)
+        if still is not None:
+            emit({"same": same_text(parent, still, view.decode)})
+            return
+        child = run_switch(view, parent, wanted, on_text)
+        if is_same(parent, child):
+            emit({"same": same_text(parent, pos, view.decode)})
+            return
         emit({"done": child.key, "view": view.render(child)})  # the route's views come from live_offer: drawn
         emit({"stored": keep(view, child).key})
     except ForkpointError as err:
@@ -152,13 +202,14 @@ def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[
         emit(None)
 
 
-def _parse(body: bytes) -> tuple[str, str, int, int | None]:
+def _parse(body: bytes) -> tuple[str, str, int, int | None, str | None]:
     req = json.loads(body.decode("utf-8"))
-    session, key, pos, token = req["session"], req["key"], req["pos"], req.get("token")
+    session, key, pos, token, text = req["session"], req["key"], req["pos"], req.get("token"), req.get("text")
     if not (isinstance(session, str) and isinstance(key, str) and type(pos) is int
-            and (token is None or type(token) is int)):
+            and (token is None or type(token) is int) and (text is None or (isinstance(text, str)
+                                                                              and len(text) <= MAX_TYPED))):
         raise ValueError("bad field types")
-    return session, key, pos, token
+    return session, key, pos, token, text or None
 
 
 class LiveRoute:
@@ -186,9 +237,9 @@ class LiveRoute:
             if not message.get("more_body"):
                 break
         try:
-            session, key, pos, token = _parse(body)
+            session, key, pos, token, text = _parse(body)
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-            await _plain(send, 400, b"expected {session, key, pos, token}\n")
+            await _plain(send, 400, b"expected {session, key, pos, token, text}\n")
             return
         view = SESSIONS.get(session)
         if view is None:
@@ -200,7 +251,7 @@ class LiveRoute:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         job = loop.run_in_executor(None, _work, view, key, pos, token,
-                                   lambda msg: loop.call_soon_threadsafe(queue.put_nowait, msg))
+                                   lambda msg: loop.call_soon_threadsafe(queue.put_nowait, msg), text)
         done = False
         while not done:
             lines = [await queue.get()]

@@ -36,7 +36,8 @@ PAGES = [
 
 
 def main() -> None:
-    st.set_page_config(page_title="forkpoint", page_icon="🍴", layout="wide")
+    st.set_page_config(page_title="forkpoint", page_icon="🍴", layout="wide",
+                       initial_sidebar_state="auto")  # collapsed on a narrow window
     state.init_state()
     pages = [st.Page(PAGES_DIR / f, title=t, icon=i, url_path=u, default=(u == "trace")) for f, t, i, u in PAGES]
     page = st.navigation(pages)

@@ -42,6 +42,7 @@ from core.views.presentation import (
     page_bounds,
     policy_text,
     prob_at,
+    switch_points,
     switch_text,
     takeover_choices,
 )
@@ -60,12 +61,15 @@ def header(trace: Trace, rule_text: str) -> None:
     if switched:
         policy += f" ⇄{switched}"  # the policy decides everywhere but at the switched positions
     takeovers = trace.n_takeovers
-    cols = st.columns(5)
-    cols[0].metric("Tokens", len(trace))
-    cols[1].metric("Policy", policy.split(" · ")[0], help=policy if " · " in policy else None)  # a box cuts long text
-    cols[2].metric("Takeovers", takeovers)
-    cols[3].metric(f"Spikes ({rule_text})", len(trace.spike_positions))
-    cols[4].metric("Gold", md_escape(problem.get("gold"), 40) if problem.get("gold") is not None else "–")
+    row = st.container(horizontal=True, wrap=True, gap="medium")  # wraps on a narrow window: nothing cut
+    row.metric("Tokens", len(trace), width="content")
+    row.metric("Policy", policy.split(" · ")[0], help=policy if " · " in policy else None, width="content")
+    row.metric("Takeovers", takeovers, width="content")
+    row.metric("Switch points", len(switch_points(trace)), width="content",
+               help="Tokens where the other model's top token is another one (dotted underline): a flip there "
+                    "changes the text; elsewhere it changes nothing. n / p walk them.")
+    row.metric(f"Spikes ({rule_text})", len(trace.spike_positions), width="content")
+    row.metric("Gold", md_escape(problem.get("gold"), 40) if problem.get("gold") is not None else "–", width="content")
     switched = switch_text(trace)  # the outcome line (answer, ✓/✗, ρ) sits above the text, in the token view
     if switched or trace.meta.get("parent"):
         st.caption(" · ".join(([md_escape(switched, 200)] if switched else [])
@@ -155,12 +159,22 @@ def trace_panel(rule_text: str) -> None:
     with legend_slot:
         st.html(f"<style>{heatmap_css()}</style>{legend}")
         matter_strip(trace)
-    flip = ss.get("click_mode", "flip") == "flip" and ctx.pair is not None
-    data["help"] = ("Click a token to flip its takeover (the response re-flows) · hover for both models' top-k, "
-                    "click an alternative there to force it · n / p: spikes · b / f: back / forward" if flip else
-                    "Hover a token for both models' top-k · click to select · n / p: next / previous spike")
+    mode = ss.get("click_mode", "flip") if ctx.pair is not None else "select"
+    data["mode"] = mode
+    data["help"] = {"flip": "Click a token (or ← → and Enter) to flip its takeover: the response re-flows · dotted: "
+                            "a flip there changes the text (n / p) · hover: both models' top-k, click one to force it",
+                    "edit": "Click a token (or ← → and Enter), type, Enter: the base continues from your text · "
+                            "Escape cancels",
+                    "select": "Hover a token for both models' top-k · click to select · n / p: next / previous spike",
+                    }.get(mode, "") + " · ? keys"
     data["outcome"], data["key"] = outcome_line(trace), key
-    data["live"] = live_offer(ctx, trace, partial(live_render, ctx)) if flip and (start, end) == (0, len(trace)) else None
+    hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
+    data["nav"] = {"back": i > 0, "fwd": i < len(hist) - 1}
+    data["go"] = ss.get(state.GO_KEY)
+    data["history"] = True  # the app: b / f move the browser's history (the URL follows, app/state.py)
+    data["note"] = ss.pop("sw_same", None)
+    live_ok = mode in ("flip", "edit") and (start, end) == (0, len(trace))
+    data["live"] = live_offer(ctx, trace, partial(live_render, ctx)) if live_ok else None
     with view_slot.container():
         token_view(data, selected=sel, key=VIEW_KEY, on_click=on_click, prob_mode=s.prob_mode)
     with left:
@@ -175,6 +189,7 @@ def trace_panel(rule_text: str) -> None:
     trace_notes_panel(ctx.store, trace, sel)  # notes and bookmarks (app/notes_panel.py)
     trace_instruments(ctx, trace)  # takeover effects, success curve, lens (app/instruments_panels.py)
     state.write_query_params()
+    ss[state.GO_KEY] = None  # made once, by the token view just drawn
 
 
 def live_render(ctx: Context, child: Trace) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import streamlit as st
 from core.scoring.registry import DEFAULT_SCORE, score_values
 from core.trace import Trace
 from core.views.heatmap import front_end_source, heatmap_css, legend_html, tokens_html
-from core.views.presentation import hover_data, tail
+from core.views.presentation import hover_data, switch_points, tail
 
 COMPONENT_NAME = "forkpoint_token_view"
 HOVER_K = 20  # most top-k rows on the hover card (a trace may keep more: the selection panel lists all)
@@ -39,6 +39,7 @@ def build_view(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear",
     if reference is None and scale == "rank" and (start > 0 or (end is not None and end < len(trace))):
         reference = values  # a page ranks among the whole trace, like the unpaged view
     spikes_all = trace.spike_positions
+    matters = switch_points(trace)  # the whole trace's, like the spikes (token_view.js marks them)
     if start > 0 or (end is not None and end < len(trace)):
         trace = tail(trace, start, end)
     body = tokens_html(trace, score=score, scale=scale, decode=decode, tips=False, css_tips=False, vmin=lo,
@@ -51,6 +52,7 @@ def build_view(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear",
         "version": version,
         "hover": hover,
         "spikes": spikes_all,
+        "matters": matters,
         "offset": int(start),
         "n": len(trace),
         "vmin": lo,

@@ -126,6 +126,24 @@ def hover_data(trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int],
                     for pos, rec in effects_by_pos(trace.annotations.get("effects")).items() if pos < len(trace)},
     }
 
+# -- where a switch would matter ------------------------------------------------------------------
+
+
+def switch_points(trace: Trace) -> list[int]:
+    """Positions where a flip changes the text: a base token whose reasoner top token is another token, a
+    takeover whose base top token is another, and every forced token (undoing it hands the position back to
+    the policy). Elsewhere the other model writes the same token, so a flip there changes nothing."""
+    n = len(trace)
+    if not n or not trace.k:
+        return []
+    emitted = np.asarray(trace.token_ids)
+    source = np.asarray([str(s) for s in trace.source])
+    reason_top = np.asarray(trace.topk["reason"][0])[:, 0]
+    base_top = np.asarray(trace.topk["base"][0])[:, 0]
+    other = np.where(source == "reason", base_top, reason_top)
+    return np.flatnonzero((source == "forced") | (other != emitted)).astype(int).tolist()
+
+
 # -- takeover choices -----------------------------------------------------------------------------
 
 
