@@ -73,8 +73,8 @@ def remember(key: str) -> None:
     hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
     if hist and 0 <= i < len(hist) and hist[i] == key:
         return
-    if key in hist:
-        ss["sw_i"] = hist.index(key)
+    if key in hist:  # the occurrence nearest the open state (a state can recur: flipped on, off, on)
+        ss["sw_i"] = min((j for j, k in enumerate(hist) if k == key), key=lambda j: abs(j - i))
         return
     ss["sw_hist"], ss["sw_i"] = [key], 0
 

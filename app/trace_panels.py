@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from app import actions, resources, state
-from app.branch_panels import compare_panel, compared, graph_panel
+from app.branch_panels import COLS_KEY, compare_panel, compared, graph_panel
 from app.components.token_view import token_view
 from app.context import Context, get_context
 from app.figures import trace_figure
@@ -295,9 +295,25 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
                  width="stretch"):
         _queue_branch(trace, sel, choices[pick].token, int(max_new), sampling)
     if not disabled:
+        _fan_controls(trace, sel)
         _force_any(ctx, trace, sel, int(max_new), sampling)
     else:
         st.caption("Load a model pair (sidebar) to branch.")
+
+
+def _fan_controls(trace: Trace, sel: int) -> None:
+    """"n alternatives from here": sampled continuations from the selected token, side by side and as siblings
+    in the branch graph."""
+    parent_t = float((trace.meta.get("sampling") or {}).get("temperature") or 0.0)
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+    n = row.number_input("Alternatives", 1, actions.FAN_MAX, actions.FAN_MAX, key="fan_n", width=120)
+    t = row.number_input("at temperature", 0.05, 2.0, parent_t if parent_t > 0 else 0.8, 0.05, key="fan_t", width=140)
+    if row.button(f"{int(n)} alternatives from here", key="fan_go",
+                  help="The reasoner writes this token, then the rest is sampled; each one is stored and shown "
+                       "beside the open trace."):
+        st.session_state["pending"] = {"kind": "fan", "parent": trace.key, "pos": int(sel), "n": int(n),
+                                       "temperature": float(t), "then": st.session_state.get("sw_then", "policy")}
+        st.rerun()
 
 
 def _branch_sampling(trace: Trace) -> dict:
@@ -361,8 +377,9 @@ def run_pending(ctx: Context) -> None:
         return
     slot = st.empty()
     box = slot.container(border=True)
-    where = f"token #{job['pos']}" + ("" if job["token"] is None else f" with token id {job['token']}")
-    box.markdown(f"**Generating a branch at {where}** …")
+    where = f"token #{job['pos']}" + ("" if job.get("token") is None else f" with token id {job['token']}")
+    box.markdown(f"**Generating {job['n']} alternatives from token #{job['pos']}** …" if job.get("kind") == "fan"
+                 else f"**Generating a branch at {where}** …")
     if box.button("Cancel", key="cancel_pending"):
         ss["pending"] = None
         state.notice("info", "Branch cancelled; nothing was stored.")
@@ -377,6 +394,10 @@ def run_pending(ctx: Context) -> None:
         bar.progress(min(1.0, done / max(total, 1)), text=f"Generating the branch: {done} / {total} tokens")
 
     s = ctx.settings
+    if job.get("kind") == "fan":
+        if _run_fan(ctx, job, box, progress):
+            slot.empty()
+        return
     try:
         parent = resources.load_trace(s.store_path, job["parent"])
         child = actions.run_branch(ctx.pair, ctx.store, parent, job["pos"], job["token"], job["max_new_tokens"],
@@ -390,3 +411,24 @@ def run_pending(ctx: Context) -> None:
     ss["sel_pos"] = job["pos"]
     slot.empty()
     state.notice("success", f"Branch stored ({len(child)} tokens, {md_escape(outcome_line(child), 200)}).")
+
+
+def _run_fan(ctx: Context, job: dict, box, progress) -> bool:
+    """Make a queued fan (actions.run_fan) and put its traces side by side with their parent (False: it
+    failed, and `box` says why)."""
+    ss = st.session_state
+    try:
+        parent = resources.load_trace(ctx.settings.store_path, job["parent"])
+        kids = actions.run_fan(ctx.pair, ctx.store, parent, job["pos"], job["n"], job["temperature"],
+                               then=job.get("then", "policy"), progress=progress)
+    except ForkpointError as err:
+        ss["pending"] = None
+        box.error(f"Could not make the alternatives: {md_escape(err, 400)}")
+        return False
+    ss["pending"] = None
+    ss["compare"] = None
+    ss[COLS_KEY] = {"parent": parent.key, "keys": list(dict.fromkeys(k.key for k in kids if k.key != parent.key))}
+    ss["sel_pos"] = job["pos"]
+    state.notice("success", f"{len(kids)} alternatives from token #{job['pos']} stored: side by side below the text "
+                            "and as siblings in the branch graph.")
+    return True

@@ -624,7 +624,9 @@ def test_the_switchboard_flips_in_place_and_goes_back(env):
     root = at.session_state["trace_key"]
     store = TraceStore(env.store)
     parent = store.get(root)
-    pos = next(i for i, s in enumerate(parent.source) if s == "base")
+    from core.views.presentation import switch_points
+
+    pos = next(i for i in switch_points(parent) if parent.source[i] == "base")  # a flip that changes the text
     at.session_state["switch_job"] = {"pos": pos}
     at.run()
     _ok(at)
@@ -727,3 +729,66 @@ def test_a_takeover_where_the_reasoner_already_wrote_shows_the_comparison(env):
     assert not any("not a branch" in t for t in _texts(at.warning))
     assert at.session_state["compare"] is not None
     assert any(f"Branch at token #{pos}" in t for t in _texts(at.markdown)), _texts(at.markdown)
+
+
+def test_a_fan_of_alternatives_is_stored_and_sits_side_by_side(env):
+    """Issue 31: "n alternatives from here" samples n continuations from the selected token, each stored as a
+    child of the open trace (siblings in the branch graph) and shown beside it."""
+    from app.branch_panels import COLS_KEY
+
+    at = env.open()
+    parent = at.session_state["trace_key"]
+    at.session_state["sel_pos"] = 2
+    at.run()
+    at.number_input(key="fan_n").set_value(2).run()
+    at.button(key="fan_go").click().run()
+    _ok(at)
+    store = TraceStore(env.store)
+    kids = store.children(parent)
+    picked = at.session_state[COLS_KEY]
+    assert picked["parent"] == parent and len(picked["keys"]) == 2 and set(picked["keys"]) <= set(kids)
+    for key in picked["keys"]:
+        child = store.get(key)
+        assert child.meta["parent"] == parent and child.meta["sampling"]["temperature"] > 0
+        assert child.token_ids[:2].tolist() == store.get(parent).token_ids[:2].tolist()
+        assert child.meta["correct"] is not None  # graded
+    assert at.session_state["trace_key"] == parent  # the open trace stays; the alternatives sit beside it
+    assert any("2 alternatives from token #2" in t for t in _texts(at.success))
+
+
+def test_typed_text_continues_from_the_token_and_opens_the_new_trace(env):
+    """Edit and continue through the fragment's rerun path (the browser test drives the live route): the typed
+    text replaces the response from the token on, the model continues, and the child is the open trace."""
+    from core import load_pair
+
+    at = env.open()
+    root = at.session_state["trace_key"]
+    at.session_state["switch_job"] = {"pos": 2, "text": " Let me"}
+    at.run()
+    _ok(at)
+    key = at.session_state["trace_key"]
+    assert key != root and at.session_state["sw_hist"] == [root, key] and at.query_params["trace"] == key
+    child, parent = TraceStore(env.store).get(key), TraceStore(env.store).get(root)
+    ids = load_pair(*env.argv[1:4:2], device="cpu").encode(" Let me")
+    assert child.token_ids[:2].tolist() == parent.token_ids[:2].tolist()
+    assert child.token_ids[2:2 + len(ids)].tolist() == ids and set(child.source[2:2 + len(ids)]) == {"forced"}
+    assert child.meta["parent"] == root
+
+
+def test_a_flip_that_changes_no_token_makes_no_trace(env):
+    """A base token whose reasoner top token is the same: no new trace, no history step (the rerun path)."""
+    from core.views.presentation import switch_points
+
+    at = env.open()
+    root = at.session_state["trace_key"]
+    store = TraceStore(env.store)
+    trace = store.get(root)
+    same = [p for p in range(len(trace)) if trace.source[p] == "base" and p not in set(switch_points(trace))]
+    if not same:
+        pytest.skip("the tiny pair's reasoner disagrees everywhere on this trace")
+    n = len(store.keys())
+    at.session_state["switch_job"] = {"pos": same[0]}
+    at.run()
+    _ok(at)
+    assert at.session_state["trace_key"] == root and at.session_state["sw_hist"] == [root]
+    assert len(TraceStore(env.store).keys()) == n

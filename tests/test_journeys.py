@@ -81,7 +81,14 @@ def _nav(page, title: str) -> None:
 
 
 def _wait_trace(page) -> None:
-    page.locator(".fp-scroll [data-pos]").first.wait_for()
+    """Wait for the token view; on an empty store's first view (no trace yet: nothing is generated unasked) make
+    the first trace the way a user does, with the empty state's Generate."""
+    tokens = page.locator(".fp-scroll [data-pos]").first
+    generate = page.get_by_role("button", name="Generate", exact=True)
+    tokens.or_(generate).first.wait_for()
+    if not tokens.is_visible() and generate.is_visible():
+        generate.click()
+    tokens.wait_for()
     _settle(page)
 
 

@@ -438,7 +438,11 @@ export default function (component) {
         e.preventDefault();
         const step = NAV_KEYS[key], nav = s.data.nav || {};
         if (s.data.history) { // the app: the browser's own history (app/state.py follows the URL)
-          if (step < 0 ? nav.back : nav.fwd) { if (step < 0) window.history.back(); else window.history.forward(); }
+          // Back only while there is a switch state before this one (not out of the Trace page); Forward
+          // always: the browser has nothing forward, or the state this Back came from (even before the
+          // page has caught up with that Back)
+          if (step > 0) window.history.forward();
+          else if (nav.back) window.history.back();
           return;
         }
         s.setTrigger("click", { nav: step });
@@ -489,7 +493,10 @@ export default function (component) {
   }
   s.data = data;
   s.setTrigger = setTriggerValue;
-  if (data.history) { oneEntryPerTrace(); narrowSidebar(); }
+  if (data.history) {
+    oneEntryPerTrace();
+    narrowSidebar();
+  }
   s.help.textContent = data.help || "Hover a token for both models' top-k · click to select · n / p: next / previous spike · ? keys";
   if (data.go && data.go.id !== s.goDone) { // a back / forward button: the browser's history moves, the URL follows
     s.goDone = data.go.id;
