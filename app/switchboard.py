@@ -223,18 +223,35 @@ def matter_strip(trace: Trace) -> None:
     st.html("<div>Takeovers switched off one by one: " + "".join(chips) + "</div>")
 
 
+def _runs(current: dict[int, int | str]) -> list[list[int]]:
+    """The switches in force as rows: a run of forced tokens at consecutive positions (typed text) is one row."""
+    rows: list[list[int]] = []
+    for p in sorted(current):
+        if rows and isinstance(current[p], int) and isinstance(current[rows[-1][-1]], int) and p == rows[-1][-1] + 1:
+            rows[-1].append(p)
+        else:
+            rows.append([p])
+    return rows
+
+
 def switch_list(trace: Trace) -> None:
-    """The switches in force, each with its own toggle and an "undo all after this"."""
+    """The switches in force, each with its own toggle and an "undo all after this" (typed text: one row)."""
     current = switches_in_force(trace)
     if not current:
         return
+    rows = _runs(current)
     with st.container(border=True):
-        st.markdown(f"**Switches** ({len(current)}) · then {THEN_LABELS.get(st.session_state.get('sw_then', 'policy'))}")
-        for p, what in sorted(current.items()):
-            label = f"⇄ #{p} → {'reasoner' if what == 'reason' else 'base' if what == 'base' else repr(trace.tokens[p]) if p < len(trace) else what}"
+        st.markdown(f"**Switches** ({len(rows)}) · then {THEN_LABELS.get(st.session_state.get('sw_then', 'policy'))}")
+        for run in rows:
+            p, what = run[0], current[run[0]]
+            text = "".join(trace.tokens[q] for q in run if q < len(trace))
+            if len(run) > 1:
+                label = f"✎ #{p} {text!r}"
+            else:
+                label = f"⇄ #{p} → {'reasoner' if what == 'reason' else 'base' if what == 'base' else repr(text) if p < len(trace) else what}"
             c1, c2 = st.columns([3, 2], vertical_alignment="center")
             c1.toggle(label, value=True, key=f"sw_{trace.key}_{p}", on_change=_queue_switches,
-                      args=({q: w for q, w in current.items() if q != p},))
+                      args=({q: w for q, w in current.items() if q not in run},))
             c2.button("undo all after", key=f"sw_undo_{trace.key}_{p}", on_click=_queue_switches,
-                      args=({q: w for q, w in current.items() if q <= p},), disabled=p == max(current))
+                      args=({q: w for q, w in current.items() if q <= run[-1]},), disabled=run[-1] == max(current))
         st.button("Undo every switch", key=f"sw_none_{trace.key}", on_click=_queue_switches, args=({},))

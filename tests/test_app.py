@@ -775,20 +775,31 @@ def test_typed_text_continues_from_the_token_and_opens_the_new_trace(env):
     assert child.meta["parent"] == root
 
 
-def test_a_flip_that_changes_no_token_makes_no_trace(env):
-    """A base token whose reasoner top token is the same: no new trace, no history step (the rerun path)."""
+def test_a_flip_that_changes_no_token_makes_no_trace(env, tmp_path, monkeypatch):
+    """A base token whose reasoner top token is the same: no new trace, no history step (the rerun path; the
+    demo pair, whose reasoner mostly agrees with its base)."""
+    from core.demo.pair import DEMO_DIR
     from core.views.presentation import switch_points
 
-    at = env.open()
+    if not (DEMO_DIR / "pair.json").exists():
+        pytest.skip("the bundled demo pair is not built (forkpoint demo train)")
+    monkeypatch.setenv("FORKPOINT_STORE", str(tmp_path / "demo_store"))
+    at = env.start(args=[]).run()
+    at.selectbox(key="first_problem").set_value(1).run()  # the second demo problem: one token where they differ
+    at.button(key="first_generate").click().run()
     root = at.session_state["trace_key"]
-    store = TraceStore(env.store)
+    store = TraceStore(tmp_path / "demo_store")
     trace = store.get(root)
     same = [p for p in range(len(trace)) if trace.source[p] == "base" and p not in set(switch_points(trace))]
-    if not same:
-        pytest.skip("the tiny pair's reasoner disagrees everywhere on this trace")
+    assert same, "the demo reasoner writes another token everywhere"
     n = len(store.keys())
     at.session_state["switch_job"] = {"pos": same[0]}
     at.run()
     _ok(at)
     assert at.session_state["trace_key"] == root and at.session_state["sw_hist"] == [root]
-    assert len(TraceStore(env.store).keys()) == n
+    assert len(TraceStore(tmp_path / "demo_store").keys()) == n
+    point = next(p for p in switch_points(trace) if trace.source[p] == "base")  # a flip that does change the text
+    at.session_state["switch_job"] = {"pos": point}
+    at.run()
+    _ok(at)
+    assert at.session_state["trace_key"] != root and len(TraceStore(tmp_path / "demo_store").keys()) == n + 1
