@@ -165,9 +165,9 @@ def test_copied_link_reopens_the_view(app_url, page):
     assert "no corresponding file" not in page.locator("body").inner_text()  # /trace is a page: no "Page not found"
 
 
-def test_every_page_opens_from_its_url_in_a_fresh_browser(app_url, tmp_path):
-    """Issue 31: a shared link opens its page in a browser that never saw the app: the Trace page at the trace,
-    the Export page exporting the trace the URL names."""
+def test_every_page_opens_from_its_url_in_a_fresh_browser(app_url, page):
+    """Issue 31: a shared link opens its page in a new browser session (a new tab: a Streamlit session that never
+    saw the app): the Export page exporting the trace the URL names, the Trace page at /trace."""
     url, store_dir = app_url
     from core.io.store import TraceStore
 
@@ -175,14 +175,17 @@ def test_every_page_opens_from_its_url_in_a_fresh_browser(app_url, tmp_path):
     if rows.empty:
         pytest.skip("needs the trace made by the first test")
     key = rows.iloc[0]["key"]
-    with chromium_page(tmp_path / "fresh", viewport={"width": 1280, "height": 1200}) as fresh:
+    fresh = page.context.new_page()  # the module's browser (one sync Playwright per process)
+    try:
         fresh.goto(f"{url}export?trace={key}")
         fresh.get_by_text(key, exact=True).first.wait_for()  # the caption "Trace `key`"
-        assert fresh.get_by_role("button", name=re.compile(r"Download forkpoint-.*\.jsonl")).is_visible()
+        fresh.get_by_role("button", name=re.compile(rf"Download forkpoint-{key[:8]}.*\.jsonl")).wait_for()
         assert "No trace is open" not in fresh.locator("body").inner_text()
         fresh.goto(f"{url}trace?trace={key}")  # another fresh session, by the hidden /trace path
         fresh.locator(f'.fp-scroll[data-key="{key}"] [data-pos]').first.wait_for()
         assert "no corresponding file" not in fresh.locator("body").inner_text()
+    finally:
+        fresh.close()
 
 
 
