@@ -174,6 +174,8 @@ def trace_panel(rule_text: str) -> None:
     data["history"] = True  # the app: b / f move the browser's history (the URL follows, app/state.py)
     data["note"] = ss.pop("sw_same", None)
     live_ok = mode in ("flip", "edit") and (start, end) == (0, len(trace))
+    if live_ok:
+        resources.warm_up()  # what the first switch's grading loads, loaded while the user reads
     data["live"] = live_offer(ctx, trace, partial(live_render, ctx)) if live_ok else None
     with view_slot.container():
         token_view(data, selected=sel, key=VIEW_KEY, on_click=on_click, prob_mode=s.prob_mode)

@@ -382,17 +382,21 @@ export default function (component) {
     s.hideSoon = () => { clearTimeout(s.hideTimer); s.hideTimer = setTimeout(() => { s.card.hidden = true; }, 250); };
     s.quiet = null;
     const hush = (e) => { s.card.hidden = true; s.quiet = { x: e.clientX, y: e.clientY }; };
-    scroller.addEventListener("pointermove", (e) => {
-      if (s.quiet && Math.hypot(e.clientX - s.quiet.x, e.clientY - s.quiet.y) > 8) s.quiet = null;
-    });
-    scroller.addEventListener("mouseover", (e) => {
+    s.hover = (e) => {
       const target = e.target.closest ? e.target.closest("[data-pos]") : null;
       if (!target || !s.data || s.quiet || s.editor) return;
       clearTimeout(s.hideTimer);
       s.cardPos = Number(target.dataset.pos);
       buildCard(s.card, s.data.hover, s.cardPos - (s.data.offset || 0), s.data.prob_mode);
       placeCard(s.card, target, s.wrap);
+    };
+    scroller.addEventListener("pointermove", (e) => {
+      if (s.quiet && Math.hypot(e.clientX - s.quiet.x, e.clientY - s.quiet.y) > 8) {
+        s.quiet = null;
+        s.hover(e); // the pointer moved on: the card of the token it is over
+      }
     });
+    scroller.addEventListener("mouseover", s.hover);
     scroller.addEventListener("mouseleave", () => s.hideSoon());
     card.addEventListener("mouseenter", () => clearTimeout(s.hideTimer));
     card.addEventListener("mouseleave", () => s.hideSoon());
