@@ -292,8 +292,8 @@ def test_graph_columns_notes_and_search(server, page):
     url, store_dir, log = server
     outside: list[str] = []
     page.on("request", lambda r: None if _local(r.url) else outside.append(r.url))
-    page.goto(url)
-    _wait_trace(page)
+    page.goto(f"{url}?problem=demo-20260101-1")  # its root (made here if the store has none: the first view
+    _wait_trace(page)  # opens the store's most recent trace), a trace with a token where the reasoner differs
     parent = re.search(r"trace=([0-9a-f]+)", page.url).group(1)
     store = TraceStore(store_dir)
     trace = store.get(parent)
