@@ -7,12 +7,14 @@ Policies come only from core's registry (`list_policies`, `make_policy`); gradin
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 
 import core
 from core import settings
 from core.decoding import branch, generate_many
+from core.decoding.takeover import takeover
 from core.decoding.policies import Policy, list_policies, make_policy
 from core.errors import InvalidInputError
 from core.evaluation.grading import grade_trace, graded_put
@@ -42,17 +44,6 @@ def first_trace(pair: core.ModelPair, store: TraceStore, problem: Problem,
                          on_trace=grade_trace)[0]
 
 
-def showcase_trace(pair: core.ModelPair, store: TraceStore, problems: Sequence[Problem], look: int = 8,
-                   max_new_tokens: int = settings.MAX_NEW_TOKENS) -> Trace:
-    """The first view: greedy BaseOnly traces of the first `look` problems (stored), and of those the
-    first the base model gets wrong (the interesting case), else the first."""
-    if not problems:
-        raise InvalidInputError("No problems to show")
-    traces = generate_many(pair, list(problems[:look]), make_policy("base_only"), max_new_tokens=max_new_tokens, store=store,
-                           batch_size=look, on_trace=grade_trace)
-    return next((t for t in traces if t.meta.get("correct") is False), traces[0])
-
-
 def run_branch(pair: core.ModelPair, store: TraceStore, parent: Trace, pos: int, token: int | None = None,
                max_new_tokens: int | None = None, progress: Progress | None = None, rest: Sequence[int] = (),
                temperature: float | None = None, seed: int | None = None) -> Trace:
@@ -65,6 +56,33 @@ def run_branch(pair: core.ModelPair, store: TraceStore, parent: Trace, pos: int,
     child = branch(pair, parent, int(pos), token=token, policy=policy, max_new_tokens=limit, store=store,
                    progress=progress, temperature=temperature, seed=seed)
     return graded_put(store, child)
+
+
+FAN_MAX = 3  # alternatives side by side with the open trace (the comparison shows up to three others)
+
+
+def run_fan(pair: core.ModelPair, store: TraceStore, parent: Trace, pos: int, n: int, temperature: float,
+            then: str = "policy", progress: Progress | None = None) -> list[Trace]:
+    """n sampled alternatives from token `pos` on (the reasoner writes `pos`, `then` the rest), each graded and
+    stored: core.takeover(samples=n) decodes them in one batch; a core without `samples` makes them one by one,
+    each with its own seed."""
+    if not 1 <= int(n) <= FAN_MAX:
+        raise InvalidInputError(f"Alternatives: 1..{FAN_MAX}, got {n}")
+    if not float(temperature) > 0:
+        raise InvalidInputError(f"Alternatives need a temperature above 0 (they are sampled), got {temperature}")
+    at = {int(pos): "reason"}
+    if "samples" in inspect.signature(takeover).parameters:
+        made = takeover(pair, parent, at, then=then, samples=int(n), temperature=float(temperature), store=store,
+                        on_trace=grade_trace, progress=progress)
+        return [graded_put(store, t) for t in (made if isinstance(made, list) else [made])]
+    seed = int((parent.meta.get("sampling") or {}).get("seed", settings.SEED))
+    out = []
+    for i in range(int(n)):
+        child = takeover(pair, parent, at, then=then, temperature=float(temperature), seed=seed + 1 + i, store=store)
+        out.append(graded_put(store, child))
+        if progress is not None:
+            progress(i + 1, int(n))
+    return out
 
 
 def run_generate(pair: core.ModelPair, store: TraceStore, problems: Sequence[Problem], policy: Policy, *,

@@ -207,9 +207,10 @@ def graph_panel(ctx: Context, trace: Trace) -> None:
     ss = st.session_state
     with st.expander(f"Branch tree ({len(rows)} traces)", expanded=True):
         c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
-        fold = c2.toggle("Fold subtrees away from the open trace", value=len(rows) > FOLD_ABOVE,
-                         key=f"tree_fold_{trace.key}", help="A folded subtree is a square with the number of traces "
-                                                             "under it; click it to open it and unfold its path.")
+        fold = c2.toggle("Fold other subtrees", value=len(rows) > FOLD_ABOVE,
+                         key=f"tree_fold_{trace.key}", help="Fold the subtrees away from the open trace: a folded one is "
+                                                             "a square with the number of traces under it; click it to "
+                                                             "open it and unfold its path.")
         nodes = graph_layout(tree, trace.key, fold=fold)
         labels = {n.key: edge_label(ctx, n.key) for n in nodes}
         keys = [node["key"] for _, node in rows if node["key"] != trace.key]

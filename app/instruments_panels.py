@@ -92,9 +92,9 @@ def trace_instruments(ctx: Context, trace: Trace) -> None:
 
 
 def _effects_panel(ctx: Context, trace: Trace) -> None:
-    c1, c2 = st.columns(2)
-    samples = c1.number_input("Samples per arm", 1, 64, 8, key="fx_samples")
-    where = c2.radio("Positions", ["spikes", "selected token"], horizontal=True, key="fx_where")
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")  # wraps on a narrow window
+    samples = row.number_input("Samples per arm", 1, 64, 8, key="fx_samples", width=180)
+    where = row.radio("Positions", ["spikes", "selected token"], horizontal=True, key="fx_where", width="content")
     sel = st.session_state.get("sel_pos")
     if st.button("Measure effects", key="fx_run"):
         positions = [sel] if where == "selected token" and sel is not None else None

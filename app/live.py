@@ -1,9 +1,10 @@
 """The switchboard's live channel: a click in the token view posts the switch here, and the new continuation
 comes back as it is generated, then the finished trace's view, without waiting for a Streamlit rerun.
 
-    POST /_forkpoint/switch  {"session": s, "key": parent, "pos": p, "token": id | null}
+    POST /_forkpoint/switch  {"session": s, "key": parent, "pos": p, "token": id | null, "text": typed | null}
     -> application/x-ndjson: {"start": p}, {"text": "..."} ..., {"done": key, "view": {...}}, {"stored": key}
-       or {"error": "..."}
+       or {"same": "the reasoner writes ' x' here too: nothing changes"} (a switch that changes no token:
+       no new trace, no history step) or {"error": "..."}
 
 Streamlit reruns a page to change it: a click, a script run and a redraw of every element (0.4-0.5 s on the
 demo pair, five times the models' own work). Here the page's token view (app/components, token_view.js)
@@ -37,6 +38,7 @@ from core.evaluation.grading import grade_trace, graded_put
 from core.io.foreign import json_depth_exceeds
 from core.settings import check_text
 from core.trace import Trace
+from core.views.presentation import no_change_line
 
 ROUTE = "/_forkpoint/switch"
 MAX_BODY = 4096  # bytes: a switch request is a few numbers
@@ -61,6 +63,7 @@ def _session_alive(session_id: str) -> bool:
     from streamlit.runtime import Runtime
 
     return not Runtime.exists() or Runtime.instance().is_active_session(session_id)
+MAX_TYPED = 1000  # characters of typed text one edit may carry
 
 
 @dataclass(frozen=True)
@@ -117,12 +120,23 @@ def serving() -> bool:
     return _SERVED.is_set()
 
 
-def switch_request(parent: Trace, pos: int, token: int | None) -> dict[int, int | str]:
-    """The switches a click asks for: a token id forces that token at `pos` (other switches kept), a plain
+def switch_request(parent: Trace, pos: int, token: int | None, typed: list[int] | None = None
+                   ) -> dict[int, int | list[int] | str]:
+    """The switches a click asks for: typed token ids replace the text from `pos` on (the switches before it
+    kept; the rest is written anew), a token id forces that token at `pos` (other switches kept), a plain
     click flips `pos` (core.decoding.takeover.flipped)."""
+    if typed:
+        return {**{p: w for p, w in switches_in_force(parent).items() if p < int(pos)}, int(pos): [int(i) for i in typed]}
     if token is not None:
         return {**switches_in_force(parent), int(pos): int(token)}
     return flipped(parent, int(pos))
+
+
+def same_text(parent: Trace, pos: int, text: str | None = None, decode: Callable[[int], str] | None = None) -> str:
+    """What the page says for a switch that changes no token (core.views.presentation.no_change_line)."""
+    if text:
+        return f"{text[:40]!r} is what stands there already: nothing changes"
+    return no_change_line(parent, pos, decode)
 
 
 def run_switch(view: LiveView, parent: Trace, wanted: dict[int, int | str],
@@ -149,8 +163,10 @@ def keep(view: LiveView, child: Trace) -> Trace:
     return graded_put(view.store, child)
 
 
-def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[[dict | None], None]) -> None:
-    """The request's job, on a worker thread: stream the new tokens, then the view, then "stored"."""
+def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[[dict | None], None],
+          text: str | None = None) -> None:
+    """The request's job, on a worker thread: stream the new tokens, then the view, then "stored" (or "same" for
+    a switch that changes no token: core gives the parent back and nothing is stored)."""
     started = [False]
 
     def on_text(p: int, text: str) -> None:
@@ -163,8 +179,15 @@ def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[
         parent = view.store.get(key)
         if not 0 <= pos < len(parent):
             raise ForkpointError(f"Token #{pos} is outside this trace (0..{len(parent) - 1})")
+        typed = view.pair.encode(text) if text else None
+        if text and not typed:
+            raise ForkpointError(f"The typed text {text[:40]!r} has no tokens")
         try:  # core stores a new child (graded first); an older stored one gains a grade it lacked
-            stored = keep(view, run_switch(view, parent, switch_request(parent, pos, token), on_text))
+            child = run_switch(view, parent, switch_request(parent, pos, token, typed), on_text)
+            if child.key == parent.key:  # a switch that changes no token: core gives the parent, stores nothing
+                emit({"same": same_text(parent, pos, text, view.decode)})
+                return
+            stored = keep(view, child)
         except WriteError as err:  # said in this stream: the page never shows a child as made that is not kept
             emit({"error": f"The switched trace was made but not stored: {err}"})
             return
@@ -178,22 +201,25 @@ def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[
         emit(None)
 
 
-def _parse(body: bytes) -> tuple[str, str, int, int | None]:
+def _parse(body: bytes) -> tuple[str, str, int, int | None, str | None]:
     if json_depth_exceeds(body, MAX_DEPTH):  # before json.loads: its recursion limit is never reached
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     req = json.loads(body.decode("utf-8"))
     if not isinstance(req, dict):
         raise ValueError("not an object")
-    session, key, pos, token = req["session"], req["key"], req["pos"], req.get("token")
+    session, key, pos, token, text = req["session"], req["key"], req["pos"], req.get("token"), req.get("text")
     if not (isinstance(session, str) and isinstance(key, str) and type(pos) is int
-            and (token is None or type(token) is int)):
+            and (token is None or type(token) is int) and (text is None or (isinstance(text, str)
+                                                                              and len(text) <= MAX_TYPED))):
         raise ValueError("bad field types")
-    for name, text in (("session", session), ("key", key)):
+    for name, value, most in (("session", session, MAX_FIELD), ("key", key, MAX_FIELD), ("typed text", text, MAX_TYPED)):
+        if value is None:
+            continue
         try:
-            check_text(text, f"the live route's {name}", max_chars=MAX_FIELD)
+            check_text(value, f"the live route's {name}", max_chars=most)
         except ForkpointError as err:
             raise ValueError(str(err)) from None
-    return session, key, pos, token
+    return session, key, pos, token, text or None
 
 
 def _media_type(headers: dict[bytes, bytes]) -> bytes:
@@ -248,9 +274,9 @@ class LiveRoute:
             if not message.get("more_body"):
                 break
         try:
-            session, key, pos, token = _parse(body)
+            session, key, pos, token, text = _parse(body)
         except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
-            await _plain(send, 400, b"expected {session, key, pos, token}\n")
+            await _plain(send, 400, b"expected {session, key, pos, token, text}\n")
             return
         view = SESSIONS.get(session)
         if view is None:
@@ -262,7 +288,7 @@ class LiveRoute:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         job = loop.run_in_executor(None, _work, view, key, pos, token,
-                                   lambda msg: loop.call_soon_threadsafe(queue.put_nowait, msg))
+                                   lambda msg: loop.call_soon_threadsafe(queue.put_nowait, msg), text)
         done = False
         while not done:
             lines = [await queue.get()]

@@ -36,9 +36,15 @@ PAGES = [
 
 
 def main() -> None:
-    st.set_page_config(page_title="forkpoint", page_icon="🍴", layout="wide")
+    st.set_page_config(page_title="forkpoint", page_icon="🍴", layout="wide",
+                       initial_sidebar_state="auto")  # collapsed on a narrow window
     state.init_state()
-    pages = [st.Page(PAGES_DIR / f, title=t, icon=i, url_path=u, default=(u == "trace")) for f, t, i, u in PAGES]
+    pages = [st.Page(PAGES_DIR / f, title=t, icon=i, url_path=u if u != "trace" else "home", default=(u == "trace"))
+             for f, t, i, u in PAGES]
+    # the default page is served at "/", so "/trace?trace=KEY" (a link written by hand) found no page: the same
+    # screen under that path, hidden from the menu (listed after it, so st.switch_page picks the visible one)
+    pages.append(st.Page(PAGES_DIR / "trace.py", title="Trace", icon=":material/subject:", url_path="trace",
+                         visibility="hidden"))
     page = st.navigation(pages)
     settings, pair = sidebar()
     try:

@@ -6,6 +6,7 @@ Traces are content-addressed and never change under a key, so caching them by (s
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,24 @@ def load_pair(spec: PairChoice) -> core.ModelPair:
         return demo_pair(device=device, dtype=dtype, base_format=spec.base_format or None,
                          reason_format=spec.reason_format or None)  # `forkpoint app --base-format` applies to it too
     return core.load_pair(**spec.load_arguments())
+
+
+@st.cache_resource(show_spinner=False)
+def warm_up() -> threading.Thread:
+    """Once per process, in the background: load the planning tagger (spaCy), which grading a switch's child
+    needs. Without it the first switch on a freshly opened trace paid the load (seconds) and later ones not."""
+
+    def load() -> None:
+        from core.annotate.planning import tag_tokens  # spaCy: a heavy optional dependency
+
+        try:
+            tag_tokens(["Let", " me", " check", "."])
+        except Exception as err:  # noqa: BLE001 - a warm-up only: the switch itself reports a real failure
+            log.info("tagger warm-up failed: %s", err)
+
+    thread = threading.Thread(target=load, name="forkpoint-warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 @st.cache_resource(show_spinner=False)

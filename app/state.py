@@ -38,10 +38,11 @@ DEFAULTS: dict[str, Any] = {
     "pending": None,  # a queued generation job (branch) that the Trace page runs with a progress bar
     "notice": None,  # (kind, message) to show once after a rerun
     "first_view": True,  # the very first render of the session (opens a demo trace)
-    "click_mode": "flip",  # the switchboard: a click on a token flips its takeover ("select": only selects)
+    "click_mode": "flip",  # the switchboard: a click on a token flips its takeover ("edit": types there, "select")
     "sw_then": "policy",  # after a switch the rest is written by: the trace's policy, "base" or "reason"
     "sw_hist": [],  # the switch states of this visit (trace keys), for back / forward
     "sw_i": 0,  # the open state's index in sw_hist
+    "sw_go": None,  # a back / forward move the token view makes in the browser's history (state.GO_KEY)
     "switch_job": None,  # a queued switch ({"pos"}: flip, {"pos", "token"}: force, {"wanted"}) the fragment applies
     "pf_subset": None,  # {"label", "keys"}: the traces of a Dataset histogram bar, filtering the Problems table
 }
@@ -86,6 +87,8 @@ def init_state(argv: list[str] | None = None) -> AppConfig:
         ss.setdefault(name, kept.get(name, value))
     if first:
         read_query_params()
+    else:
+        follow_url()
     _repair()
     return ss["config"]
 
@@ -109,7 +112,7 @@ def _repair() -> None:
     ss = st.session_state
     choices = {"score": SCORES, "scale": SCALES, "crange": RANGES, "prob_mode": PROB_MODES,
                "spike_kind": ("top", "gate"), "sw_then": ("policy", "base", "reason"),
-               "click_mode": ("flip", "select", None)}
+               "click_mode": ("flip", "edit", "select", None)}
     for name, valid in choices.items():
         if ss.get(name) not in valid:
             ss[name] = DEFAULTS[name]
@@ -175,14 +178,40 @@ def wanted_query_params() -> dict[str, str | None]:
     return {k: (None if v is None or v == "" else str(v)) for k, v in wanted.items()}
 
 
+URL_KEY = "_url_written"  # the query parameters this session last wrote (or adopted)
+GO_KEY = "sw_go"  # a pending move through the browser's history ({"step": -1 | 1, "id": n}, the token view makes it)
+
+
 def write_query_params() -> None:
-    """Mirror the open view into the URL."""
-    for name, value in wanted_query_params().items():
-        if value is None:
-            if name in st.query_params:
-                del st.query_params[name]
-        elif st.query_params.get(name) != value:
-            st.query_params[name] = value
+    """Mirror the open view into the URL, in one message (Streamlit pushes one browser-history entry per
+    message: a switch is one entry, not one per changed parameter). A back / forward move of the switchboard
+    writes nothing: the token view moves the browser's history instead (GO_KEY), so the browser's Back and
+    Forward walk the same states as b / f."""
+    ss = st.session_state
+    if ss.get(GO_KEY):
+        return
+    wanted = {k: v for k, v in wanted_query_params().items() if v is not None}
+    if st.query_params.to_dict() != wanted:
+        st.query_params.from_dict(wanted)
+    ss[URL_KEY] = wanted
+
+
+def follow_url() -> None:
+    """Browser Back / Forward: Streamlit reruns with that history entry's URL; when it names another trace or
+    token than this session last wrote, open that view (a URL without a trace, as on another page, is left)."""
+    ss = st.session_state
+    last = ss.get(URL_KEY)
+    qp = st.query_params.to_dict()
+    if last is None or not qp.get("trace") or qp == last:
+        return
+    if qp["trace"] != ss.get("trace_key"):
+        ss["compare"] = None
+    ss["trace_key"] = str(qp["trace"])
+    ss["sel_pos"] = _int_or_none(qp.get("pos"))
+    if qp.get("problem"):
+        ss["problem_id"] = str(qp["problem"])
+    ss[URL_KEY] = qp
+    ss[GO_KEY] = None
 
 
 def open_trace(key: str | None, problem_id: str | None = None, pos: int | None = None) -> None:

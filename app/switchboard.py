@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from app import live, resources
+from app import live, resources, state
 from app.context import Context
 from app.view import md_escape
 from core.decoding.takeover import switches_in_force
@@ -25,7 +25,7 @@ from core.views.token_payload import stream_html, stream_prefix
 
 VIEW_KEY = "tokview"  # the token view's widget key: its .click carries the event
 
-CLICK_MODES = {"flip": "flips the takeover", "select": "selects it"}
+CLICK_MODES = {"flip": "flips the takeover", "edit": "types there", "select": "selects it"}
 THEN_LABELS = {"policy": "the trace's policy", "base": "the base model", "reason": "the reasoning model"}
 
 
@@ -46,7 +46,9 @@ def on_click() -> None:
         return
     pos = int(event["pos"])
     ss["sel_pos"] = pos
-    if event.get("token") is not None:
+    if isinstance(event.get("text"), str) and event["text"]:
+        ss["switch_job"] = {"pos": pos, "text": event["text"][: live.MAX_TYPED]}
+    elif event.get("token") is not None:
         ss["switch_job"] = {"pos": pos, "token": int(event["token"])}
     elif ss.get("click_mode", "flip") == "flip" and not event.get("key"):  # n / p select a spike, never flip
         ss["switch_job"] = {"pos": pos}
@@ -61,6 +63,8 @@ def _navigate(step: int) -> None:
         ss["sw_i"] = j
         ss["trace_key"] = hist[j]
         ss["sel_pos"] = None
+        # the token view moves the browser's history one step (the URL follows): browser Back is this button
+        ss[state.GO_KEY] = {"step": step, "id": time.time_ns()}
 
 
 def remember(key: str) -> None:
@@ -69,8 +73,8 @@ def remember(key: str) -> None:
     hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
     if hist and 0 <= i < len(hist) and hist[i] == key:
         return
-    if key in hist:
-        ss["sw_i"] = hist.index(key)
+    if key in hist:  # the occurrence nearest the open state (a state can recur: flipped on, off, on)
+        ss["sw_i"] = min((j for j, k in enumerate(hist) if k == key), key=lambda j: abs(j - i))
         return
     ss["sw_hist"], ss["sw_i"] = [key], 0
 
@@ -122,13 +126,20 @@ def run_switch_job(ctx: Context, slot) -> None:
     s = ctx.settings
     try:
         parent = resources.load_trace(s.store_path, ss["trace_key"])
-        wanted = job["wanted"] if "wanted" in job else live.switch_request(parent, int(job["pos"]), job.get("token"))
-        child = _stream(ctx, parent, wanted, slot)
+        typed = ctx.pair.encode(job["text"]) if job.get("text") else None
+        if job.get("text") and not typed:
+            raise ForkpointError(f"The typed text {job['text'][:40]!r} has no tokens")
+        wanted = job["wanted"] if "wanted" in job else live.switch_request(parent, int(job["pos"]), job.get("token"),
+                                                                          typed)
+        child = _stream(ctx, parent, wanted, slot)  # core decides a no-op without decoding where it can
     except ForkpointError as err:
         st.error(f"Could not switch: {md_escape(err, 400)}")
         return
-    if child.key != parent.key:
-        _open_child(child.key, ss.get("sel_pos"))
+    if child.key == parent.key:  # a switch that changes no token: no new trace, no history step
+        if "pos" in job:
+            ss["sw_same"] = live.same_text(parent, int(job["pos"]), job.get("text"), resources.decoder(ctx.pair, parent))
+        return
+    _open_child(child.key, ss.get("sel_pos"))
 
 
 def _stream(ctx: Context, parent: Trace, wanted: dict, slot) -> Trace:
@@ -157,27 +168,28 @@ def _stream(ctx: Context, parent: Trace, wanted: dict, slot) -> Trace:
 
     view = live.LiveView(pair=ctx.pair, store=ctx.store, then=st.session_state.get("sw_then", "policy"),
                          decode=decode)
-    return live.keep(view, live.run_switch(view, parent, wanted, on_text))
+    child = live.run_switch(view, parent, wanted, on_text)
+    return parent if child.key == parent.key else live.keep(view, child)  # a no-op switch: core gives the parent
 
 
 def switch_controls(ctx: Context, trace: Trace) -> None:
     """What a click does, who decides after a switch, back / forward, and "which takeovers matter"."""
     ss = st.session_state
-    c1, c2, c3, c4 = st.columns([3, 3, 2, 2], vertical_alignment="bottom")
-    c1.segmented_control("Click on a token", list(CLICK_MODES), format_func=CLICK_MODES.get, key="click_mode",
-                         help="Flip: a base token becomes the reasoner's takeover, a takeover the base's choice "
-                              "again, and the response re-flows from there. A click on an alternative in the "
-                              "hover card forces that token.")
-    c2.selectbox("After a switch, the rest is written by", list(THEN_LABELS), format_func=THEN_LABELS.get,
-                 key="sw_then")
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom", gap="small")  # wraps, never cuts
+    row.segmented_control("Click on a token", list(CLICK_MODES), format_func=CLICK_MODES.get, key="click_mode",
+                          help="Flip: a base token becomes the reasoner's takeover, a takeover the base's choice "
+                               "again, and the response re-flows from there. Type: put the cursor at a token, type "
+                               "your own text, Enter: the model continues from it. A click on an alternative in "
+                               "the hover card forces that token.")
+    row.selectbox("After a switch, the rest is written by", list(THEN_LABELS), format_func=THEN_LABELS.get,
+                  key="sw_then", width=260)
     hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
-    with c3:
-        b1, b2 = st.columns(2)
-        b1.button("◀", key="sw_back", disabled=i <= 0, on_click=_navigate, args=(-1,), help="Back (key b)")
-        b2.button("▶", key="sw_fwd", disabled=i >= len(hist) - 1, on_click=_navigate, args=(1,),
-                  help="Forward (key f)")
-    if c4.button("Which takeovers matter?", key="sw_matter", disabled=ctx.pair is None or not trace.n_takeovers,
-                 help="Switch each takeover off in turn and see whether the answer still holds."):
+    row.button("◀ back", key="sw_back", disabled=i <= 0, on_click=_navigate, args=(-1,),
+               help="The previous switch state (key b, or the browser's Back)")
+    row.button("forward ▶", key="sw_fwd", disabled=i >= len(hist) - 1, on_click=_navigate, args=(1,),
+               help="The next switch state (key f, or the browser's Forward)")
+    if row.button("Which takeovers matter?", key="sw_matter", disabled=ctx.pair is None or not trace.n_takeovers,
+                  help="Switch each takeover off in turn and see whether the answer still holds."):
         bar = st.progress(0.0, text="switching each takeover off …")
         try:
             ss.setdefault("sw_matter_tables", {})[trace.key] = ablate_takeovers(
@@ -204,18 +216,35 @@ def matter_strip(trace: Trace) -> None:
     st.html("<div>Takeovers switched off one by one: " + "".join(chips) + "</div>")
 
 
+def _runs(current: dict[int, int | str]) -> list[list[int]]:
+    """The switches in force as rows: a run of forced tokens at consecutive positions (typed text) is one row."""
+    rows: list[list[int]] = []
+    for p in sorted(current):
+        if rows and isinstance(current[p], int) and isinstance(current[rows[-1][-1]], int) and p == rows[-1][-1] + 1:
+            rows[-1].append(p)
+        else:
+            rows.append([p])
+    return rows
+
+
 def switch_list(trace: Trace) -> None:
-    """The switches in force, each with its own toggle and an "undo all after this"."""
+    """The switches in force, each with its own toggle and an "undo all after this" (typed text: one row)."""
     current = switches_in_force(trace)
     if not current:
         return
+    rows = _runs(current)
     with st.container(border=True):
-        st.markdown(f"**Switches** ({len(current)}) · then {THEN_LABELS.get(st.session_state.get('sw_then', 'policy'))}")
-        for p, what in sorted(current.items()):
-            label = f"⇄ #{p} → {'reasoner' if what == 'reason' else 'base' if what == 'base' else repr(trace.tokens[p]) if p < len(trace) else what}"
+        st.markdown(f"**Switches** ({len(rows)}) · then {THEN_LABELS.get(st.session_state.get('sw_then', 'policy'))}")
+        for run in rows:
+            p, what = run[0], current[run[0]]
+            text = "".join(trace.tokens[q] for q in run if q < len(trace))
+            if len(run) > 1:
+                label = f"✎ #{p} {text!r}"
+            else:
+                label = f"⇄ #{p} → {'reasoner' if what == 'reason' else 'base' if what == 'base' else repr(text) if p < len(trace) else what}"
             c1, c2 = st.columns([3, 2], vertical_alignment="center")
             c1.toggle(label, value=True, key=f"sw_{trace.key}_{p}", on_change=_queue_switches,
-                      args=({q: w for q, w in current.items() if q != p},))
+                      args=({q: w for q, w in current.items() if q not in run},))
             c2.button("undo all after", key=f"sw_undo_{trace.key}_{p}", on_click=_queue_switches,
-                      args=({q: w for q, w in current.items() if q <= p},), disabled=p == max(current))
+                      args=({q: w for q, w in current.items() if q <= run[-1]},), disabled=run[-1] == max(current))
         st.button("Undo every switch", key=f"sw_none_{trace.key}", on_click=_queue_switches, args=({},))

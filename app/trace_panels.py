@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from app import actions, resources, state
-from app.branch_panels import compare_panel, compared, graph_panel
+from app.branch_panels import COLS_KEY, compare_panel, compared, graph_panel
 from app.components.token_view import token_view
 from app.context import Context, get_context
 from app.figures import trace_figure
@@ -42,6 +42,7 @@ from core.views.presentation import (
     page_bounds,
     policy_text,
     prob_at,
+    flip_changes,
     switch_text,
     takeover_choices,
 )
@@ -60,12 +61,15 @@ def header(trace: Trace, rule_text: str) -> None:
     if switched:
         policy += f" ⇄{switched}"  # the policy decides everywhere but at the switched positions
     takeovers = trace.n_takeovers
-    cols = st.columns(5)
-    cols[0].metric("Tokens", len(trace))
-    cols[1].metric("Policy", policy.split(" · ")[0], help=policy if " · " in policy else None)  # a box cuts long text
-    cols[2].metric("Takeovers", takeovers)
-    cols[3].metric(f"Spikes ({rule_text})", len(trace.spike_positions))
-    cols[4].metric("Gold", md_escape(problem.get("gold"), 40) if problem.get("gold") is not None else "–")
+    row = st.container(horizontal=True, wrap=True, gap="medium")  # wraps on a narrow window: nothing cut
+    row.metric("Tokens", len(trace), width="content")
+    row.metric("Policy", policy.split(" · ")[0], help=policy if " · " in policy else None, width="content")
+    row.metric("Takeovers", takeovers, width="content")
+    row.metric("Switch points", len(flip_changes(trace)), width="content",
+               help="Tokens where the other model's top token is another one (dotted underline): a flip there "
+                    "changes the text; elsewhere it changes nothing. n / p walk them.")
+    row.metric(f"Spikes ({rule_text})", len(trace.spike_positions), width="content")
+    row.metric("Gold", md_escape(problem.get("gold"), 40) if problem.get("gold") is not None else "–", width="content")
     switched = switch_text(trace)  # the outcome line (answer, ✓/✗, ρ) sits above the text, in the token view
     if switched or trace.meta.get("parent"):
         st.caption(" · ".join(([md_escape(switched, 200)] if switched else [])
@@ -155,12 +159,24 @@ def trace_panel(rule_text: str) -> None:
     with legend_slot:
         st.html(f"<style>{heatmap_css()}</style>{legend}")
         matter_strip(trace)
-    flip = ss.get("click_mode", "flip") == "flip" and ctx.pair is not None
-    data["help"] = ("Click a token to flip its takeover (the response re-flows) · hover for both models' top-k, "
-                    "click an alternative there to force it · n / p: spikes · b / f: back / forward" if flip else
-                    "Hover a token for both models' top-k · click to select · n / p: next / previous spike")
+    mode = ss.get("click_mode", "flip") if ctx.pair is not None else "select"
+    data["mode"] = mode
+    data["help"] = {"flip": "Click a token (or ← → and Enter) to flip its takeover: the response re-flows · dotted: "
+                            "a flip there changes the text (n / p) · hover: both models' top-k, click one to force it",
+                    "edit": "Click a token (or ← → and Enter), type, Enter: the base continues from your text · "
+                            "Escape cancels",
+                    "select": "Hover a token for both models' top-k · click to select · n / p: next / previous spike",
+                    }.get(mode, "") + " · ? keys"
     data["outcome"], data["key"] = outcome_line(trace), key
-    data["live"] = live_offer(ctx, trace, partial(live_render, ctx)) if flip and (start, end) == (0, len(trace)) else None
+    hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
+    data["nav"] = {"back": i > 0, "fwd": i < len(hist) - 1}
+    data["go"] = ss.get(state.GO_KEY)
+    data["history"] = True  # the app: b / f move the browser's history (the URL follows, app/state.py)
+    data["note"] = ss.pop("sw_same", None)
+    live_ok = mode in ("flip", "edit") and (start, end) == (0, len(trace))
+    if live_ok:
+        resources.warm_up()  # what the first switch's grading loads, loaded while the user reads
+    data["live"] = live_offer(ctx, trace, partial(live_render, ctx)) if live_ok else None
     with view_slot.container():
         token_view(data, selected=sel, key=VIEW_KEY, on_click=on_click, prob_mode=s.prob_mode)
     with left:
@@ -175,6 +191,7 @@ def trace_panel(rule_text: str) -> None:
     trace_notes_panel(ctx.store, trace, sel)  # notes and bookmarks (app/notes_panel.py)
     trace_instruments(ctx, trace)  # takeover effects, success curve, lens (app/instruments_panels.py)
     state.write_query_params()
+    ss[state.GO_KEY] = None  # made once, by the token view just drawn
 
 
 def live_render(ctx: Context, child: Trace) -> dict[str, Any]:
@@ -280,9 +297,25 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
                  width="stretch"):
         _queue_branch(trace, sel, choices[pick].token, int(max_new), sampling)
     if not disabled:
+        _fan_controls(trace, sel)
         _force_any(ctx, trace, sel, int(max_new), sampling)
     else:
         st.caption("Load a model pair (sidebar) to branch.")
+
+
+def _fan_controls(trace: Trace, sel: int) -> None:
+    """"n alternatives from here": sampled continuations from the selected token, side by side and as siblings
+    in the branch graph."""
+    parent_t = float((trace.meta.get("sampling") or {}).get("temperature") or 0.0)
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")
+    n = row.number_input("Alternatives", 1, actions.FAN_MAX, actions.FAN_MAX, key="fan_n", width=120)
+    t = row.number_input("at temperature", 0.05, 2.0, parent_t if parent_t > 0 else 0.8, 0.05, key="fan_t", width=140)
+    if row.button(f"{int(n)} alternatives from here", key="fan_go",
+                  help="The reasoner writes this token, then the rest is sampled; each one is stored and shown "
+                       "beside the open trace."):
+        st.session_state["pending"] = {"kind": "fan", "parent": trace.key, "pos": int(sel), "n": int(n),
+                                       "temperature": float(t), "then": st.session_state.get("sw_then", "policy")}
+        st.rerun()
 
 
 def _branch_sampling(trace: Trace) -> dict:
@@ -346,8 +379,9 @@ def run_pending(ctx: Context) -> None:
         return
     slot = st.empty()
     box = slot.container(border=True)
-    where = f"token #{job['pos']}" + ("" if job["token"] is None else f" with token id {job['token']}")
-    box.markdown(f"**Generating a branch at {where}** …")
+    where = f"token #{job['pos']}" + ("" if job.get("token") is None else f" with token id {job['token']}")
+    box.markdown(f"**Generating {job['n']} alternatives from token #{job['pos']}** …" if job.get("kind") == "fan"
+                 else f"**Generating a branch at {where}** …")
     if box.button("Cancel", key="cancel_pending"):
         ss["pending"] = None
         state.notice("info", "Branch cancelled; nothing was stored.")
@@ -362,6 +396,10 @@ def run_pending(ctx: Context) -> None:
         bar.progress(min(1.0, done / max(total, 1)), text=f"Generating the branch: {done} / {total} tokens")
 
     s = ctx.settings
+    if job.get("kind") == "fan":
+        if _run_fan(ctx, job, box, progress):
+            slot.empty()
+        return
     try:
         parent = resources.load_trace(s.store_path, job["parent"])
         child = actions.run_branch(ctx.pair, ctx.store, parent, job["pos"], job["token"], job["max_new_tokens"],
@@ -375,3 +413,24 @@ def run_pending(ctx: Context) -> None:
     ss["sel_pos"] = job["pos"]
     slot.empty()
     state.notice("success", f"Branch stored ({len(child)} tokens, {md_escape(outcome_line(child), 200)}).")
+
+
+def _run_fan(ctx: Context, job: dict, box, progress) -> bool:
+    """Make a queued fan (actions.run_fan) and put its traces side by side with their parent (False: it
+    failed, and `box` says why)."""
+    ss = st.session_state
+    try:
+        parent = resources.load_trace(ctx.settings.store_path, job["parent"])
+        kids = actions.run_fan(ctx.pair, ctx.store, parent, job["pos"], job["n"], job["temperature"],
+                               then=job.get("then", "policy"), progress=progress)
+    except ForkpointError as err:
+        ss["pending"] = None
+        box.error(f"Could not make the alternatives: {md_escape(err, 400)}")
+        return False
+    ss["pending"] = None
+    ss["compare"] = None
+    ss[COLS_KEY] = {"parent": parent.key, "keys": list(dict.fromkeys(k.key for k in kids if k.key != parent.key))}
+    ss["sel_pos"] = job["pos"]
+    state.notice("success", f"{len(kids)} alternatives from token #{job['pos']} stored: side by side below the text "
+                            "and as siblings in the branch graph.")
+    return True

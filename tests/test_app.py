@@ -36,7 +36,14 @@ def env(tmp_path, tiny_dirs, monkeypatch):
     def start(*extra: str, args: list[str] | None = None) -> AppTest:
         return start_app(monkeypatch, [*(argv if args is None else args), *extra])
 
-    return type("Env", (), {"start": staticmethod(start), "store": store, "problems": problems, "argv": argv})
+    def open_first(*extra: str) -> AppTest:
+        """The app's first view on the empty store, then its one action: Generate (the first problem's trace)."""
+        at = start(*extra).run()
+        at.button(key="first_generate").click().run()
+        return at
+
+    return type("Env", (), {"start": staticmethod(start), "open": staticmethod(open_first), "store": store,
+                            "problems": problems, "argv": argv})
 
 
 def _ok(at: AppTest) -> None:
@@ -49,6 +56,13 @@ def _texts(elements) -> list[str]:
     return [re.sub(r"\\([^\w\s])", r"\1", str(e.value)) for e in elements]
 
 
+def _second_trace(env) -> str:
+    """The second problem's trace, made as a user would: a link to the problem, then Generate."""
+    at = _opened(env, problem="p2")
+    at.button(key="first_generate").click().run()
+    return at.session_state["trace_key"]
+
+
 def _opened(env, /, **query: str) -> AppTest:
     """The app run once with these URL query parameters."""
     at = env.start()
@@ -57,24 +71,34 @@ def _opened(env, /, **query: str) -> AppTest:
     return at.run()
 
 
-def test_first_view_generates_and_opens_a_trace(env):
+def test_first_view_writes_nothing_and_generate_opens_a_trace(env):
+    """Issue 31: the first view on an empty store generates nothing unasked: the problem list and one action;
+    Generate makes the chosen problem's trace and opens it; a new session opens the store's most recent trace."""
     at = env.start().run()
     _ok(at)
-    key = at.session_state["trace_key"]
+    assert at.session_state["trace_key"] is None and not TraceStore(env.store).keys()
+    assert any("No trace yet" in t for t in _texts(at.markdown))
+    assert at.selectbox(key="first_problem").options[0].startswith("p1: ")
+    at.selectbox(key="first_problem").set_value(1).run()  # the second problem
+    at.button(key="first_generate").click().run()
+    _ok(at)
     store = TraceStore(env.store)
-    assert len(store.keys()) == len(PROBLEMS) and key in store.keys()  # one batch over the first problems
+    key = at.session_state["trace_key"]
+    assert store.keys() == [key]  # one trace: the one asked for
     trace = store.get(key)
-    assert trace.meta["correct"] is False  # the first view shows a problem the base model gets wrong
-    assert trace.meta["problem"]["id"] == "p1" and trace.meta["problem"]["gold"] == "10"
+    assert trace.meta["problem"]["id"] == "p2" and trace.meta["problem"]["gold"] == "12"
     assert trace.meta["correct"] is not None  # graded against the gold answer
-    assert any("Problem `p1`" in t for t in _texts(at.markdown))
+    assert any("Problem `p2`" in t for t in _texts(at.markdown))
     assert {m.label: m.value for m in at.metric}["Tokens"] == str(len(trace))
-    assert at.query_params["trace"] == key and at.query_params["problem"] == "p1"
+    assert at.query_params["trace"] == key and at.query_params["problem"] == "p2"
     assert _texts(at.info) and "Click a token" in _texts(at.info)[0]
+    again = env.start().run()  # a new session: the store's most recent trace, nothing generated
+    _ok(again)
+    assert again.session_state["trace_key"] == key and TraceStore(env.store).keys() == [key]
 
 
 def test_select_token_take_over_and_see_the_branch(env):
-    at = env.start().run()
+    at = env.open()
     parent = at.session_state["trace_key"]
     at.session_state["sel_pos"] = 2
     at.run()
@@ -112,7 +136,7 @@ def test_select_token_take_over_and_see_the_branch(env):
 
 
 def test_force_a_token_from_the_top_k(env):
-    at = env.start().run()
+    at = env.open()
     parent = TraceStore(env.store).get(at.session_state["trace_key"])
     at.session_state["sel_pos"] = 3
     at.run()
@@ -128,7 +152,7 @@ def test_force_a_token_from_the_top_k(env):
 
 
 def test_a_copied_link_opens_the_same_view(env):
-    first = env.start().run()
+    first = env.open()
     key = first.session_state["trace_key"]
     at = _opened(env, trace=key, pos="4")
     _ok(at)
@@ -165,13 +189,13 @@ def test_missing_problem_file_is_an_error_message(env, tmp_path):
 
 
 def test_problems_page_lists_traces_and_problems(env):
-    at = env.start().run()
+    at = env.open()
     at.switch_page("screens/problems.py").run()
     _ok(at)
     traces, problems = at.dataframe[0].value, at.dataframe[1].value
-    assert len(traces) == 2 and at.session_state["trace_key"] in set(traces["key"])
-    assert list(problems["id"]) == ["p1", "p2"] and list(problems["traces"]) == [1, 1]
-    assert list(problems["share correct"]) == ["0.00", "0.00"]  # text: an ungraded problem shows "–", never None
+    assert len(traces) == 1 and at.session_state["trace_key"] in set(traces["key"])
+    assert list(problems["id"]) == ["p1", "p2"] and list(problems["traces"]) == [1, 0]
+    assert list(problems["share correct"])[0] == "0.00"  # text: an ungraded problem shows "–", never None
     at.text_input(key="pf_text").input("no such problem").run()
     assert len(at.dataframe[0].value) == 0
 
@@ -179,7 +203,7 @@ def test_problems_page_lists_traces_and_problems(env):
 def test_search_opens_a_hit_at_its_token_and_filters_the_traces_table(env):
     """Problems → Search: every match with its score and spike; the filter keeps the traces where it spikes
     (choosing a row opens the trace at the token: tests/test_journeys.py clicks it in a browser)."""
-    at = env.start().run()
+    at = env.open()
     store = TraceStore(env.store)
     first = store.get(at.session_state["trace_key"])
     needle = next(t for t in first.tokens if t.strip().isalpha()) or first.tokens[0]
@@ -211,7 +235,7 @@ def _run_entropy_gated(at: AppTest, n: int, threshold: float) -> None:
 
 
 def test_generate_page_runs_a_policy_and_stores_graded_traces(env):
-    at = env.start().run()
+    at = env.open()
     at.switch_page("screens/generate.py").run()
     _ok(at)
     _run_entropy_gated(at, n=2, threshold=0.0)
@@ -224,7 +248,7 @@ def test_generate_page_runs_a_policy_and_stores_graded_traces(env):
 
 
 def test_export_page_offers_the_open_trace(env, tmp_path):
-    at = env.start().run()
+    at = env.open()
     key = at.session_state["trace_key"]
     at.switch_page("screens/export.py").run()
     _ok(at)
@@ -240,23 +264,23 @@ def test_export_page_offers_the_open_trace(env, tmp_path):
 
 
 def test_dataset_page_draws_the_analyses(env):
-    at = env.start().run()
+    at = env.open()
     at.switch_page("screens/dataset.py").run()
     assert not at.exception and not at.error
     assert len(at.get("plotly_chart")) >= 4
 
 
 def test_gate_spike_rule_calibrates_on_base_rollouts(env):
-    at = env.start().run()
+    at = env.open()
     at.radio(key="spike_kind").set_value("gate").run()
     _ok(at)
     assert not at.sidebar.warning, [w.value for w in at.sidebar.warning]
     assert any("τ =" in t for t in _texts(at.sidebar.caption))
-    assert at.metric[3].label.startswith("Spikes (gate")
+    assert at.metric[4].label.startswith("Spikes (gate")
 
 
 def test_score_metric_from_the_sidebar_drives_the_table(env):
-    at = env.start().run()
+    at = env.open()
     at.selectbox(key="score").set_value("jsd").run()
     _ok(at)
     at.switch_page("screens/problems.py").run()
@@ -266,7 +290,7 @@ def test_score_metric_from_the_sidebar_drives_the_table(env):
 
 
 def test_loading_a_bad_pair_from_the_sidebar_is_a_message(env, tmp_path):
-    at = env.start().run()
+    at = env.open()
     at.text_input(key="pair_base").input(str(tmp_path / "missing-model")).run()
     at.button(key="pair_load").click().run()
     assert not at.exception
@@ -284,7 +308,8 @@ def test_vocabulary_mismatch_is_a_message(env, tmp_path, tiny_dirs):
     assert not at.exception
     errors = " ".join(_texts(at.error))
     assert "Could not load the model pair" in errors and "tokenizers differ" in errors
-    assert any("No trace open" in t for t in _texts(at.info))  # the page still works without a pair
+    assert any("No trace yet" in t for t in _texts(at.markdown))  # the page still works without a pair
+    assert at.button(key="first_generate").disabled
 
 
 def test_no_arguments_opens_a_demo_trace(env, tmp_path, monkeypatch):
@@ -295,16 +320,19 @@ def test_no_arguments_opens_a_demo_trace(env, tmp_path, monkeypatch):
     monkeypatch.setenv("FORKPOINT_STORE", str(tmp_path / "demo_store"))
     at = env.start(args=[]).run()
     _ok(at)
+    assert not TraceStore(tmp_path / "demo_store").keys()  # nothing generated unasked
+    at.button(key="first_generate").click().run()
+    _ok(at)
     trace = TraceStore(tmp_path / "demo_store").get(at.session_state["trace_key"])
     assert str(trace.meta["problem"]["id"]).startswith("demo")
-    assert at.metric[3].label.startswith("Spikes") and int(at.metric[3].value) >= 1
+    assert at.metric[4].label.startswith("Spikes") and int(at.metric[4].value) >= 1
     assert trace.meta["correct"] is not None
 
 
 def test_generate_widgets_come_from_the_policy_registry(env):
     from core.decoding.policies import list_policies
 
-    at = env.start().run()
+    at = env.open()
     at.switch_page("screens/generate.py").run()
     _ok(at)
     assert at.selectbox(key="gen_policy").options and len(at.selectbox(key="gen_policy").options) == len(list_policies())
@@ -317,7 +345,7 @@ def test_generate_widgets_come_from_the_policy_registry(env):
 
 
 def test_a_policy_that_did_nothing_says_so(env):
-    at = env.start().run()
+    at = env.open()
     at.switch_page("screens/generate.py").run()
     _run_entropy_gated(at, n=1, threshold=1000.0)
     _ok(at)
@@ -325,7 +353,7 @@ def test_a_policy_that_did_nothing_says_so(env):
 
 
 def test_the_url_holds_metric_scale_range_spikes_and_comparison(env):
-    at = env.start().run()
+    at = env.open()
     key = at.session_state["trace_key"]
     at.selectbox(key="score").set_value("jsd").run()
     at.selectbox(key="scale").set_value("log").run()
@@ -358,7 +386,7 @@ def test_url_values_in_messages_cannot_inject_markdown(env):
 
 
 def test_problems_page_lists_unreadable_traces(env):
-    at = env.start().run()
+    at = env.open()
     bad = env.store / "traces" / "ff" / ("ff" * 16 + ".fpt")
     traces_dir = env.store / "traces"
     existing = next(p for p in traces_dir.rglob("*") if p.is_file())
@@ -374,9 +402,10 @@ def test_problems_page_lists_unreadable_traces(env):
 def test_damaged_traces_are_counted_apart_and_a_damaged_link_says_what_to_do(env):
     """Issue 24.8: a trace whose footer reads but whose pages do not is not counted as readable, and its
     link says "damaged: run forkpoint verify / repair" rather than "not in the store"."""
-    at = env.start().run()
+    at = env.open()
     store = TraceStore(env.store)
     key = at.session_state["trace_key"]
+    _second_trace(env)
     path = store.traces_dir / f"{key}.parquet"
     raw = bytearray(path.read_bytes())
     raw[200:260] = bytes(b ^ 0xFF for b in raw[200:260])  # a data page; the footer (summary) still reads
@@ -541,7 +570,7 @@ def _ws_status(port: int, host: str) -> int:
 def test_score_selector_is_the_metric_registry(env):
     from core.scoring.registry import METRICS, SCORES
 
-    at = env.start().run()
+    at = env.open()
     assert at.selectbox(key="score").options == [METRICS[s].score_label for s in SCORES]
     assert "entropy_reason" in SCORES
     at.selectbox(key="score").set_value("entropy_reason").run()
@@ -563,7 +592,7 @@ def test_a_long_trace_opens_on_the_page_of_the_linked_token(env):
 
 
 def test_force_any_vocabulary_token_and_a_typed_string(env):
-    at = env.start().run()
+    at = env.open()
     parent_key = at.session_state["trace_key"]
     at.session_state["sel_pos"] = 2
     at.run()
@@ -595,7 +624,7 @@ def test_force_any_vocabulary_token_and_a_typed_string(env):
 
 
 def test_branch_with_its_own_temperature_and_seed(env):
-    at = env.start().run()
+    at = env.open()
     at.session_state["sel_pos"] = 2
     at.run()
     at.number_input(key="branch_temperature").set_value(1.0).run()
@@ -610,11 +639,13 @@ def test_the_switchboard_flips_in_place_and_goes_back(env):
     """A click in flip mode (the component's event, as the fragment reads it) switches the open trace in
     place: the child is opened, graded and stored, the switch list shows it, and back / forward move
     between the two states; switching it off again returns the original trace."""
-    at = env.start().run()
+    at = env.open()
     root = at.session_state["trace_key"]
     store = TraceStore(env.store)
     parent = store.get(root)
-    pos = next(i for i, s in enumerate(parent.source) if s == "base")
+    from core.views.presentation import flip_changes
+
+    pos = next(i for i in flip_changes(parent) if parent.source[i] == "base")  # a flip that changes the text
     at.session_state["switch_job"] = {"pos": pos}
     at.run()
     _ok(at)
@@ -637,7 +668,7 @@ def test_the_switchboard_flips_in_place_and_goes_back(env):
 
 
 def test_a_top_k_alternative_click_forces_that_token(env):
-    at = env.start().run()
+    at = env.open()
     parent = TraceStore(env.store).get(at.session_state["trace_key"])
     alt = int(parent.topk["reason"][0][3][1])
     at.session_state["switch_job"] = {"pos": 3, "token": alt}
@@ -650,9 +681,9 @@ def test_a_top_k_alternative_click_forces_that_token(env):
 def test_a_compare_link_is_checked_against_the_open_trace(env):
     """Issue 22 defect 3: `compare=` named an unrelated trace "Branch at token #5", and `@999999` read "Shared
     prefix: 999999 tokens". Only a real branch of the open trace is compared, at its own branch position."""
-    at = env.start().run()
+    at = env.open()
     key = at.session_state["trace_key"]
-    other = next(k for k in TraceStore(env.store).keys() if k != key)  # the other problem's root
+    other = _second_trace(env)  # the other problem's root
     bad = _opened(env, trace=key, compare=f"{other}@5")
     assert not bad.exception
     assert any("is not a branch of the open trace" in t for t in _texts(bad.warning))
@@ -670,7 +701,7 @@ def test_a_compare_link_is_checked_against_the_open_trace(env):
 
 def test_compare_starts_on_the_open_trace_and_an_error_clears_the_last_result(env):
     """Issue 22 defect 7: Compare preselected the newest trace, and a new error kept the old result on screen."""
-    at = env.start().run()
+    at = env.open()
     key = at.session_state["trace_key"]
     newest = TraceStore(env.store).summaries().sort_values("created").iloc[-1]["key"]
     at.session_state["trace_key"] = key
@@ -704,7 +735,7 @@ def test_a_takeover_where_the_reasoner_already_wrote_shows_the_comparison(env):
     from core import load_pair
     from core.decoding.takeover import flipped, set_switches
 
-    at = env.start().run()
+    at = env.open()
     store = TraceStore(env.store)
     parent = store.get(at.session_state["trace_key"])
     pos = next(i for i, s in enumerate(parent.source) if s == "base" and i > 0)
@@ -740,3 +771,77 @@ def test_dataset_page_shows_the_gate_shoot_out(env, tmp_path):
     assert shown and list(shown[-1]["label"]) == ["base", "reason", "top_prob ρ=0.05", "guided ρ=0.05"]
     at.text_input(key="ds_gates_path").set_value(str(tmp_path / "nope.csv")).run()
     assert any("cannot read a gate shoot-out table" in str(e.value) for e in at.error)
+
+
+def test_a_fan_of_alternatives_is_stored_and_sits_side_by_side(env):
+    """Issue 31: "n alternatives from here" samples n continuations from the selected token, each stored as a
+    child of the open trace (siblings in the branch graph) and shown beside it."""
+    from app.branch_panels import COLS_KEY
+
+    at = env.open()
+    parent = at.session_state["trace_key"]
+    at.session_state["sel_pos"] = 2
+    at.run()
+    at.number_input(key="fan_n").set_value(2).run()
+    at.button(key="fan_go").click().run()
+    _ok(at)
+    store = TraceStore(env.store)
+    kids = store.children(parent)
+    picked = at.session_state[COLS_KEY]
+    assert picked["parent"] == parent and len(picked["keys"]) == 2 and set(picked["keys"]) <= set(kids)
+    for key in picked["keys"]:
+        child = store.get(key)
+        assert child.meta["parent"] == parent and child.meta["sampling"]["temperature"] > 0
+        assert child.token_ids[:2].tolist() == store.get(parent).token_ids[:2].tolist()
+        assert child.meta["correct"] is not None  # graded
+    assert at.session_state["trace_key"] == parent  # the open trace stays; the alternatives sit beside it
+    assert any("2 alternatives from token #2" in t for t in _texts(at.success))
+
+
+def test_typed_text_continues_from_the_token_and_opens_the_new_trace(env):
+    """Edit and continue through the fragment's rerun path (the browser test drives the live route): the typed
+    text replaces the response from the token on, the model continues, and the child is the open trace."""
+    from core import load_pair
+
+    at = env.open()
+    root = at.session_state["trace_key"]
+    at.session_state["switch_job"] = {"pos": 2, "text": " Let me"}
+    at.run()
+    _ok(at)
+    key = at.session_state["trace_key"]
+    assert key != root and at.session_state["sw_hist"] == [root, key] and at.query_params["trace"] == key
+    child, parent = TraceStore(env.store).get(key), TraceStore(env.store).get(root)
+    ids = load_pair(*env.argv[1:4:2], device="cpu").encode(" Let me")
+    assert child.token_ids[:2].tolist() == parent.token_ids[:2].tolist()
+    assert child.token_ids[2:2 + len(ids)].tolist() == ids and set(child.source[2:2 + len(ids)]) == {"forced"}
+    assert child.meta["parent"] == root
+
+
+def test_a_flip_that_changes_no_token_makes_no_trace(env, tmp_path, monkeypatch):
+    """A base token whose reasoner top token is the same: no new trace, no history step (the rerun path; the
+    demo pair, whose reasoner mostly agrees with its base)."""
+    from core.demo.pair import DEMO_DIR
+    from core.views.presentation import flip_changes
+
+    if not (DEMO_DIR / "pair.json").exists():
+        pytest.skip("the bundled demo pair is not built (forkpoint demo train)")
+    monkeypatch.setenv("FORKPOINT_STORE", str(tmp_path / "demo_store"))
+    at = env.start(args=[]).run()
+    at.selectbox(key="first_problem").set_value(1).run()  # the second demo problem: one token where they differ
+    at.button(key="first_generate").click().run()
+    root = at.session_state["trace_key"]
+    store = TraceStore(tmp_path / "demo_store")
+    trace = store.get(root)
+    same = [p for p in range(len(trace)) if trace.source[p] == "base" and p not in set(flip_changes(trace))]
+    assert same, "the demo reasoner writes another token everywhere"
+    n = len(store.keys())
+    at.session_state["switch_job"] = {"pos": same[0]}
+    at.run()
+    _ok(at)
+    assert at.session_state["trace_key"] == root and at.session_state["sw_hist"] == [root]
+    assert len(TraceStore(tmp_path / "demo_store").keys()) == n
+    point = next(p for p in flip_changes(trace) if trace.source[p] == "base")  # a flip that does change the text
+    at.session_state["switch_job"] = {"pos": point}
+    at.run()
+    _ok(at)
+    assert at.session_state["trace_key"] != root and len(TraceStore(tmp_path / "demo_store").keys()) == n + 1

@@ -368,25 +368,6 @@ def test_score_plot_has_round_ticks_and_names_each_line_once():
     assert [t.name for t in only.data].count(METRICS["entropy_base"].label) == 1 and "yaxis2" not in only.layout.to_plotly_json()
 
 
-def test_showcase_opens_the_first_problem_the_base_gets_wrong(tmp_path):
-    """The first view must pick a *wrong* answer: with the demo pair some of the first problems are solved,
-    so put a solved one first and check that the showcase skips it."""
-    import core
-    from app.actions import showcase_trace
-
-    pair, problems = core.demo_pair(), core.demo_problems(limit=12)
-    store = TraceStore(tmp_path / "store")
-    first = showcase_trace(pair, store, problems, look=12, max_new_tokens=96)
-    graded = {t.meta["problem"]["id"]: t.meta["correct"] for t in (store.get(k) for k in store.keys())}
-    assert True in graded.values() and False in graded.values(), graded  # the demo pair solves some, not all
-    solved = [p for p in problems if graded[p.id]]
-    wrong = [p for p in problems if not graded[p.id]]
-    ordered = solved[:1] + wrong[:1] + solved[1:]
-    chosen = showcase_trace(pair, store, ordered, look=len(ordered), max_new_tokens=96)
-    assert chosen.meta["correct"] is False and chosen.meta["problem"]["id"] == wrong[0].id
-    assert first.meta["correct"] is False
-
-
 def test_forkpoint_app_forwards_every_pair_flag_to_the_app(monkeypatch):
     """`forkpoint app` takes the same pair flags as every other command and the app parses what it forwards."""
     import subprocess

@@ -62,6 +62,7 @@ def _selected_pos(page) -> int:
 def test_hover_click_take_over_and_export(app_url, page):
     url, store_dir = app_url
     page.goto(f"{url}?click=select&spikes=top:5")  # a click selects (the switchboard: tests/test_switchboard.py)
+    page.get_by_role("button", name="Generate", exact=True).click()  # the empty store's first view: one action
     tokens = page.locator(".fp-scroll [data-pos]")
     tokens.first.wait_for()
     page.get_by_text("selects it", exact=True).first.click()  # this walk selects; a flip opens a child (the switchboard)
@@ -161,6 +162,30 @@ def test_copied_link_reopens_the_view(app_url, page):
     _wait_selected(page, 1)
     page.locator('.fp-scroll [data-pos="1"].sel').wait_for()  # the component marks the linked token
     assert page.locator(".fp-scroll .tok.sel").count() == 1
+    assert "no corresponding file" not in page.locator("body").inner_text()  # /trace is a page: no "Page not found"
+
+
+def test_every_page_opens_from_its_url_in_a_fresh_browser(app_url, page):
+    """Issue 31: a shared link opens its page in a new browser session (a new tab: a Streamlit session that never
+    saw the app): the Export page exporting the trace the URL names, the Trace page at /trace."""
+    url, store_dir = app_url
+    from core.io.store import TraceStore
+
+    rows = TraceStore(store_dir).summaries()
+    if rows.empty:
+        pytest.skip("needs the trace made by the first test")
+    key = rows.iloc[0]["key"]
+    fresh = page.context.new_page()  # the module's browser (one sync Playwright per process)
+    try:
+        fresh.goto(f"{url}export?trace={key}")
+        fresh.get_by_text(key, exact=True).first.wait_for()  # the caption "Trace `key`"
+        fresh.get_by_role("button", name=re.compile(rf"Download forkpoint-{key[:8]}.*\.jsonl")).wait_for()
+        assert "No trace is open" not in fresh.locator("body").inner_text()
+        fresh.goto(f"{url}trace?trace={key}")  # another fresh session, by the hidden /trace path
+        fresh.locator(f'.fp-scroll[data-key="{key}"] [data-pos]').first.wait_for()
+        assert "no corresponding file" not in fresh.locator("body").inner_text()
+    finally:
+        fresh.close()
 
 
 

@@ -212,6 +212,21 @@ def test_html_escapes_all_model_text(tmp_path, traces):
     assert len(re.findall(r"<img", page)) == 0
 
 
+def test_html_names_local_models_by_their_file_name_unless_asked(tmp_path):
+    """Issue 31: a shared HTML page names a local model by its folder / file name, not the user's absolute path
+    (in the settings table and the JSON record); html_page(model_paths=True) keeps the path."""
+    from core.views.html_page import html_page
+
+    local = {"id": "/home/someone/models/SmolLM2-135M", "revision": None, "gguf_file": "/srv/m/smol.Q8_0.gguf"}
+    trace = make_trace(6, seed=4, meta={"pair": {"base": local, "reason": {"id": "org/reasoner-1B"}},
+                                        "request": {"pair": {"base": local, "reason": {"id": "org/reasoner-1B"}}}})
+    page = html_page([trace])
+    assert "/home/someone" not in page and "/srv/m" not in page
+    assert "SmolLM2-135M (smol.Q8_0.gguf)" in page and "org/reasoner-1B" in page
+    kept = html_page([trace], model_paths=True)
+    assert "/home/someone/models/SmolLM2-135M" in kept and "/srv/m/smol.Q8_0.gguf" in kept
+
+
 def test_html_is_self_contained_with_settings(tmp_path, traces):
     page = export(traces, tmp_path / "t.html", score="jsd").read_text(encoding="utf-8")
     assert not re.search(r"https?://", page)

@@ -81,7 +81,14 @@ def _nav(page, title: str) -> None:
 
 
 def _wait_trace(page) -> None:
-    page.locator(".fp-scroll [data-pos]").first.wait_for()
+    """Wait for the token view; on an empty store's first view (no trace yet: nothing is generated unasked) make
+    the first trace the way a user does, with the empty state's Generate."""
+    tokens = page.locator(".fp-scroll [data-pos]").first
+    generate = page.get_by_role("button", name="Generate", exact=True)
+    tokens.or_(generate).first.wait_for()
+    if not tokens.is_visible() and generate.is_visible():
+        generate.click()
+    tokens.wait_for()
     _settle(page)
 
 
@@ -285,8 +292,8 @@ def test_graph_columns_notes_and_search(server, page):
     url, store_dir, log = server
     outside: list[str] = []
     page.on("request", lambda r: None if _local(r.url) else outside.append(r.url))
-    page.goto(url)
-    _wait_trace(page)
+    page.goto(f"{url}?problem=demo-20260101-1")  # its root (made here if the store has none: the first view
+    _wait_trace(page)  # opens the store's most recent trace), a trace with a token where the reasoner differs
     parent = re.search(r"trace=([0-9a-f]+)", page.url).group(1)
     store = TraceStore(store_dir)
     trace = store.get(parent)

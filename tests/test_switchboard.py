@@ -45,14 +45,23 @@ WATCH = """(rootKey) => {
 }"""
 
 
+PROBLEM = "demo-20260101-1"  # a demo problem whose base trace has a token where the reasoner writes another
+
+
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
+    """The app on an empty store, its first trace made as a user makes it (the empty state's Generate); yields
+    that trace's URL (every test starts from it), the store and the page."""
     require_chromium(" (.ci/run installs it)")
     OUT.mkdir(parents=True, exist_ok=True)
     store = tmp_path_factory.mktemp("switchboard_store")
     with run_app(["--store", str(store), *pair_args(tmp_path_factory)], OUT / "streamlit.log") as url:
         with chromium_page(tmp_path_factory.mktemp("profile"), viewport={"width": 1440, "height": 1400}) as page:
-            yield url, store, page
+            page.goto(f"{url}?problem={PROBLEM}")
+            page.get_by_role("button", name="Generate").click()
+            page.locator(".fp-scroll [data-pos]").first.wait_for()
+            page.wait_for_function("() => window.location.search.includes('trace=')")
+            yield f"{url}?trace={_key(page)}", store, page
 
 
 def _open(page, url: str) -> None:
@@ -112,12 +121,12 @@ def test_flip_a_takeover_on_and_off_again(app):
     assert back == root and _text(page) == original
     again = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{pos}"]'))
     assert again == child  # the same switch is the same stored trace
+    assert page.evaluate("() => window.__fp.staleSidebar") == 0, "a switch reran the whole page"
 
     page.locator("body").press("b")  # back through the history
     page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=root)
-    page.locator("body").press("f")
+    page.locator("body").press("f")  # (b / f are the browser's Back / Forward: Streamlit reruns the page there)
     page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=child)
-    assert page.evaluate("() => window.__fp.staleSidebar") == 0, "a switch reran the whole page"
 
 
 def test_an_alternative_in_the_hover_card_is_forced_there(app):
@@ -141,15 +150,22 @@ def test_an_alternative_in_the_hover_card_is_forced_there(app):
     page.screenshot(path=str(OUT / "forced.png"))
 
 
-def test_n_and_p_select_a_spike_without_switching(app):
-    url, _, page = app
+def test_n_and_p_select_a_switch_point_without_switching(app):
+    """In flip mode n / p walk the tokens where a flip changes the text (marked, and counted in the header)."""
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+    from core.views.presentation import flip_changes
+
     _open(page, url)
     key = _key(page)
-    spikes = sorted(int(p) for p in page.locator(".fp-scroll [data-pos].spike").evaluate_all(
+    points = flip_changes(TraceStore(store_dir).get(key))
+    marked = sorted(int(p) for p in page.locator(".fp-scroll [data-pos].fp-matter").evaluate_all(
         "els => els.map(e => e.dataset.pos)"))
-    assert spikes, "the token view marks no spike"
+    assert points and marked == points, (marked, points)
+    count = page.locator('[data-testid="stMetric"]').filter(has_text="Switch points")
+    assert count.locator('[data-testid="stMetricValue"]').inner_text().strip() == str(len(points))
     page.locator("body").press("n")
-    page.wait_for_function("(p) => window.location.search.includes('pos=' + p)", arg=spikes[0])
+    page.wait_for_function("(p) => window.location.search.includes('pos=' + p)", arg=points[0])
     page.wait_for_timeout(500)
     assert _key(page) == key  # in flip mode too, the keys only select
 
@@ -194,3 +210,166 @@ def test_without_the_live_route_a_click_still_switches_through_a_rerun(app):
     stored = TraceStore(store_dir).get(child)
     assert stored.meta["switches"] == {str(pos): "reason"} and stored.meta["parent"] == root
     assert "src-reason" in page.locator(f'.fp-scroll [data-pos="{pos}"]').get_attribute("class")
+
+
+def _history_length(page) -> int:
+    return page.evaluate("() => window.history.length")
+
+
+def test_a_flip_that_changes_no_token_says_so_and_adds_no_history_step(app):
+    """Issue 31: a base token whose reasoner top token is the same token: no new trace, no history step, and the
+    page says "the reasoner writes ' x' here too: nothing changes"."""
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+    from core.views.presentation import flip_changes
+
+    _open(page, url)
+    root = _key(page)
+    store = TraceStore(store_dir)
+    trace = store.get(root)
+    points = set(flip_changes(trace))
+    pos = next(p for p in range(1, len(trace)) if p not in points and trace.source[p] == "base")
+    n_keys, steps = len(store.keys()), _history_length(page)
+    page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
+    note = page.locator(".fp-note")
+    note.wait_for(state="visible")
+    assert note.inner_text() == f"#{pos}: the reasoner writes {trace.tokens[pos]!r} here too: nothing changes"
+    page.wait_for_timeout(1000)
+    assert _key(page) == root and _history_length(page) == steps
+    assert len(TraceStore(store_dir).keys()) == n_keys  # nothing stored
+    assert page.locator('button:has-text("◀ back")').first.is_disabled()  # no step in the switch history
+    page.screenshot(path=str(OUT / "noop.png"))
+
+
+def test_arrow_keys_move_the_cursor_and_enter_flips(app):
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+    from core.views.presentation import flip_changes
+
+    _open(page, url)
+    root = _key(page)
+    pos = flip_changes(TraceStore(store_dir).get(root))[0]
+    body = page.locator("body")
+    body.press("ArrowRight")  # the cursor appears on the first token
+    for _ in range(pos + 1):
+        body.press("ArrowRight")
+    body.press("ArrowLeft")
+    page.locator(f'.fp-scroll [data-pos="{pos}"].cur').wait_for()
+    assert page.locator(".fp-scroll .tok.cur").count() == 1 and _key(page) == root  # moving only moves
+    body.press("Enter")
+    page.wait_for_function("(k) => !window.location.search.includes('trace=' + k)", arg=root)
+    child = TraceStore(store_dir).get(_key(page))
+    assert child.meta["switches"] == {str(pos): "reason"} and child.meta["parent"] == root
+    body.press("?")  # the key list
+    assert page.locator(".fp-keys").is_visible() and "Enter / Space" in page.locator(".fp-keys").inner_text()
+    body.press("Escape")
+    assert not page.locator(".fp-keys").is_visible()
+
+
+def test_browser_back_undoes_a_flip_and_forward_redoes_it(app):
+    """One browser-history entry per switch state; the browser's Back / Forward walk the states as b / f do."""
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+    from core.views.presentation import flip_changes
+
+    _open(page, url)
+    root = _key(page)
+    pos = flip_changes(TraceStore(store_dir).get(root))[0]
+    steps = _history_length(page)
+    child = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{pos}"]'))
+    assert child != root
+    page.wait_for_timeout(800)
+    assert _history_length(page) == steps + 1  # one entry for the new state (not one per URL parameter)
+    page.go_back()
+    page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=root)
+    page.locator(f'.fp-scroll[data-key="{root}"]').wait_for()
+    assert "sw" not in (page.locator(f'.fp-scroll [data-pos="{pos}"]').get_attribute("class") or "").split()
+    page.go_forward()
+    page.locator(f'.fp-scroll[data-key="{child}"]').wait_for()
+    page.locator("body").press("b")  # b is the browser's Back
+    page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=root)
+    page.locator(f'.fp-scroll[data-key="{root}"]').wait_for()
+    assert _history_length(page) == steps + 1
+
+
+def test_edit_and_continue_opens_the_new_trace_with_the_typed_tokens_marked(app):
+    """Edit mode: click a token, type, Enter: the base continues from the typed text, the new trace is the open
+    one (the parent one step back), and the typed tokens are drawn as the user's."""
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+
+    _open(page, url)
+    root = _key(page)
+    page.get_by_text("types there", exact=True).first.click()
+    page.wait_for_timeout(1200)
+    pos = 6
+    page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
+    box = page.locator(".fp-edit")
+    box.wait_for()
+    box.fill(" Let me")
+    box.press("Enter")
+    page.wait_for_function("(k) => !window.location.search.includes('trace=' + k)", arg=root)
+    page.locator(".fp-scroll [data-pos]").first.wait_for()
+    key = _key(page)
+    child = TraceStore(store_dir).get(key)
+    parent = TraceStore(store_dir).get(root)
+    assert child.meta["parent"] == root and child.token_ids[:pos].tolist() == parent.token_ids[:pos].tolist()
+    assert "".join(child.tokens[pos:]).startswith(" Let me")
+    typed = [p for p in range(len(child)) if child.source[p] == "forced"]
+    assert typed and typed[0] == pos
+    page.locator(f'.fp-scroll[data-key="{key}"]').wait_for()
+    for p in typed:
+        assert "src-forced" in page.locator(f'.fp-scroll [data-pos="{p}"]').get_attribute("class")
+    page.screenshot(path=str(OUT / "edited.png"))
+    page.locator("body").press("b")  # the parent is one step back
+    page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=root)
+    page.get_by_text("flips the takeover", exact=True).first.click()
+    page.wait_for_timeout(800)
+
+
+def test_at_800px_no_control_is_cut(app):
+    """At 800 px the sidebar is closed and no control or label of the Trace page is cut by the window or by
+    another element (boxes inside the window, labels not truncated, no two controls overlapping)."""
+    url, _, page = app
+    page.set_viewport_size({"width": 800, "height": 1400})
+    try:
+        page.goto(url)  # a fresh page load at this width
+        page.locator(".fp-scroll [data-pos]").first.wait_for()
+        page.wait_for_timeout(2000)
+        assert page.locator('[data-testid="stSidebar"]').get_attribute("data-collapsed") == "true"
+        problems = page.evaluate("""() => {
+          const main = document.querySelector('[data-testid="stMain"]');
+          const W = window.innerWidth, out = [];
+          const sel = 'button, input, [data-baseweb="select"], [data-testid="stMetric"], [data-testid="stWidgetLabel"],'
+                    + ' [data-testid="stMetricLabel"], [data-testid="stMetricValue"], [role="radiogroup"]';
+          const shown = (e) => e.getClientRects().length && !e.closest('details:not([open])')
+            && e.checkVisibility({ checkOpacity: true, checkVisibilityCSS: true });
+          const els = [...main.querySelectorAll(sel)].filter(shown);
+          for (const e of els) {
+            const r = e.getBoundingClientRect();
+            const name = (e.innerText || e.getAttribute('aria-label') || e.tagName).trim().slice(0, 40);
+            if (r.left < -0.5 || r.right > W + 0.5) out.push(`outside the window: ${name}`);
+            for (const t of [e, ...e.querySelectorAll('p, span, div')]) {
+              if (t.scrollWidth > t.clientWidth + 1 && getComputedStyle(t).overflowX !== 'visible') {
+                out.push(`cut: ${name}`); break;
+              }
+            }
+          }
+          const boxes = [...main.querySelectorAll('[data-testid="stElementContainer"]')].filter((e) => shown(e)
+            && e.querySelector(sel));
+          for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+            const a = boxes[i], b = boxes[j];
+            if (a.contains(b) || b.contains(a)) continue;
+            const p = a.getBoundingClientRect(), q = b.getBoundingClientRect();
+            const w = Math.min(p.right, q.right) - Math.max(p.left, q.left), h = Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top);
+            const what = (e) => `${(e.innerText || '').trim().slice(0, 30)}[${e.firstElementChild ? e.firstElementChild.dataset.testid : ''}]`;
+            if (w > 1 && h > 1) out.push(`overlap: ${what(a)} / ${what(b)}`);
+          }
+          return [...new Set(out)];
+        }""")
+        page.set_viewport_size({"width": 800, "height": 2400})
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(OUT / "narrow_800.png"))
+        assert problems == [], problems
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 1400})

@@ -8,20 +8,12 @@ from app import actions, resources, state
 from app.context import Context, get_context
 from app.trace_panels import run_pending, trace_panel
 from app.view import md_escape
-from core.errors import ForkpointError, InvalidInputError
-
-
-def _first_problem(ctx: Context):
-    """The URL's problem (InvalidInputError if the set has no such id)."""
-    wanted = st.session_state.get("problem_id")
-    found = next((p for p in resources.problem_set(ctx.settings.problems_path) if p.id == wanted), None)
-    if found is None:
-        raise InvalidInputError(f"No problem {wanted!r} in the problem set")  # escaped once, where it is shown
-    return found
+from core.errors import ForkpointError
 
 
 def ensure_trace(ctx: Context) -> str | None:
-    """The key of the trace to show: the open one, the URL problem's, or a fresh first-view trace."""
+    """The key of the trace to show: the open one, the URL problem's root, or on the first view the store's most
+    recent trace (None: nothing to show; nothing is generated unasked)."""
     ss = st.session_state
     key = ss.get("trace_key")
     if key:
@@ -40,27 +32,60 @@ def ensure_trace(ctx: Context) -> str | None:
         found = ctx.store.root_of(ss["problem_id"])
         if found:
             state.open_trace(found, ss["problem_id"])
-            return found
-    if not ss.get("first_view") and not ss.get("problem_id"):
+        ss["first_view"] = False
+        return found  # None: a link to a problem with no trace yet (the empty state offers to generate it)
+    if not ss.get("first_view"):
         return None
     ss["first_view"] = False
-    if ctx.pair is None:
-        return None
-    limit = resources.max_new_tokens(ctx.pair)
+    recent = _most_recent(ctx)  # the first view: what the user made last, never a generation unasked
+    if recent:
+        state.open_trace(recent, None)
+    return recent
+
+
+def _most_recent(ctx: Context) -> str | None:
+    """The store's most recently created trace (None in an empty store)."""
+    rows = ctx.store.summaries()
+    return None if rows.empty else str(rows.iloc[-1]["key"])
+
+
+def empty_state(ctx: Context) -> None:
+    """No trace open (an empty store, or a link to a problem with no trace): the problem list and one action,
+    generate a greedy base-model trace of the chosen problem (the only thing that writes to the store here)."""
+    ss = st.session_state
     try:
-        if ss.get("problem_id"):  # a link to a problem with no trace yet
-            problem = _first_problem(ctx)
-            with st.spinner(f"Generating a first trace for problem {problem.id} …"):
-                trace = actions.first_trace(ctx.pair, ctx.store, problem, limit)
-        else:
-            problems = resources.problem_set(ctx.settings.problems_path)
-            with st.spinner("Generating first traces (greedy, base model alone) …"):
-                trace = actions.showcase_trace(ctx.pair, ctx.store, problems, max_new_tokens=limit)
+        problems = resources.problem_set(ctx.settings.problems_path)
     except ForkpointError as err:
-        st.error(f"Could not generate a first trace: {md_escape(err, 400)}")
-        return None
-    state.open_trace(trace.key, (trace.meta.get("problem") or {}).get("id"))
-    return trace.key
+        st.error(f"Could not read the problems: {md_escape(err, 400)}")
+        return
+    st.markdown("#### No trace yet")
+    st.caption("Pick a problem and let the base model answer it (greedy); then click its tokens to switch the "
+               "reasoner on where it disagrees. Other policies and whole problem sets: **Generate**. Traces made "
+               "before: **Problems**.")
+    if not problems:
+        st.info("The problem set is empty.")
+        return
+    ids = [p.id for p in problems]
+    wanted = ss.get("problem_id")
+    if wanted and wanted not in ids:
+        st.error(md_escape(f"No problem {wanted!r} in the problem set", 400))
+    index = ids.index(wanted) if wanted in ids else 0
+    pick = st.selectbox(f"Problem ({len(problems)} in the set)", range(len(problems)), index=index, key="first_problem",
+                        format_func=lambda i: f"{problems[i].id}: {problems[i].prompt[:90]}")
+    go = st.button("Generate", type="primary", disabled=ctx.pair is None, key="first_generate",
+                   help="The base model answers the problem alone (greedy) and the trace is stored.")
+    if ctx.pair is None:
+        st.caption("Load a model pair (sidebar) to generate.")
+    if go:
+        problem = problems[int(pick)]
+        try:
+            with st.spinner(f"Generating a trace of problem {problem.id} …"):
+                trace = actions.first_trace(ctx.pair, ctx.store, problem, resources.max_new_tokens(ctx.pair))
+        except ForkpointError as err:
+            st.error(f"Could not generate a trace: {md_escape(err, 400)}")
+            return
+        state.open_trace(trace.key, problem.id)
+        st.rerun()
 
 
 def main() -> None:
@@ -69,7 +94,7 @@ def main() -> None:
     state.show_notice()
     key = ensure_trace(ctx)
     if key is None:
-        st.info("No trace open. Choose one on the **Problems** page, or make some on **Generate**.")
+        empty_state(ctx)
         state.write_query_params()
         return
     s = ctx.settings

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from core.io.jsonsafe import dumps_strict
@@ -63,6 +64,28 @@ _PAGE_JS = """
 """
 
 
+def model_name(name: Any) -> str:
+    """A model as a shared page names it: a hub id as it is, a local folder or file by its own name (an absolute
+    path says where the user keeps files, not which model it is)."""
+    text = str(name)
+    if text.startswith(("/", "~", "\\")) or (len(text) > 2 and text[1] == ":" and text[2] in "\\/"):
+        return Path(text.replace("\\", "/")).name or text
+    return text
+
+
+def _named(value: Any, key: str = "") -> Any:
+    """`value` (a trace's meta) with every model spec's path (a base / reason record with an "id": the pair,
+    the request's fingerprint) replaced by its name (model_name), for the page's record."""
+    if isinstance(value, dict):
+        out = {k: _named(v, str(k)) for k, v in value.items()}
+        if key in ("base", "reason") and "id" in out:
+            out.update({k: model_name(out[k]) for k in ("id", "gguf_file", "path") if out.get(k)})
+        return out
+    if isinstance(value, list):
+        return [_named(v) for v in value]
+    return value
+
+
 def _model_text(side: Any) -> str:
     if not isinstance(side, dict):
         return str(side) if side is not None else "?"
@@ -74,9 +97,10 @@ def _model_text(side: Any) -> str:
     return text
 
 
-def settings_rows(trace: Trace) -> list[tuple[str, str]]:
-    """(label, value) rows of a trace's reproducibility record, as plain (unescaped) text."""
-    meta = trace.meta
+def settings_rows(trace: Trace, meta: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """(label, value) rows of a trace's reproducibility record (`meta`, default the trace's), as plain
+    (unescaped) text."""
+    meta = trace.meta if meta is None else meta
     pair = meta.get("pair") or {}
     formats = meta.get("formats") or {}
     policy = meta.get("policy") or {}
@@ -116,8 +140,10 @@ def html_page(
     decode: Callable[[int], str] | None = None,
     title: str = "forkpoint export",
     scale: str = "linear",
+    model_paths: bool = False,
 ) -> str:
-    """A self-contained HTML page (inline CSS/JS, no external resources) with each trace's heatmap."""
+    """A self-contained HTML page (inline CSS/JS, no external resources) with each trace's heatmap. Models are
+    named by hub id or file name; `model_paths=True` keeps a local model's absolute path."""
     check_score(score)
     esc = html.escape
     parts = [
@@ -130,7 +156,9 @@ def html_page(
     ]
     for trace in traces:
         problem = trace.meta.get("problem") or {}
-        rows = "".join(f"<tr><td>{esc(label)}</td><td>{esc(value)}</td></tr>" for label, value in settings_rows(trace))
+        meta = trace.meta if model_paths else _named(trace.meta)
+        rows = "".join(f"<tr><td>{esc(label)}</td><td>{esc(value)}</td></tr>"
+                       for label, value in settings_rows(trace, meta))
         parts += [
             f'<section class="trace" data-key="{esc(str(trace.key), quote=True)}">',
             f"<h2>{esc(str(problem.get('id', 'trace')))} <span class='muted'>{esc(str(trace.key))}</span></h2>",
@@ -142,7 +170,7 @@ def html_page(
             tokens_html(trace, score=score, decode=decode, scale=scale, css_tips=False),
             notes_html(trace),  # the notes layer (core/io/notes.py), escaped
             "<details><summary>full reproducibility record (JSON)</summary>"
-            f"<pre class='record'>{esc(_dumps(trace.meta, indent=1))}</pre></details>",
+            f"<pre class='record'>{esc(_dumps(meta, indent=1))}</pre></details>",
             "</section>",
         ]
     parts.append(f'<div id="fp-tip"></div><script>{_PAGE_JS}</script></body></html>')

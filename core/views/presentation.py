@@ -126,6 +126,9 @@ def hover_data(trace: Trace, score: str = DEFAULT_SCORE, decode: Callable[[int],
                     for pos, rec in effects_by_pos(trace.annotations.get("effects")).items() if pos < len(trace)},
     }
 
+# -- where a switch would matter ------------------------------------------------------------------
+
+
 # -- takeover choices -----------------------------------------------------------------------------
 
 
@@ -177,17 +180,17 @@ def takeover_choices(trace: Trace, pos: int, decode: Callable[[int], str] | None
     return out
 
 def flip_changes(trace: Trace) -> list[int]:
-    """The positions where a flip (core.decoding.takeover.flipped) would change the token, so the views can
-    mark them: a base token where the reasoner's top choice is another token, a takeover where the base's is.
-    Exact for greedy traces; a sampled one draws its tokens, so there a flip may change a token elsewhere too.
-    Forced (typed or given) tokens are the user's and never marked."""
-    if not len(trace):
+    """The positions where a flip (core.decoding.takeover.flipped) changes the token, so the views can mark
+    them: a base token whose reasoner top token is another, a takeover whose base top token is another, and
+    every forced token (undoing it hands the position back to the policy). Elsewhere the other model writes
+    the same token, so a flip there changes nothing. Exact for greedy traces; a sampled one draws its tokens."""
+    if not len(trace) or not trace.k:
         return []
     emitted = np.asarray(trace.token_ids)
     source = np.asarray([str(s) for s in trace.source])
     top = {side: np.asarray(trace.topk[side][0])[:, 0] for side in SIDES}
-    changes = ((source == "base") & (top["reason"] != emitted)) | ((source == "reason") & (top["base"] != emitted))
-    return [int(p) for p in np.flatnonzero(changes)]
+    other = np.where(source == "reason", top["base"], top["reason"])
+    return [int(p) for p in np.flatnonzero((source == "forced") | (other != emitted))]
 
 
 def no_change_line(trace: Trace, pos: int, decode: Callable[[int], str] | None = None) -> str:
@@ -225,36 +228,36 @@ def outcome_line(trace: Trace) -> str:
 
 
 def switch_text(trace: Trace, decode: Callable[[int], str] | None = None) -> str:
-    """What a child's switches did, e.g. "⇄ #40 off · ⇄ #12 reasoner ' Wait'" ("" for a root). A typed
-    string shows as one switch with all its tokens."""
+    """What a child's switches did, e.g. "⇄ #40 off · ⇄ #12 reasoner ' Wait'" ("" for a root). Typed text (a run
+    of forced tokens from one position) shows as one edit with all its text: "✎ #12 ' Let me'"."""
     switched = trace.meta.get("switched") or []
     parts: list[str] = []
     typed: list[int] = []
+
+    def close() -> None:
+        if len(typed) > 1:
+            parts[-1] = f"✎ #{typed[0]} {_text_of(trace, typed, decode)!r}"
+
     for entry in switched:
         pos, to = int(entry["pos"]), entry["to"]
-        if to == "forced" and typed and pos == typed[-1] + 1:
+        forced = to in ("forced", "typed")
+        if forced and typed and pos == typed[-1] + 1:
             typed.append(pos)
             continue
-        if typed:
-            parts[-1] += _typed_tail(trace, typed, decode)
-        typed = [pos] if to == "forced" else []
+        close()
+        typed = [pos] if forced else []
         if to == "base":
             parts.append(f"⇄ #{pos} off" if entry.get("from") == "reason" else f"⇄ #{pos} base")
         else:
-            tok = int(trace.token_ids[pos]) if pos < len(trace) else None
-            text = "" if tok is None else repr(decode(tok) if decode is not None else trace.tokens[pos])
-            parts.append(f"⇄ #{pos} {'forced' if to == 'forced' else 'reasoner'} {text}".rstrip())
-    if typed:
-        parts[-1] += _typed_tail(trace, typed, decode)
+            text = repr(_text_of(trace, [pos], decode)) if pos < len(trace) else ""
+            parts.append(f"⇄ #{pos} {'forced' if forced else 'reasoner'} {text}".rstrip())
+    close()
     return " · ".join(parts)
 
 
-def _typed_tail(trace: Trace, typed: list[int], decode: Callable[[int], str] | None) -> str:
-    if len(typed) < 2:
-        return ""
-    ids = [int(trace.token_ids[p]) for p in typed[1:] if p < len(trace)]
-    rest = "".join(decode(i) if decode is not None else trace.tokens[p] for p, i in zip(typed[1:], ids))
-    return f" +{rest!r} ({len(typed)} tokens)"
+def _text_of(trace: Trace, positions: list[int], decode: Callable[[int], str] | None) -> str:
+    return "".join(decode(int(trace.token_ids[p])) if decode is not None else trace.tokens[p]
+                   for p in positions if p < len(trace))
 
 
 def branch_token_text(trace: Trace, decode: Callable[[int], str] | None = None) -> str:

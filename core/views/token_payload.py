@@ -19,7 +19,7 @@ from core.annotate.spikes import spikes
 from core.scoring.registry import DEFAULT_SCORE, score_values
 from core.trace import Trace
 from core.views.heatmap import front_end_source, heatmap_css, legend_html, tokens_html
-from core.views.presentation import hover_data, tail
+from core.views.presentation import flip_changes, hover_data, tail
 
 
 def view_payload(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear",
@@ -27,7 +27,7 @@ def view_payload(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear"
                  vmax: float | None = None, reference: Any = None, start: int = 0,
                  end: int | None = None) -> dict[str, Any]:
     """The token view's payload for a trace: html, hover data, spikes (the trace's layer, else the top
-    settings.SPIKE_TOP), offset, n, the colour range [vmin, vmax] (default: the trace's own, so other views can
+    settings.SPIKE_TOP), where a flip changes the text (`matters`), offset, n, the colour range [vmin, vmax] (default: the trace's own, so other views can
     share a scale), the legend, and a content version. Only tokens start..end-1 are sent."""
     colours = None
     if score == rank_shift.NAME:  # categorical colours; hover and spikes stay on the default score
@@ -41,6 +41,7 @@ def view_payload(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear"
     if reference is None and scale == "rank" and paged:
         reference = values  # a page ranks among the whole trace, like the unpaged view
     spikes_all = trace.spike_positions
+    matters = flip_changes(trace)  # the whole trace's, like the spikes (token_view.js marks them)
     if paged:
         trace = tail(trace, start, end)
     if colours is not None and paged:
@@ -54,6 +55,7 @@ def view_payload(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear"
         "version": hashlib.blake2b(body.encode("utf-8"), digest_size=8).hexdigest(),
         "hover": hover,
         "spikes": spikes_all,
+        "matters": matters,
         "offset": int(start),
         "n": len(trace),
         "vmin": lo,
