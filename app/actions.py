@@ -7,7 +7,6 @@ Policies come only from core's registry (`list_policies`, `make_policy`); gradin
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Sequence
 
@@ -64,25 +63,15 @@ FAN_MAX = 3  # alternatives side by side with the open trace (the comparison sho
 def run_fan(pair: core.ModelPair, store: TraceStore, parent: Trace, pos: int, n: int, temperature: float,
             then: str = "policy", progress: Progress | None = None) -> list[Trace]:
     """n sampled alternatives from token `pos` on (the reasoner writes `pos`, `then` the rest), each graded and
-    stored: core.takeover(samples=n) decodes them in one batch; a core without `samples` makes them one by one,
-    each with its own seed."""
+    stored: core.takeover(samples=n) decodes them in one batch (a sample that redraws the parent is left out)."""
     if not 1 <= int(n) <= FAN_MAX:
         raise InvalidInputError(f"Alternatives: 1..{FAN_MAX}, got {n}")
     if not float(temperature) > 0:
         raise InvalidInputError(f"Alternatives need a temperature above 0 (they are sampled), got {temperature}")
     at = {int(pos): "reason"}
-    if "samples" in inspect.signature(takeover).parameters:
-        made = takeover(pair, parent, at, then=then, samples=int(n), temperature=float(temperature), store=store,
-                        on_trace=grade_trace, progress=progress)
-        return [graded_put(store, t) for t in (made if isinstance(made, list) else [made])]
-    seed = int((parent.meta.get("sampling") or {}).get("seed", settings.SEED))
-    out = []
-    for i in range(int(n)):
-        child = takeover(pair, parent, at, then=then, temperature=float(temperature), seed=seed + 1 + i, store=store)
-        out.append(graded_put(store, child))
-        if progress is not None:
-            progress(i + 1, int(n))
-    return out
+    made = takeover(pair, parent, at, then=then, samples=int(n), temperature=float(temperature), store=store,
+                    on_trace=grade_trace, progress=progress)  # one engine batch; a sample with the parent's tokens is the parent
+    return [graded_put(store, t) for t in made if t.key != parent.key]
 
 
 def run_generate(pair: core.ModelPair, store: TraceStore, problems: Sequence[Problem], policy: Policy, *,

@@ -43,6 +43,7 @@ from core.views.presentation import (
     policy_text,
     prob_at,
     flip_changes,
+    no_change_line,
     switch_text,
     takeover_choices,
 )
@@ -409,6 +410,11 @@ def run_pending(ctx: Context) -> None:
         box.error(f"Could not branch: {err}")
         return
     ss["pending"] = None
+    if child.key == parent.key:  # the branch changes no token: core gives the parent back, nothing is stored
+        slot.empty()
+        state.notice("info", md_escape(f"#{job['pos']}: " + no_change_line(parent, int(job["pos"]),
+                                                                         resources.decoder(ctx.pair, parent)), 300))
+        return
     ss["compare"] = {"parent": parent.key, "child": child.key, "pos": job["pos"]}
     ss["sel_pos"] = job["pos"]
     slot.empty()

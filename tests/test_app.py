@@ -763,7 +763,7 @@ def test_dataset_page_shows_the_gate_shoot_out(env, tmp_path):
             for g, r, a, w, c in (("base", 0.0, 0.4, 0, 0.0), ("reason", 1.0, 1.0, 6, 1.0),
                                   ("top_prob", 0.05, 0.9, 5, 0.05), ("guided", 0.05, 1.0, 6, 1.0))]
     write_gates(tmp_path / "gates", pd.DataFrame(rows))
-    at = env.start().run()
+    at = env.open()  # the Dataset page reads the store's traces; the first view stores none unasked
     at.switch_page("screens/dataset.py").run()
     at.text_input(key="ds_gates_path").set_value(str(tmp_path / "gates")).run()
     _ok(at)

@@ -117,8 +117,9 @@ def test_hover_click_take_over_and_export(app_url, page):
         _wait_selected(page, pos)
     assert _selected_pos(page) == pos
 
-    # take over: the branch appears beside the original, continuing differently
-    page.get_by_role("button", name="Reasoning model takes over here").click()
+    # take over: the branch appears beside the original, continuing differently (where the reasoner agrees
+    # everywhere, a takeover changes nothing and core gives the parent back: force another token instead)
+    page.get_by_role("button", name="Reasoning model takes over here" if differs else "Branch with this token").click()
     branch = page.locator('.fp-compare[data-side="branch"]')
     branch.wait_for()
     original = page.locator('.fp-compare[data-side="original"]')

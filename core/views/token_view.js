@@ -380,8 +380,10 @@ export default function (component) {
     // the card stays while the pointer moves into it, so an alternative in its top-k can be clicked; after a
     // click it stays closed until the pointer moves on (the text re-flows under a still pointer)
     s.hideSoon = () => { clearTimeout(s.hideTimer); s.hideTimer = setTimeout(() => { s.card.hidden = true; }, 250); };
-    s.quiet = null;
-    const hush = (e) => { s.card.hidden = true; s.quiet = { x: e.clientX, y: e.clientY }; };
+    // the quiet point outlives a re-render (a rerun re-mounts the view under the still pointer, and its
+    // mouseover must not bring the card back over what lies below the text, such as the score plot)
+    s.quiet = window.__fpQuiet || null;
+    const hush = (e) => { s.card.hidden = true; s.quiet = window.__fpQuiet = { x: e.clientX, y: e.clientY }; };
     s.hover = (e) => {
       const target = e.target.closest ? e.target.closest("[data-pos]") : null;
       if (!target || !s.data || s.quiet || s.editor) return;
@@ -392,7 +394,7 @@ export default function (component) {
     };
     scroller.addEventListener("pointermove", (e) => {
       if (s.quiet && Math.hypot(e.clientX - s.quiet.x, e.clientY - s.quiet.y) > 8) {
-        s.quiet = null;
+        s.quiet = window.__fpQuiet = null;
         s.hover(e); // the pointer moved on: the card of the token it is over
       }
     });
