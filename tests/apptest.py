@@ -35,3 +35,11 @@ def tiny_app(tiny_dirs: dict[str, Path], tmp_path: Path, monkeypatch, problems: 
     """An AppTest (not yet run) on the tiny pair, a store at tmp_path/store and `problems` at tmp_path/problems.jsonl."""
     problems_file = write_problems(tmp_path / "problems.jsonl", problems)
     return start_app(monkeypatch, tiny_argv(tiny_dirs, tmp_path / "store", problems_file))
+
+
+def first_trace(at):
+    """Run the app's first view on an empty store and press its one action, Generate (the first problem's
+    trace, which opens): the first view stores nothing unasked."""
+    at.run()
+    at.button(key="first_generate").click().run()
+    return at

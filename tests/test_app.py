@@ -729,9 +729,10 @@ def test_an_unknown_problem_in_the_url_reads_without_backslashes(env):
     assert not any("\\" in t for t in shown), shown
 
 
-def test_a_takeover_where_the_reasoner_already_wrote_shows_the_comparison(env):
+def test_a_takeover_where_the_reasoner_already_wrote_says_nothing_changes(env):
     """Flip a token (the child opens), then "Reasoning model takes over here" at the same token: the branch is
-    the open trace itself. The comparison shows it (identical), never "not a branch of the open trace"."""
+    the open trace itself, so core gives it back; the page says nothing changes (no comparison of a trace with
+    itself, no new trace), never "not a branch of the open trace"."""
     from core import load_pair
     from core.decoding.takeover import flipped, set_switches
 
@@ -743,11 +744,12 @@ def test_a_takeover_where_the_reasoner_already_wrote_shows_the_comparison(env):
     child = set_switches(pair, parent, flipped(parent, pos), store=store)
     store.put(child)
     at = _opened(env, trace=child.key, pos=str(pos))
+    before = sorted(store.keys())
     at.button(key="takeover_reason").click().run()
     _ok(at)
     assert not any("not a branch" in t for t in _texts(at.warning))
-    assert at.session_state["compare"] is not None
-    assert any(f"Branch at token #{pos}" in t for t in _texts(at.markdown)), _texts(at.markdown)
+    assert at.session_state["compare"] is None and sorted(TraceStore(env.store).keys()) == before
+    assert any(f"#{pos}:" in t and "nothing changes" in t for t in _texts(at.info)), _texts(at.info)
 
 
 def test_dataset_page_shows_the_gate_shoot_out(env, tmp_path):

@@ -10,7 +10,7 @@ from core.analysis import tables as A
 from core.annotate.rank_shift import shifted_ratio
 from core.errors import InvalidInputError, PairMismatchError
 from core.analysis import comparison as cmp
-from tests.apptest import tiny_app
+from tests.apptest import first_trace, tiny_app
 from tests.fakes import make_trace
 
 PROMPT = "What is 2+3?"
@@ -110,7 +110,7 @@ def test_dataset_tables_side_by_side():
 
 @pytest.mark.slow
 def test_compare_page_scores_a_stored_response_against_two_reasoners(tiny_dirs, tmp_path, monkeypatch):
-    at = tiny_app(tiny_dirs, tmp_path, monkeypatch).run()
+    at = first_trace(tiny_app(tiny_dirs, tmp_path, monkeypatch))
     at.switch_page("screens/compare.py").run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert at.checkbox(key="cmp_self").value is True  # no other reasoner typed: the base itself is offered

@@ -9,7 +9,7 @@ import re
 from core.instruments.effects import stored_effects
 from core.io.store import TraceStore
 from core.views.colours import effect_colour
-from tests.apptest import tiny_app
+from tests.apptest import first_trace, tiny_app
 
 PROBLEMS = [{"id": "p1", "question": "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?",
              "answer": "10"}]
@@ -31,7 +31,7 @@ def _views(monkeypatch) -> list[dict]:
 
 def test_measure_effects_then_lens_then_dataset(tiny_dirs, tmp_path, monkeypatch) -> None:
     views = _views(monkeypatch)
-    at = tiny_app(tiny_dirs, tmp_path, monkeypatch, PROBLEMS).run()
+    at = first_trace(tiny_app(tiny_dirs, tmp_path, monkeypatch, PROBLEMS))
     _ok(at)
     assert views and "--fx:" not in views[-1]["html"] and not views[-1]["hover"]["effects"]  # nothing measured yet
     key = at.session_state["trace_key"]
@@ -74,6 +74,10 @@ def test_a_histogram_bar_filters_the_problems_table_to_its_traces(tiny_dirs, tmp
     import streamlit
 
     problems = [{"id": f"p{i}", "question": f"What is {i} + {i + 3}?", "answer": str(2 * i + 3)} for i in range(5)]
+    import core
+
+    pair = core.load_pair(str(tiny_dirs["qwen_base"]), str(tiny_dirs["qwen_reason"]), device="cpu", dtype="float32")
+    core.generate(pair, problems, max_new_tokens=12, store=TraceStore(tmp_path / "store"))  # the app stores none unasked
     at = tiny_app(tiny_dirs, tmp_path, monkeypatch, problems).run()
     _ok(at)
     store = TraceStore(tmp_path / "store")

@@ -14,7 +14,7 @@ from core.io import notes as nt
 from core.io.maintenance import verify
 from core.io.store import TraceStore
 from core.views.exports import export, read_jsonl
-from tests.apptest import tiny_app
+from tests.apptest import first_trace, tiny_app
 from tests.fakes import make_trace
 
 
@@ -179,7 +179,7 @@ def test_notes_stamp_changes_with_the_notes(stored):
 
 @pytest.mark.slow
 def test_app_adds_lists_and_finds_notes(tiny_dirs, tmp_path, monkeypatch):
-    at = tiny_app(tiny_dirs, tmp_path, monkeypatch).run()
+    at = first_trace(tiny_app(tiny_dirs, tmp_path, monkeypatch))
     key = at.session_state["trace_key"]
     at.session_state["sel_pos"] = 3
     at.run()

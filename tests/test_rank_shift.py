@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from core.annotate import rank_shift as rs
 from core.errors import InvalidInputError
-from tests.apptest import tiny_app
+from tests.apptest import first_trace, tiny_app
 from tests.fakes import make_trace
 
 
@@ -161,7 +161,7 @@ def test_rank_shift_is_a_colour_scale_of_the_heatmap():
 
 @pytest.mark.slow
 def test_the_app_colours_by_rank_shift(tiny_dirs, tmp_path, monkeypatch):
-    at = tiny_app(tiny_dirs, tmp_path, monkeypatch).run()
+    at = first_trace(tiny_app(tiny_dirs, tmp_path, monkeypatch))
     at.selectbox(key="scale").set_value(rs.NAME).run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     legends = [h.proto.body for h in at.get("html") if "rank shift of the reasoner" in h.proto.body]
