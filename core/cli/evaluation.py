@@ -174,19 +174,9 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     check_output(open_store(store_path).path, "--store", folder=True)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
-    problems = _source(problems_path, limit)
-    if calibration_path:
-        calibration = _source(calibration_path, None)
-    elif problems_path is None:
-        from core.demo.pair import demo_problems
-
-        calibration = demo_problems("calib")
-    else:
-        calibration, problems = problems[: max(1, len(problems) // 4)], problems[max(1, len(problems) // 4):]
+    problems, calibration = _problems_and_calibration(problems_path, calibration_path, limit)
     if shard_at:
         problems = shard_of(problems, shard_at)
-    executor = make_executor(ray_address)
-    pair = pair_or_spec(opts, executor)
     bars = _StageBars()
     try:
         table = budget_sweep(pair, problems, calibration, ratio_list, budgets=budget_list,
@@ -354,6 +344,21 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
     echo(f"CSVs -> {result.out}", err=True)
 
 
+def _problems_and_calibration(problems_path: str | None, calibration_path: str | None,
+                              limit: int | None) -> tuple[list, list]:
+    """The problems a run evaluates and the ones its gates calibrate on: the --calibration file, else the demo
+    calibration set for the demo problems, else the first quarter of --problems (held out from the run)."""
+    problems = _source(problems_path, limit)
+    if calibration_path:
+        return problems, _source(calibration_path, None)
+    if problems_path is None:
+        from core.demo.pair import demo_problems
+
+        return problems, demo_problems("calib")
+    cut = max(1, len(problems) // 4)
+    return problems[cut:], problems[:cut]
+
+
 def _reference(text: str | None) -> Any:
     """--reference: None, a policy label, a number, or NAME=NUMBER pairs."""
     if text is None:
@@ -443,15 +448,7 @@ def gates(store_path: str | None, problems_path: str | None, calibration_path: s
     check_output(out, "--out", folder=True)
     store = open_store(store_path)
     check_output(store.path, "--store", folder=True)
-    problems = _source(problems_path, limit)
-    if calibration_path:
-        calibration = _source(calibration_path, None)
-    elif problems_path is None:
-        from core.demo.pair import demo_problems
-
-        calibration = demo_problems("calib")
-    else:
-        calibration, problems = problems[: max(1, len(problems) // 4)], problems[max(1, len(problems) // 4):]
+    problems, calibration = _problems_and_calibration(problems_path, calibration_path, limit)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,

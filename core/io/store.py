@@ -161,16 +161,8 @@ class TraceStore:
     def set_aside(self, key: str, why: str = "") -> Path:
         """Move the trace file `key` into damaged/ (kept for the user, out of the way of a rewrite)."""
         path = self._path(key)
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
-        target = self.damaged_dir / f"{key}.{stamp}.parquet"
-        try:
-            self.damaged_dir.mkdir(parents=True, exist_ok=True)
-            os.replace(path, target)
-            fsync_dir(self.traces_dir)
-        except FileNotFoundError:
-            raise StoreError(f"No trace with key {key!r} in {self.path}") from None
-        except OSError as exc:
-            raise WriteError(f"Cannot move damaged trace {path} aside: {os_error_reason(exc)}") from exc
+        target = self._move_aside(path, f"{key}.{_stamp()}.parquet", f"No trace with key {key!r} in {self.path}",
+                                  f"Cannot move damaged trace {path} aside")
         self._drop_held(key)
         log.warning("set damaged trace %s aside as %s%s", key, target, f" ({why})" if why else "")
         return target
@@ -181,17 +173,22 @@ class TraceStore:
         path = Path(path)
         if path.parent.parent != self.path:
             raise StoreError(f"{path} is not a side file of the store {self.path}")
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
-        target = self.damaged_dir / f"{path.stem}.{path.parent.name}.{stamp}{path.suffix}"
+        target = self._move_aside(path, f"{path.stem}.{path.parent.name}.{_stamp()}{path.suffix}",
+                                  f"No file {path} in {self.path}", f"Cannot move damaged file {path} aside")
+        log.warning("set damaged side file %s aside as %s%s", path, target, f" ({why})" if why else "")
+        return target
+
+    def _move_aside(self, path: Path, name: str, missing: str, failed: str) -> Path:
+        """Move `path` into damaged/ as `name` (durably); `missing` / `failed` are the errors' messages."""
+        target = self.damaged_dir / name
         try:
             self.damaged_dir.mkdir(parents=True, exist_ok=True)
             os.replace(path, target)
             fsync_dir(path.parent)
         except FileNotFoundError:
-            raise StoreError(f"No file {path} in {self.path}") from None
+            raise StoreError(missing) from None
         except OSError as exc:
-            raise WriteError(f"Cannot move damaged file {path} aside: {os_error_reason(exc)}") from exc
-        log.warning("set damaged side file %s aside as %s%s", path, target, f" ({why})" if why else "")
+            raise WriteError(f"{failed}: {os_error_reason(exc)}") from exc
         return target
 
     def rebuild_index(self) -> int:
@@ -480,3 +477,8 @@ class TraceStore:
         if not any(r["key"] == key for r in rows):
             raise StoreError(f"No readable trace with key {key!r} in {self.path}")
         return branch_tree.tree(rows, key)
+
+
+def _stamp() -> str:
+    """A UTC time stamp for a file set aside (microseconds: two in one second never collide)."""
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%f")
