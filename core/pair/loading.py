@@ -142,7 +142,7 @@ class ModelPair:
         return room
 
 
-def resolve_device(device: str = "auto") -> torch.device:
+def resolve_device(device: str = settings.DEVICE) -> torch.device:
     """'auto' -> CUDA when present, else CPU; anything else is passed to torch.device."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
