@@ -228,9 +228,6 @@ def read_problems(path: str | None, limit: int | None):
     return load_problems(path, limit=limit)
 
 
-_OPEN_BARS: list[Any] = []  # tqdm bars on screen now; closed before an error message is printed
-
-
 def read_source(source: str | None, limit: int | None) -> list:
     """Problems from a source (a file, hf:<id>, a benchmark short name); None: the demo test set."""
     if source is None:
@@ -253,6 +250,9 @@ def problems_and_calibration(problems_path: str | None, calibration_path: str | 
         return problems, demo_problems("calib")
     cut = max(1, len(problems) // 4)
     return problems[cut:], problems[:cut]
+
+
+_OPEN_BARS: list[Any] = []  # tqdm bars on screen now; closed before an error message is printed
 
 
 def close_bars() -> None:

@@ -102,12 +102,12 @@ class _Counted:
 
 
 # The card's protocol: the gate's defaults, the paper's sampling, and the demo_measure_* rows of core/settings.py.
-PAPER = settings.PRESETS["paper"]
+_PAPER = settings.PRESETS["paper"]
 
 
 def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any], *, ratio: float = settings.RATIO,
                  window: int = settings.WINDOW, budget: float = settings.SETTINGS["demo_measure_budget"].value,
-                 temperature: float = PAPER["temperature"], top_p: float = PAPER["top_p"],
+                 temperature: float = _PAPER["temperature"], top_p: float = _PAPER["top_p"],
                  samples: int = settings.SETTINGS["demo_measure_samples"].value, seed: int = settings.SEED,
                  max_new_tokens: int = settings.SETTINGS["demo_measure_max_new_tokens"].value, store: Any = None,
                  batch_size: int = settings.SETTINGS["demo_measure_batch_size"].value,
