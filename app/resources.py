@@ -19,7 +19,7 @@ from app.view import SpikeRule, annotate_view, as_problems
 from core import settings
 from core.annotate.spikes import Gate
 from core.evaluation.problems import Problem
-from core.instruments.effects import attach_effects
+from core.instruments.effects import attach_effects, effects_stamp
 from core.io.notes import attach_notes
 from core.io.store import TraceStore, default_store_path
 from core.trace import Trace
@@ -122,12 +122,19 @@ def view_payload(path: str, trace: Trace, score: str, scale: str, pair: Any, vmi
                  vmax: float | None, reference: Any = None, start: int = 0, end: int | None = None,
                  effects: bool = True) -> dict[str, Any]:
     """`render_data` uncached, for an annotated trace: its notes and (with `effects`) measured effects
-    marked, then core.views.token_payload.view_payload (also the live channel's view of a new child)."""
+    marked, then core.views.token_payload.view_payload."""
+    return token_payload(marked(path, trace, score, effects), score=score, scale=scale, decode=decoder(pair, trace),
+                         vmin=vmin, vmax=vmax, reference=reference, start=start, end=end)
+
+
+def marked(path: str, trace: Trace, score: str, effects: bool | None = True) -> Trace:
+    """The trace with its stored notes and (with `effects`; None: when any are stored) its measured takeover
+    effects as annotation layers: the store's part of a view, read before anything is drawn."""
     trace = attach_notes(path, trace)
-    if effects:
-        trace = attach_effects(get_store(path), trace, score=score)
-    return token_payload(trace, score=score, scale=scale, decode=decoder(pair, trace), vmin=vmin, vmax=vmax,
-                      reference=reference, start=start, end=end)
+    store = get_store(path)
+    if effects is None:
+        effects = bool(effects_stamp(store, trace.key))
+    return attach_effects(store, trace, score=score) if effects else trace
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

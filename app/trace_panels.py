@@ -47,6 +47,7 @@ from core.views.presentation import (
     switch_text,
     takeover_choices,
 )
+from core.views.token_payload import view_payload as token_payload
 
 VOCAB_MATCHES = 50  # most vocabulary matches offered by the force-a-token search
 
@@ -201,9 +202,10 @@ def live_render(ctx: Context, child: Trace) -> dict[str, Any]:
     nothing on screen."""
     s = ctx.settings
     trace = annotate_view(child, s.score, s.rule)
+    trace = resources.marked(s.store_path, trace, s.score, effects=None)  # the store read once, then drawn
     lo, hi, _, _ = colour_range(ctx, trace)
-    view = resources.view_payload(s.store_path, trace, s.score, s.scale, ctx.pair, lo, hi,
-                                  effects=bool(effects_stamp(ctx.store, trace.key)))
+    view = token_payload(trace, score=s.score, scale=s.scale, decode=resources.decoder(ctx.pair, trace), vmin=lo,
+                         vmax=hi)
     return {**{k: v for k, v in view.items() if k != "legend"}, "outcome": outcome_line(trace), "key": trace.key}
 
 

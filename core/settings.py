@@ -110,6 +110,12 @@ SETTINGS: dict[str, Setting] = {
                 "in takeover effects and the success curve.", 1, None),
         Setting("demo_measure_problems", 500, "Test problems the demo card is measured on.", 1, None),
         Setting("demo_measure_samples", 8, "Samples per problem for the demo card's pass@k.", 1, None),
+        Setting("demo_measure_max_new_tokens", 96, "Most response tokens per demo-card rollout (the demo task's "
+                "answers are short).", 1, None),
+        Setting("demo_measure_budget", 0.1, "Guided's takeover budget in the demo card's protocol (a share of "
+                "tokens), and the ceiling ρ at which its blind baselines also run.", 0.0, 1.0, open_low=True, step=0.01),
+        Setting("demo_measure_batch_size", 100, "Rows decoded together while the demo card is measured.", 1, None),
+        Setting("page_tokens", 4096, "Most tokens the token view shows at once (a longer trace is paged).", 1, None),
     ]
 }
 # Typed names for signatures: `def generate(..., max_new_tokens: int = settings.MAX_NEW_TOKENS)`.
@@ -134,6 +140,7 @@ DEVICE: str = SETTINGS["device"].value
 RATIOS: tuple[float, ...] = SETTINGS["ratios"].value
 GATE_RHOS: tuple[float, ...] = SETTINGS["gate_rhos"].value
 EFFECT_SAMPLES: int = SETTINGS["effect_samples"].value
+PAGE_TOKENS: int = SETTINGS["page_tokens"].value
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # The most characters one text (a prompt, a response, a typed continuation, a problem's field) may hold.

@@ -374,3 +374,155 @@ def test_the_streamlit_assignment_check_finds_a_patch():
                      "def f():\n    starlette_app.create_streamlit_middleware = g\n"
                      "st.session_state['x'] = 1\nst.query_params.k = 1\nst.x.y = 2\nsetattr(st, 'z', 3)\n")
     assert _assigned_into(tree, _streamlit_aliases(tree)) == [4, 7, 8]
+
+
+# Every default from settings: a public function's parameter named for a row of core/settings.py takes its
+# default from that table, never from a literal written again in the signature.
+PROGRESS_SPELLINGS = {"Callable[[int, int], None]": "Progress", "Callable[[str, int, int], None]": "StageProgress"}
+# Files other branches were rewriting when the Progress alias was swept in (the lead removes each entry after
+# merging; the test below fails once an entry is no longer needed).
+PROGRESS_PENDING = {"core/decoding/engine.py"}
+
+
+def spelled_progress(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, spelling) of every progress callback type written out instead of settings' alias."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            text = ast.unparse(node).removeprefix("collections.abc.").removeprefix("typing.")
+            if text in PROGRESS_SPELLINGS:
+                found.append((node.lineno, text))
+    return sorted(found)
+
+
+def test_progress_is_spelled_only_in_settings():
+    """`Progress` / `StageProgress` (core/settings.py) is the one spelling of the progress protocol."""
+    bad, pending_used = [], set()
+    for path in sorted([*CORE.rglob("*.py"), *(ROOT / "app").rglob("*.py")]):
+        rel = str(path.relative_to(ROOT))
+        if rel == "core/settings.py":
+            continue
+        hits = spelled_progress(ast.parse(path.read_text(encoding="utf-8")))
+        if hits and rel in PROGRESS_PENDING:
+            pending_used.add(rel)
+        elif hits:
+            bad += [f"{rel}:{line} {text} (use settings.{PROGRESS_SPELLINGS[text]})" for line, text in hits]
+    assert not bad, "progress callbacks spelled out:\n" + "\n".join(bad)
+    assert pending_used == PROGRESS_PENDING, f"no longer pending, remove from PROGRESS_PENDING: " \
+                                             f"{sorted(PROGRESS_PENDING - pending_used)}"
+
+
+def test_the_progress_check_finds_a_spelling():
+    tree = ast.parse("from collections.abc import Callable\nimport typing\n"
+                     "def f(p: Callable[[int, int], None] | None = None, q: 'x' = 1) -> None: ...\n"
+                     "def g(p: typing.Callable[[str, int,int], None]) -> Callable[[int], None]: ...\n")
+    assert spelled_progress(tree) == [(3, "Callable[[int, int], None]"), (4, "Callable[[str, int, int], None]")]
+
+
+# Parameters that share a settings row's name but mean something else, each with why.
+OWN_DEFAULTS = {
+    ("core.instruments.lens", "lens", "window"): "the tokens either side of pos, not the gate's window W",
+    ("core.instruments.lens", "lens", "k"): "the top predictions shown per layer, not the top-k a trace keeps",
+    ("core.demo.pair", "demo_pair", "device"): "the committed demo pair's numbers are measured on a CPU",
+    ("core.demo.pair", "demo_pair", "dtype"): "the committed demo pair's numbers are measured in float32",
+    ("core.io.jsonsafe", "floats_in", "dtype"): "a numpy dtype of the floats read, not the weights' dtype",
+    ("core.reports.gates", "compare_gates", "ratios"): "target takeover rates ρ (settings.GATE_RHOS), not "
+                                                       "calibration ratios r",
+}
+
+
+def public_signatures(tree: ast.Module) -> list[tuple[str, ast.FunctionDef]]:
+    """(qualified name within the module, def) of its public functions and its public classes' public methods
+    (with __init__)."""
+    out = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+            out.append((node.name, node))
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            out += [(f"{node.name}.{m.name}", m) for m in node.body
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and (m.name == "__init__" or not m.name.startswith("_"))]
+    return out
+
+
+def setting_defaults(tree: ast.Module, names) -> list[tuple[str, str, ast.expr]]:
+    """(function, parameter, default expression) for each defaulted parameter named for a setting."""
+    out = []
+    for qual, fn in public_signatures(tree):
+        a = fn.args
+        positional = a.posonlyargs + a.args
+        pairs = [*zip(positional[len(positional) - len(a.defaults):], a.defaults),
+                 *((k, d) for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None)]
+        out += [(qual, arg.arg, d) for arg, d in pairs if arg.arg in names]
+    return out
+
+
+def _is_literal(node: ast.expr) -> bool:
+    """A number or string written in place (None, meaning "filled later" or "off", is no literal setting)."""
+    if isinstance(node, ast.UnaryOp):
+        node = node.operand
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return bool(node.elts) and all(_is_literal(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and node.value not in (None, ...) and not isinstance(node.value, bool)
+
+
+def allowed_defaults(name: str) -> list:
+    """What a parameter named `name` may default to: None or () (filled later, or off), its row's value, the
+    value of a command's own row (`demo_measure_<name>`, `effect_<name>`), or a named preset's value for it."""
+    from core import settings
+
+    values = [None, (), settings.SETTINGS[name].value]
+    values += [row.value for key, row in settings.SETTINGS.items() if key.endswith("_" + name)]
+    values += [p[name] for p in settings.PRESETS.values() if name in p]
+    return values
+
+
+def test_public_defaults_named_for_a_setting_come_from_settings():
+    """A public core signature never writes a setting's value again: `batch_size: int = settings.BATCH_SIZE`,
+    not `= 8`; and the value it reads is that setting's (or a command's own row, or a preset's)."""
+    import importlib
+    import inspect
+
+    from core import settings
+
+    literal, wrong, seen, exempt_seen = [], [], 0, set()
+    for path in sorted(CORE.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel.startswith(EDGES) or rel == "core/settings.py":
+            continue
+        module = rel.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+        found = setting_defaults(ast.parse(path.read_text(encoding="utf-8")), settings.SETTINGS)
+        if not found:
+            continue
+        mod = importlib.import_module(module)
+        for qual, param, node in found:
+            if (module, qual, param) in OWN_DEFAULTS:
+                exempt_seen.add((module, qual, param))
+                continue
+            seen += 1
+            if _is_literal(node):
+                literal.append(f"{rel}:{node.lineno} {qual}({param}={ast.unparse(node)})")
+                continue
+            obj = mod
+            for part in qual.split("."):
+                obj = getattr(obj, part)
+            value = inspect.signature(obj).parameters[param].default
+            if value not in allowed_defaults(param):
+                wrong.append(f"{rel} {qual}({param}={value!r}): settings say {settings.SETTINGS[param].value!r}")
+    assert not literal, "literal defaults of settings (read core/settings.py instead):\n" + "\n".join(literal)
+    assert not wrong, "defaults that read another setting's value:\n" + "\n".join(wrong)
+    assert exempt_seen == set(OWN_DEFAULTS), f"stale OWN_DEFAULTS entries: {sorted(set(OWN_DEFAULTS) - exempt_seen)}"
+    assert seen >= 100, seen  # the check sees the API's signatures, not an empty list
+
+
+def test_the_default_check_finds_a_literal():
+    tree = ast.parse("from core import settings\n"
+                     "def f(x, batch_size=8, *, seed: int = settings.SEED, k=None, top_p=-1.0) -> None: ...\n"
+                     "def _g(batch_size=8): ...\nclass C:\n    def __init__(self, device='auto'): ...\n"
+                     "    def _h(self, seed=0): ...\n")
+    found = setting_defaults(tree, {"batch_size", "seed", "k", "top_p", "device"})
+    assert [(q, p, _is_literal(d)) for q, p, d in found] == [
+        ("f", "batch_size", True), ("f", "seed", False), ("f", "k", False), ("f", "top_p", True),
+        ("C.__init__", "device", True)]
+    assert 8 in allowed_defaults("batch_size") and 100 in allowed_defaults("batch_size")  # demo_measure_batch_size
+    assert 7 not in allowed_defaults("batch_size")

@@ -163,13 +163,14 @@ def no_models(monkeypatch):
     """Fail loudly if a command loads a model pair (the checks must come first)."""
     import core.cli.common as common
     import core.cli.evaluation as evaluation
+    import core.cli.gates as gates_cli
     import core.cli.store as store_cli
     import core.cli.traces as traces
 
     def loaded(*args, **kwargs):
         raise AssertionError("a model pair was loaded before the options were checked")
 
-    for mod in (common, traces, store_cli, evaluation):
+    for mod in (common, traces, store_cli, evaluation, gates_cli):
         for name in ("pair_from_options", "pair_or_spec"):
             if hasattr(mod, name):
                 monkeypatch.setattr(mod, name, loaded)

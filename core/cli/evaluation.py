@@ -12,21 +12,20 @@ from core import settings
 from core.cli.common import (
     echo,
     check_output,
-    close_bars,
     close_executor,
     fail_cleanly,
     float_list,
     main,
     make_executor,
-    open_bar,
     open_store,
     pair_from_options,
     pair_options,
     pair_or_spec,
     preset_setting_option,
+    problems_and_calibration,
     ray_option,
-    read_problems,
     setting_option,
+    StageBars,
     store_option,
 )
 
@@ -174,10 +173,10 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     check_output(open_store(store_path).path, "--store", folder=True)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
-    problems, calibration = _problems_and_calibration(problems_path, calibration_path, limit)
+    problems, calibration = problems_and_calibration(problems_path, calibration_path, limit)
     if shard_at:
         problems = shard_of(problems, shard_at)
-    bars = _StageBars()
+    bars = StageBars()
     try:
         table = budget_sweep(pair, problems, calibration, ratio_list, budgets=budget_list,
                              window=window, samples=samples, store=open_store(store_path), temperature=temperature,
@@ -213,35 +212,6 @@ def _write_eval_outputs(raw, table, markdown: str, out: Path) -> None:
                                   for p, b in zip(points["policy"], points["budget"])])
     page = recovery_figure(curve, reference=str(table["reference"].iloc[0])).to_html(include_plotlyjs=True)
     write_atomic(out.with_suffix(".html"), lambda fh: fh.write(page), what="recovery plot")
-
-
-def _source(source: str | None, limit: int | None):
-    if source is None:
-        return read_problems(None, limit)
-    from core.evaluation.sources import load_source
-
-    return load_source(source, limit=limit)
-
-
-class _StageBars:
-    """One tqdm bar per stage, driven by core's progress(stage, done, total) callbacks."""
-
-    def __init__(self) -> None:
-        self.stage: str | None = None
-        self.bar: Any = None
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if stage != self.stage:
-            self.close()
-            self.stage, self.bar = stage, open_bar(desc=stage, total=total, unit="problem")
-        self.bar.total = total
-        self.bar.n = done
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            close_bars()
-            self.bar = None
 
 
 @main.command()
@@ -305,7 +275,7 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
     if bool(opts.get("base")) != bool(opts.get("reason")):
         raise click.UsageError("Give both --base and --reason (or neither, for the demo pair).")
     base = opts.get("base") or pair_from_options(opts)  # neither --base nor --reason: the demo pair
-    bars = _StageBars()
+    bars = StageBars()
     executor = make_executor(ray_address, opts)
     try:
         result = run(base, opts.get("reason"), list(problems), out, thinking=thinking, preset=preset,
@@ -342,21 +312,6 @@ def reproduce(store_path: str | None, thinking: str | None, thinking_revision: s
     echo(to_markdown(findings, index="finding", columns=["on", "this run", "paper"]))
     echo(f"report -> {result.report}", err=False)
     echo(f"CSVs -> {result.out}", err=True)
-
-
-def _problems_and_calibration(problems_path: str | None, calibration_path: str | None,
-                              limit: int | None) -> tuple[list, list]:
-    """The problems a run evaluates and the ones its gates calibrate on: the --calibration file, else the demo
-    calibration set for the demo problems, else the first quarter of --problems (held out from the run)."""
-    problems = _source(problems_path, limit)
-    if calibration_path:
-        return problems, _source(calibration_path, None)
-    if problems_path is None:
-        from core.demo.pair import demo_problems
-
-        return problems, demo_problems("calib")
-    cut = max(1, len(problems) // 4)
-    return problems[cut:], problems[:cut]
 
 
 def _reference(text: str | None) -> Any:
@@ -404,82 +359,3 @@ def _register_demo_measure() -> None:
 
 
 _register_demo_measure()
-
-
-@main.command()
-@pair_options
-@store_option
-@click.option("--problems", "problems_path", help="Problem source: JSONL/CSV file, hf:<dataset id>[:config][:split], "
-              "or a benchmark short name (default: the demo test set).")
-@click.option("--calibration", "calibration_path", help="Problems whose base rollouts set every gate's knob "
-              "(default: the demo calibration set with the demo test set, else the first quarter of --problems).")
-@click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
-@click.option("--ratios", default=",".join(map(str, settings.GATE_RHOS)), show_default=True,
-              help="Comma-separated target takeover rates ρ, each in (0, 1): every gate is calibrated to each.")
-@click.option("--gates", "gate_names", default=None,
-              help="Comma-separated gates (default: guided, entropy_gated, top_prob, margin, router, random_positions, "
-                   "early_only).")
-@click.option("--router", "router_path", type=click.Path(file_okay=False),
-              help="A trained router's folder (forkpoint router train). Default: one is trained on the calibration "
-                   "rollouts (target gate) into OUT/router.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (gates.csv, gates.html).")
-@setting_option("samples")
-@setting_option("temperature")
-@setting_option("top_p")
-@setting_option("max_new_tokens")
-@setting_option("seed")
-@setting_option("batch_size")
-@ray_option
-@fail_cleanly
-def gates(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
-          ratios: str, gate_names: str | None, router_path: str | None, out: str, samples: int, temperature: float,
-          top_p: float, max_new_tokens: int, seed: int, batch_size: int, ray_address: str | None,
-          **opts: Any) -> None:
-    """The gate shoot-out: every gate at each equal takeover rate ρ (realised ρ, accuracy, pass@k, recovery, flips
-    against the base, reasoner evaluations and wall seconds per token); gates.csv and gates.html in --out."""
-    from core.reports.gates import GATES, compare_gates, gate_summary, write_gates
-    from core.evaluation.harness import to_markdown
-
-    rho_list = float_list(ratios, "ratio", "--ratios")
-    chosen = [g.strip() for g in gate_names.split(",") if g.strip()] if gate_names else list(GATES)
-    unknown = [g for g in chosen if g not in GATES]
-    if unknown:
-        raise click.BadParameter(f"unknown gate {unknown[0]!r}; choose from: {', '.join(GATES)}", param_hint="--gates")
-    check_output(out, "--out", folder=True)
-    store = open_store(store_path)
-    check_output(store.path, "--store", folder=True)
-    problems, calibration = _problems_and_calibration(problems_path, calibration_path, limit)
-    executor = make_executor(ray_address, opts)
-    pair = pair_or_spec(opts, executor)
-    common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
-                  max_new_tokens=max_new_tokens, batch_size=batch_size, executor=executor)
-    bars = _StageBars()
-    try:
-        if "router" in chosen and router_path is None:
-            from core.evaluation.sweep import calibration_rollouts
-            from core.instruments.router_training import train_router
-
-            if executor is not None:
-                pair = pair_from_options(opts)  # the router reads the base's hidden states here
-            rollouts = calibration_rollouts(pair, calibration, progress=None, **common)
-            router_path = str(Path(out) / "router")
-            made = train_router(pair, list(rollouts), "gate", out=router_path, seed=seed)
-            click.echo(f"router trained on {len(rollouts)} calibration rollouts (held-out AUROC "
-                       f"{made.card['held_out_auroc'] or float('nan'):.3f}) -> {router_path}", err=True)
-        table = compare_gates(pair, problems, calibration, rho_list, gates=chosen, router=router_path,
-                              progress=bars, **common)
-    finally:
-        bars.close()
-        close_executor(executor)
-    info = {"pair": pair.spec() if hasattr(pair, "spec") else str(pair), "ratios": rho_list, "gates": chosen,
-            "router": router_path, "problems": problems_path or "demo test set", "limit": limit,
-            "calibration": calibration_path or "held out", **{k: v for k, v in common.items()
-                                                              if k not in ("store", "executor")},
-            "store": str(store.path)}
-    paths = write_gates(out, table, info)
-    summary = gate_summary(table)
-    click.echo(to_markdown(summary, index="label", columns=["rho", "accuracy", "pass@k", "recovery@k",
-                                                            "wrong_to_right", "right_to_wrong",
-                                                            "reason_evals_per_token", "wall_s_per_token"]))
-    where = "averaged over benchmarks" if summary["benchmark"].iloc[0] == "average" else summary["benchmark"].iloc[0]
-    click.echo(f"({where}; recovery against: {table['reference'].iloc[0]}) -> {paths['csv']}, {paths['html']}")

@@ -8,7 +8,7 @@ never used.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import math
@@ -33,6 +33,7 @@ from core.errors import InvalidInputError
 from core.pair.loading import ModelPair
 from core.scoring.registry import check_score, score_values
 from core.record.problems import problem_record
+from core.settings import Progress
 from core.trace import Trace
 
 ROLLOUT_LIMIT = 256  # most stored rollouts read when calibrating from the store alone
@@ -77,7 +78,7 @@ def calibrate(pair: ModelPair, prompts: Sequence[Any] | None = None, ratio: floa
               max_new_tokens: int = settings.MAX_NEW_TOKENS, temperature: float = settings.TEMPERATURE,
               top_p: float = settings.TOP_P, seed: int = settings.SEED, batch_size: int = settings.BATCH_SIZE,
               store: Any = None,
-              progress: Callable[[int, int], None] | None = None, limit: int = ROLLOUT_LIMIT,
+              progress: Progress | None = None, limit: int = ROLLOUT_LIMIT,
               executor: Any = None) -> Gate:
     """Fit the Guided gate (tau, lam, window) on this pair's base rollouts, by the paper's rule:
     tau = (1 - r) quantile of the scores, lam = E[s | s > tau] / E[s] (docs/REPRODUCE.md).
@@ -222,7 +223,7 @@ def build_policy(pair: ModelPair | None, name: str, params: dict[str, Any] | Non
                  calibrate_on: Sequence[Any] = (), ratio: float = settings.RATIO, store: Any = None,
                  max_new_tokens: int = settings.MAX_NEW_TOKENS, temperature: float = settings.TEMPERATURE,
                  top_p: float = settings.TOP_P, seed: int = settings.SEED, batch_size: int = settings.BATCH_SIZE,
-                 progress: Callable[[int, int], None] | None = None, executor: Any = None,
+                 progress: Progress | None = None, executor: Any = None,
                  rho: float | None = None, rollouts: Sequence[Trace] | None = None) -> Policy:
     """`make_policy(name, **params)`, calibrating the gate first when the policy needs one and `params` give
     no tau: on base rollouts of `calibrate_on` at `ratio`, with the window and score from `params`.

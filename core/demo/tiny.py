@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from core import settings
 from core.errors import InvalidInputError
 
 CHAT_TEMPLATE = (
@@ -66,7 +67,7 @@ def tiny_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 2, h
     raise InvalidInputError(f"Unknown arch {arch!r}; choose qwen3 or llama")
 
 
-def build_tiny_model(out_dir: str | Path, tokenizer: Any, arch: str = "qwen3", seed: int = 0,
+def build_tiny_model(out_dir: str | Path, tokenizer: Any, arch: str = "qwen3", seed: int = settings.SEED,
                      **config_kwargs: Any) -> Path:
     """Random-init a small model, save it (safetensors) with the tokenizer into `out_dir`."""
     import torch
@@ -83,7 +84,7 @@ def build_tiny_model(out_dir: str | Path, tokenizer: Any, arch: str = "qwen3", s
     return out
 
 
-def build_tiny_pair(out_dir: str | Path, arch: str = "qwen3", seed: int = 0, **config_kwargs: Any) -> tuple[Path, Path]:
+def build_tiny_pair(out_dir: str | Path, arch: str = "qwen3", seed: int = settings.SEED, **config_kwargs: Any) -> tuple[Path, Path]:
     """Save a base and a reasoning model (same tokenizer, different random weights) under `out_dir`."""
     tokenizer = build_tiny_tokenizer()
     out = Path(out_dir)

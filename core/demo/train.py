@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import torch
 
+from core import settings
 from core.demo import task as demo_task
 from core.errors import InvalidInputError
 from core.settings import StageProgress
@@ -232,7 +233,7 @@ def train_lm(model, tokenizer, stream: Iterator[tuple[str, str]], steps: int, lr
     return losses
 
 
-def train_demo_pair(out_dir: str | Path, steps: int | None = None, size: str = "full", seed: int = 0,
+def train_demo_pair(out_dir: str | Path, steps: int | None = None, size: str = "full", seed: int = settings.SEED,
                     progress: StageProgress | None = None, threads: int | None = 2, **overrides: Any) -> dict:
     """Train the base and reasoning models into out_dir/{base,reason} (+ pair.json, train_log.json).
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -29,6 +29,7 @@ from core.evaluation.record_table import RECORD_COLUMNS, RecordTable, record_gro
 from core.evaluation.thinking import Solo
 from core.io.stored_traces import StoredTraces
 from core.record.problems import problem_record
+from core.settings import Progress
 from core.trace import RowSummary, answer_rule_of
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def run_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | Itera
                 samples: int = settings.SAMPLES, store: Any = None, temperature: float = settings.TEMPERATURE,
                 top_p: float = settings.TOP_P, seed: int = settings.SEED,
                 max_new_tokens: int = settings.MAX_NEW_TOKENS, shard: tuple[int, int] | None = None,
-                batch_size: int = settings.BATCH_SIZE, progress: Callable[[int, int], None] | None = None,
+                batch_size: int = settings.BATCH_SIZE, progress: Progress | None = None,
                 keep: dict[str, Any] | None = None, executor: Any = None) -> pd.DataFrame:
     """One row per generated trace (RECORD_COLUMNS): benchmark, policy, problem, index, sample, correct,
     tokens, taken, key, as a DataFrame (`stream_records` gives the same rows in a `RecordTable` on disk)."""
@@ -137,7 +138,7 @@ def stream_records(pair: Any, problems: Any, policies: Mapping[str, Policy] | It
                    samples: int = settings.SAMPLES, store: Any = None, temperature: float = settings.TEMPERATURE,
                    top_p: float = settings.TOP_P, seed: int = settings.SEED,
                    max_new_tokens: int = settings.MAX_NEW_TOKENS, shard: tuple[int, int] | None = None,
-                   batch_size: int = settings.BATCH_SIZE, progress: Callable[[int, int], None] | None = None,
+                   batch_size: int = settings.BATCH_SIZE, progress: Progress | None = None,
                    keep: dict[str, Any] | None = None, executor: Any = None,
                    into: RecordTable | None = None) -> RecordTable:
     """The records of problems x policies x samples (RECORD_COLUMNS), written batch by batch into a
@@ -302,7 +303,7 @@ def add_recovery(frame: pd.DataFrame, base: str = BASE, reference: Reference = R
 def evaluate(pair: Any, problems: Any, policies: Mapping[str, Policy] | Iterable[Policy],
              samples: int = settings.SAMPLES, store: Any = None, reference: Reference | None = None,
              temperature: float = settings.TEMPERATURE, seed: int = settings.SEED,
-             shard: tuple[int, int] | None = None, progress: Callable[[int, int], None] | None = None,
+             shard: tuple[int, int] | None = None, progress: Progress | None = None,
              *, top_p: float = settings.TOP_P, max_new_tokens: int = settings.MAX_NEW_TOKENS, k: int | None = None,
              batch_size: int = settings.BATCH_SIZE, thinking: Any = None, executor: Any = None) -> pd.DataFrame:
     """Run problems x policies x samples, grade, and summarise (`policy_table`), one row per benchmark

@@ -43,7 +43,7 @@ from core.evaluation.harness import (
 )
 from core.evaluation.thinking import Solo
 from core.scoring.registry import score_values
-from core.settings import StageProgress
+from core.settings import Progress, StageProgress
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def config_label(ratio: float, budget: float | None) -> str:
 
 
 def calibration_rollouts(pair: Any, calibration: Sequence[Any], *, keep: dict[str, list[Any]] | None = None,
-                         progress: Callable[[int, int], None] | None = None, **common: Any) -> list[Any]:
+                         progress: Progress | None = None, **common: Any) -> list[Any]:
     """Base rollouts of `calibration` (one sample each, stored and reused); kept under "calibration"."""
     if not calibration:
         raise InvalidInputError("the sweep needs calibration problems (held out from the evaluation set)")
@@ -129,7 +129,7 @@ def fit_gates(rollouts: Sequence[Any], ratios: Sequence[float], window: int, sco
 
 def calibration_gates(pair: Any, calibration: Sequence[Any], ratios: Sequence[float], *, window: int,
                       score: str = settings.SCORE, keep: dict[str, list[Any]] | None = None,
-                      progress: Callable[[int, int], None] | None = None, **common: Any) -> dict[float, Gate]:
+                      progress: Progress | None = None, **common: Any) -> dict[float, Gate]:
     """{ratio: Gate} fitted on base rollouts of `calibration` (one sample each, stored and reused)."""
     rollouts = calibration_rollouts(pair, calibration, keep=keep, progress=progress, **common)
     return fit_gates(rollouts, ratios, window, score)
@@ -173,7 +173,7 @@ def budget_sweep(pair: Any, problems: Any, calibration: Sequence[Any], ratios: S
     if reference == GUIDE:
         log.warning("recovery is measured against the guide, not the same-size thinking model the paper uses")
 
-    def bar(stage: str) -> Callable[[int, int], None] | None:
+    def bar(stage: str) -> Progress | None:
         return None if progress is None else (lambda done, total: progress(stage, done, total))
 
     with stream_records(pair, problems, {BASE: BaseOnly(), GUIDE: ReasonOnly()}, keep=keep,
@@ -204,7 +204,7 @@ def budget_sweep(pair: Any, problems: Any, calibration: Sequence[Any], ratios: S
 
 
 def _fixed_baselines(pair: Any, problems: Any, rhos: Sequence[float], ends: pd.DataFrame, *,
-                     keep: dict[str, list[Any]], bar: Callable[[str], Callable[[int, int], None] | None],
+                     keep: dict[str, list[Any]], bar: Callable[[str], Progress | None],
                      common: dict[str, Any]) -> list[pd.DataFrame]:
     """Policy-table rows of the baselines at fixed rates (config "ρ=0.25"), per benchmark; EarlyOnly's
     prefix is sized on the base's mean response length there."""
@@ -227,7 +227,7 @@ def _fixed_baselines(pair: Any, problems: Any, rhos: Sequence[float], ends: pd.D
 
 def _one_config(pair: Any, problems: Any, gate: Gate, ratio: float, budget: float | None, *, score: str,
                 baselines: bool, keep: dict[str, list[Any]],
-                bar: Callable[[str], Callable[[int, int], None] | None], common: dict[str, Any],
+                bar: Callable[[str], Progress | None], common: dict[str, Any],
                 threshold: float | None = None, skip_first: int = 0) -> list[pd.DataFrame]:
     """Policy-table rows of one Guided configuration, its entropy-gated twin (with a `threshold`) and, per
     benchmark, the baselines matched to Guided's realised ρ."""

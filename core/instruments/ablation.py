@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -10,6 +9,7 @@ import pandas as pd
 from core.decoding.takeover import set_switches_many, switches_in_force
 from core.evaluation.grading import graded_put
 from core.pair.loading import ModelPair
+from core.settings import Progress
 from core.trace import Trace
 
 ABLATION_COLUMNS = ["pos", "token", "answer", "correct", "same_answer", "n_tokens", "key"]
@@ -23,7 +23,7 @@ def ablation_switches(trace: Trace) -> list[tuple[int, dict[int, int | str]]]:
 
 
 def ablate_takeovers(pair: ModelPair, trace: Trace, *, store: Any = None,
-                     progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+                     progress: Progress | None = None) -> pd.DataFrame:
     """One row per takeover of `trace`: the trace with that takeover switched off (`ablation_switches`),
     its graded answer, and whether the answer is the original's. All the variants are decoded together in
     one batch; each child is stored when `store` is given, so a rerun reuses it."""

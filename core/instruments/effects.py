@@ -86,7 +86,7 @@ def _correct(traces: list[Trace]) -> int:
 
 
 def takeover_effects(pair: ModelPair, trace: Trace, positions: Sequence[int] | str | None = None, samples: int = settings.EFFECT_SAMPLES, *,
-                     temperature: float | None = None, seed: int = 0, score: str = settings.SCORE, store: Any = None,
+                     temperature: float | None = None, seed: int = settings.SEED, score: str = settings.SCORE, store: Any = None,
                      max_new_tokens: int | None = None, progress: Progress | None = None,
                      should_stop: Callable[[], bool] | None = None, executor: Any = None) -> pd.DataFrame:
     """Per position (default: the trace's spikes), the accuracy with the reasoner writing it and with the
@@ -121,7 +121,7 @@ def takeover_effects(pair: ModelPair, trace: Trace, positions: Sequence[int] | s
 
 
 def measure_effects(pair: Any, traces: Sequence[Trace], positions: Sequence[int] | str | None = None,
-                    samples: int = settings.EFFECT_SAMPLES, *, temperature: float | None = None, seed: int = 0,
+                    samples: int = settings.EFFECT_SAMPLES, *, temperature: float | None = None, seed: int = settings.SEED,
                     score: str = settings.SCORE, store: Any = None, max_new_tokens: int | None = None,
                     progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
                     executor: Any = None) -> pd.DataFrame:

@@ -76,7 +76,7 @@ def _split(keys: Sequence[str], seed: int) -> np.ndarray:
 
 
 def fit_router(x: np.ndarray, y: np.ndarray, *, hidden: int = 0, epochs: int = 300, lr: float = 0.05,
-               weight_decay: float = 1e-3, seed: int = 0) -> RouterNet:
+               weight_decay: float = 1e-3, seed: int = settings.SEED) -> RouterNet:
     """A `RouterNet` fit in torch by full-batch Adam on (N, F) features and (N,) labels (positives weighted up to
     balance the classes), returned as numpy arrays (routing needs no torch)."""
     if len(np.unique(y)) < 2:

@@ -32,7 +32,7 @@ PIVOT_THRESHOLD = 0.2  # PTS's default: a segment is split while its ends differ
 
 
 def success_curve(pair: ModelPair, trace: Trace, samples: int = settings.EFFECT_SAMPLES, *, temperature: float | None = None,
-                  seed: int = 0, threshold: float = PIVOT_THRESHOLD, score: str = settings.SCORE, store: Any = None,
+                  seed: int = settings.SEED, threshold: float = PIVOT_THRESHOLD, score: str = settings.SCORE, store: Any = None,
                   max_new_tokens: int | None = None, progress: Progress | None = None,
                   should_stop: Callable[[], bool] | None = None) -> pd.DataFrame:
     """P(correct | the first t tokens) at the t that Pivotal Token Search visits (see the module docstring).

@@ -35,6 +35,7 @@ from core.io.foreign import (  # noqa: F401  (re-exported)
 from core.io.jsonsafe import dumps_strict
 from core.record.request import request
 from core.scoring.teacher_forced import score
+from core.settings import Progress
 from core.trace import Trace, request_key
 
 log = logging.getLogger(__name__)
@@ -253,7 +254,7 @@ def import_records(
     path: str | os.PathLike[str],
     store: Any,
     score_fn: Callable[..., Trace] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
     *,
     format: str | None = None,
     report_path: str | os.PathLike[str] | None = None,

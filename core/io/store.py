@@ -31,6 +31,7 @@ import pandas as pd
 from core.errors import InvalidInputError, StoreError, WriteError
 from core.io import branch_tree
 from core.io.atomic import clean_temp_files, fsync_dir, os_error_reason, write_atomic
+from core.io.listing import check_file, summary_rows, unreadable_files
 from core.io.summary_index import Identity, SummaryIndex, identity, index_line
 from core.io.tracefile import (  # noqa: F401  (re-exported: the store's public names)
     KEY_RE,
@@ -345,59 +346,10 @@ class TraceStore:
             raise StoreError(f"No trace with key {key!r} in {self.path}") from None
 
     def _check_file(self, key: str, path: Path, ident: Identity) -> tuple[dict[str, Any] | None, str | None]:
-        """(summary, None) for a readable file, (None, reason) for a damaged one: read in full, once per identity
-        (the verdict is kept in the index's scratch file, not in memory)."""
-        found = self.index.verdict(key, ident)
-        if found is not None:
-            return found
-        try:
-            _, record, _ = read_trace_record(path, key)
-            summary = record.get("summary")
-            if not isinstance(summary, dict) or summary.get("key") != key:
-                raise StoreError(f"Trace {key} ({path}) is unreadable: its footer has no summary for {key!r}")
-            verdict: tuple[dict[str, Any] | None, str | None] = (summary, None)
-        except StoreError as exc:
-            verdict = (None, str(exc))
-        self.index.set_verdict(key, ident, *verdict)
-        return verdict
+        return check_file(self.index, key, path, ident)
 
     def _summary_rows(self) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
-        self.index.refresh()
-        rows: list[dict[str, Any]] = []
-        bad: list[tuple[Path, str]] = []
-        for entry in self._files():
-            key = entry.name[: -len(".parquet")]
-            if not KEY_RE.match(key):
-                bad.append((Path(entry.path), f"file name {entry.name!r} is not a valid trace key"))
-                continue
-            try:
-                st = entry.stat()
-            except FileNotFoundError:  # deleted while listing
-                continue
-            ident = identity(st)
-            summary = self.index.get(key, ident)
-            if summary is None:  # not written by put as it is now: believe nothing before a full read
-                try:
-                    summary, why = self._check_file(key, Path(entry.path), ident)
-                except FileNotFoundError:
-                    continue
-                except READ_ERRORS as exc:
-                    summary, why = None, reason(exc)
-                if summary is None:
-                    bad.append((Path(entry.path), str(why)))
-                    continue
-                self.index.remember(key, ident, summary)
-                try:  # repair the cache for the next reader; harmless if it fails
-                    self.index.append(key, st, summary)
-                except (OSError, StoreError):
-                    pass
-            schema = summary.get("schema", SCHEMA_VERSION)
-            if not isinstance(schema, int) or schema > SCHEMA_VERSION:
-                bad.append((Path(entry.path), f"trace schema {schema!r} is newer than {SCHEMA_VERSION}"))
-                continue
-            rows.append(summary)
-        rows.sort(key=lambda r: (str(r.get("created") or ""), r["key"]))
-        return rows, bad
+        return summary_rows(self.index, self._files())
 
     def summaries(self) -> pd.DataFrame:
         """One row per readable trace (SUMMARY_COLUMNS), from the index/footers, never token arrays."""
@@ -424,22 +376,7 @@ class TraceStore:
         """
         if not deep:
             return self.listing()[1]
-        out: list[tuple[Path, str]] = []
-        for entry in self._files():
-            key = entry.name[: -len(".parquet")]
-            if not KEY_RE.match(key):
-                out.append((Path(entry.path), f"file name {entry.name!r} is not a valid trace key"))
-                continue
-            try:
-                ident = identity(entry.stat())
-                _, why = self._check_file(key, Path(entry.path), ident)
-            except FileNotFoundError:
-                continue
-            except READ_ERRORS as exc:
-                why = reason(exc)
-            if why is not None:
-                out.append((Path(entry.path), why))
-        return sorted(out)
+        return unreadable_files(self.index, self._files())
 
     def load_all(self, keys: Iterable[str] | None = None) -> tuple[list[Trace], list[tuple[Path, str]]]:
         """(readable traces, [(path, reason)] for the ones that failed), for `keys` or every file.

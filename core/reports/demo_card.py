@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from core.evaluation import harness as ev
 from core.evaluation.sweep import matched_baselines
 from core.io.atomic import write_atomic
 from core.packaged import is_installed
+from core.settings import Progress
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def passes(name: str, value: float) -> bool:
 
 def _one_setting(pair: Any, problems: Sequence[Any], gate: Any, *, budget: float, temperature: float, top_p: float,
                  samples: int, seed: int, max_new_tokens: int, store: Any, batch_size: int,
-                 progress: Callable[[int, int], None] | None) -> tuple[Any, dict[str, list[Any]]]:
+                 progress: Progress | None) -> tuple[Any, dict[str, list[Any]]]:
     keep: dict[str, list[Any]] = {}
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
                   max_new_tokens=max_new_tokens, batch_size=batch_size, keep=keep, progress=progress)
@@ -100,10 +101,17 @@ class _Counted:
         return self.store.put(trace, overwrite=overwrite) if self.store is not None else None
 
 
-def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any], *, ratio: float = 0.05,
-                 window: int = 16, budget: float = 0.1, temperature: float = 0.6, top_p: float = 0.95,
-                 samples: int = 4, seed: int = 0, max_new_tokens: int = 96, store: Any = None,
-                 batch_size: int = 100, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+# The card's protocol: the gate's defaults, the paper's sampling, and the demo_measure_* rows of core/settings.py.
+_PAPER = settings.PRESETS["paper"]
+
+
+def measure_demo(pair: Any, problems: Sequence[Any], calibration: Sequence[Any], *, ratio: float = settings.RATIO,
+                 window: int = settings.WINDOW, budget: float = settings.SETTINGS["demo_measure_budget"].value,
+                 temperature: float = _PAPER["temperature"], top_p: float = _PAPER["top_p"],
+                 samples: int = settings.SETTINGS["demo_measure_samples"].value, seed: int = settings.SEED,
+                 max_new_tokens: int = settings.SETTINGS["demo_measure_max_new_tokens"].value, store: Any = None,
+                 batch_size: int = settings.SETTINGS["demo_measure_batch_size"].value,
+                 progress: Progress | None = None) -> dict[str, Any]:
     """All measured properties of a pair on `problems`, with the gate calibrated on base rollouts of
     `calibration`: {"settings", "gate", "greedy", "sampled" (summary records), "values", "passed"}."""
 
@@ -341,7 +349,7 @@ def _pairs(items: list[Any]) -> str:
 
 def write_card(demo_dir: Any, n: int = settings.SETTINGS["demo_measure_problems"].value,
                samples: int = settings.SETTINGS["demo_measure_samples"].value, command: str = "forkpoint demo measure",
-               progress: Callable[[int, int], None] | None = None, out: Any = None, **kwargs: Any) -> dict[str, Any]:
+               progress: Progress | None = None, out: Any = None, **kwargs: Any) -> dict[str, Any]:
     """Load the pair in `demo_dir`, measure it on the first `n` test problems (see `measure_demo`) and
     write CARD.md and measure.json into `out` (default: demo_dir); returns the measurement. A folder inside
     the installed package is refused (InvalidInputError): nothing writes into site-packages."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from core.evaluation.record_table import RecordTable
 from core.evaluation.sweep import calibration_rollouts
 from core.evaluation.thinking import Solo
 from core.io.csvsafe import write_csv
-from core.settings import StageProgress
+from core.settings import Progress, StageProgress
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def compare_gates(pair: Any, problems: Any, calibration: Sequence[Any], ratios: 
     keep = {} if keep is None else keep
     reference = reference if reference is not None else (THINKING if thinking is not None else GUIDE)
 
-    def bar(stage: str) -> Callable[[int, int], None] | None:
+    def bar(stage: str) -> Progress | None:
         return None if progress is None else (lambda done, total: progress(stage, done, total))
 
     rollouts = list(calibration_rollouts(pair, calibration, keep=keep, progress=bar("calibration rollouts"),

@@ -90,8 +90,8 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
               entropy_gated: bool = True, skip_first: int = 0, limit: int | None = None, samples: int | None = None,
               temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
               seed: int = settings.SEED, batch_size: int = settings.BATCH_SIZE, base_format: str | None = None,
-              reason_format: str | None = None, thinking_format: str | None = None, device: str = "auto",
-              dtype: str = "auto", revisions: Mapping[str, str | None] | None = None,
+              reason_format: str | None = None, thinking_format: str | None = None, device: str = settings.DEVICE,
+              dtype: str = settings.DTYPE, revisions: Mapping[str, str | None] | None = None,
               trust_remote_code: bool = False, progress: StageProgress | None = None, executor: Any = None,
               gate_rhos: Sequence[float] = (), router: str | None = None) -> Reproduction:
     """Run the paper's protocol and write `<out>/report.html` plus CSVs (see module doc).

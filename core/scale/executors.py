@@ -179,7 +179,7 @@ class _LocalBackend:
 class InProcessExecutor(_Executor):
     """Runs every job here, on the given pair (a loaded ModelPair, or a PairSpec loaded once on first use)."""
 
-    def __init__(self, device: str = "auto") -> None:
+    def __init__(self, device: str = settings.DEVICE) -> None:
         self.device = device
         self._loaded: dict[Any, Any] = {}
         self.stats: list[WorkerStats] = []

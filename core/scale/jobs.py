@@ -138,7 +138,7 @@ class Worker:
     as is. `threads` caps torch's intra-op threads (1 for many small CPU workers on one machine);
     `device_map="auto"` spreads each model of the pair over every GPU this process sees."""
 
-    def __init__(self, spec: Any, device: str = "auto", threads: int | None = None, pair: Any = None,
+    def __init__(self, spec: Any, device: str = settings.DEVICE, threads: int | None = None, pair: Any = None,
                  device_map: str | None = None) -> None:
         import torch
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from core.scale.jobs import Worker
 from core.scale.ray_executor import RayExecutor, connect, import_ray
 from core.scale.spec import as_spec
 from core.scoring.teacher_forced import score
+from core.settings import Progress
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def _record(batch: dict[str, Any], i: int) -> Any:
 def import_file_ray(pair: Any, path: str | os.PathLike[str], store: Any, *, executor: Any = None,
                     format: str | None = None, rows_per_block: int = ROWS_PER_BLOCK, batch_size: int = settings.BATCH_SIZE,
                     workers_see_store: bool | None = None, report_path: str | os.PathLike[str] | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> Any:
+                    progress: Progress | None = None) -> Any:
     """`core.import_file` on Ray: score the records of `path` on an actor pool (one pair per
     actor), and settle them here, in file order, by the importer's own rules (duplicates, already stored,
     failures, the report file). Returns the same `ImportResult` and stores the same traces.
@@ -162,7 +163,7 @@ def import_file_ray(pair: Any, path: str | os.PathLike[str], store: Any, *, exec
 
 
 def _settle(pair: Any, batches: Iterator[dict[str, Any]], store: Any, source: str, total: int,
-            report_path: Any, progress: Callable[[int, int], None] | None) -> Any:
+            report_path: Any, progress: Progress | None) -> Any:
     """Feed the scored rows, in file order, through the in-process importer's bookkeeping (`_Run`): its
     `score_fn` hands back what the worker made, so stored traces and outcomes are the in-process ones."""
 

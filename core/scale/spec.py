@@ -56,7 +56,7 @@ class PairSpec:
         formats.update({k: v for k, v in (("base_format", base_format), ("reason_format", reason_format)) if v})
         return cls(base=str(DEMO_DIR / "base"), reason=str(DEMO_DIR / "reason"), dtype="float32", **formats)
 
-    def load(self, device: str = "auto", device_map: str | None = None) -> Any:
+    def load(self, device: str = settings.DEVICE, device_map: str | None = None) -> Any:
         """Load the pair on `device` (auto: CUDA when this process sees a GPU, else CPU); device_map="auto"
         spreads each model over every GPU this process sees instead."""
 

@@ -103,7 +103,7 @@ def score(pair: ModelPair, prompt: Any, response: str | Sequence[int], *, k: int
 
 
 def score_batch(pair: ModelPair, items: Sequence[tuple[Any, str | Sequence[int]]], *, k: int = DEFAULT_K,
-                chunk: int = DEFAULT_CHUNK, batch_size: int = 8, store: Any = None,
+                chunk: int = DEFAULT_CHUNK, batch_size: int = settings.BATCH_SIZE, store: Any = None,
                 progress: Any = None) -> list[Trace]:
     """Score many (prompt, response) pairs, `batch_size` sequences per forward (right-padded).
 

@@ -14,6 +14,7 @@ import pandas as pd
 
 from core.errors import InvalidInputError
 from core.scoring.registry import DEFAULT_SCORE, METRICS, score_values
+from core.settings import PAGE_TOKENS  # noqa: F401  (re-exported: the token view's page size)
 from core.trace import SIDES, Trace, note_texts
 
 # Metrics shown on hover, in order; their labels come from core.scoring.metrics' registry.
@@ -320,9 +321,6 @@ def tail(trace: Trace, start: int, end: int | None = None) -> Trace:
         topk={side: (ids[start:end], probs[start:end]) for side, (ids, probs) in trace.topk.items()},
         source=trace.source[start:end], meta=meta, annotations=cut,
     )
-
-
-PAGE_TOKENS = 4096  # the token view shows at most this many tokens at once (a 16k-token trace: 4 pages)
 
 
 def page_bounds(n_tokens: int, page: int, size: int = PAGE_TOKENS) -> tuple[int, int]:

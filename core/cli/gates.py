@@ -1,0 +1,106 @@
+"""forkpoint gates: the gate shoot-out, every gate at each equal takeover rate ρ (core/reports/gates.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from core import settings
+from core.cli.common import (
+    StageBars,
+    check_output,
+    close_executor,
+    fail_cleanly,
+    float_list,
+    main,
+    make_executor,
+    open_store,
+    pair_from_options,
+    pair_options,
+    pair_or_spec,
+    problems_and_calibration,
+    ray_option,
+    setting_option,
+    store_option,
+)
+
+
+@main.command()
+@pair_options
+@store_option
+@click.option("--problems", "problems_path", help="Problem source: JSONL/CSV file, hf:<dataset id>[:config][:split], "
+              "or a benchmark short name (default: the demo test set).")
+@click.option("--calibration", "calibration_path", help="Problems whose base rollouts set every gate's knob "
+              "(default: the demo calibration set with the demo test set, else the first quarter of --problems).")
+@click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
+@click.option("--ratios", default=",".join(map(str, settings.GATE_RHOS)), show_default=True,
+              help="Comma-separated target takeover rates ρ, each in (0, 1): every gate is calibrated to each.")
+@click.option("--gates", "gate_names", default=None,
+              help="Comma-separated gates (default: guided, entropy_gated, top_prob, margin, router, random_positions, "
+                   "early_only).")
+@click.option("--router", "router_path", type=click.Path(file_okay=False),
+              help="A trained router's folder (forkpoint router train). Default: one is trained on the calibration "
+                   "rollouts (target gate) into OUT/router.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (gates.csv, gates.html).")
+@setting_option("samples")
+@setting_option("temperature")
+@setting_option("top_p")
+@setting_option("max_new_tokens")
+@setting_option("seed")
+@setting_option("batch_size")
+@ray_option
+@fail_cleanly
+def gates(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
+          ratios: str, gate_names: str | None, router_path: str | None, out: str, samples: int, temperature: float,
+          top_p: float, max_new_tokens: int, seed: int, batch_size: int, ray_address: str | None,
+          **opts: Any) -> None:
+    """The gate shoot-out: every gate at each equal takeover rate ρ (realised ρ, accuracy, pass@k, recovery, flips
+    against the base, reasoner evaluations and wall seconds per token); gates.csv and gates.html in --out."""
+    from core.reports.gates import GATES, compare_gates, gate_summary, write_gates
+    from core.evaluation.harness import to_markdown
+
+    rho_list = float_list(ratios, "ratio", "--ratios")
+    chosen = [g.strip() for g in gate_names.split(",") if g.strip()] if gate_names else list(GATES)
+    unknown = [g for g in chosen if g not in GATES]
+    if unknown:
+        raise click.BadParameter(f"unknown gate {unknown[0]!r}; choose from: {', '.join(GATES)}", param_hint="--gates")
+    check_output(out, "--out", folder=True)
+    store = open_store(store_path)
+    check_output(store.path, "--store", folder=True)
+    problems, calibration = problems_and_calibration(problems_path, calibration_path, limit)
+    executor = make_executor(ray_address, opts)
+    pair = pair_or_spec(opts, executor)
+    common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
+                  max_new_tokens=max_new_tokens, batch_size=batch_size, executor=executor)
+    bars = StageBars()
+    try:
+        if "router" in chosen and router_path is None:
+            from core.evaluation.sweep import calibration_rollouts
+            from core.instruments.router_training import train_router
+
+            if executor is not None:
+                pair = pair_from_options(opts)  # the router reads the base's hidden states here
+            rollouts = calibration_rollouts(pair, calibration, progress=None, **common)
+            router_path = str(Path(out) / "router")
+            made = train_router(pair, list(rollouts), "gate", out=router_path, seed=seed)
+            click.echo(f"router trained on {len(rollouts)} calibration rollouts (held-out AUROC "
+                       f"{made.card['held_out_auroc'] or float('nan'):.3f}) -> {router_path}", err=True)
+        table = compare_gates(pair, problems, calibration, rho_list, gates=chosen, router=router_path,
+                              progress=bars, **common)
+    finally:
+        bars.close()
+        close_executor(executor)
+    info = {"pair": pair.spec() if hasattr(pair, "spec") else str(pair), "ratios": rho_list, "gates": chosen,
+            "router": router_path, "problems": problems_path or "demo test set", "limit": limit,
+            "calibration": calibration_path or "held out", **{k: v for k, v in common.items()
+                                                              if k not in ("store", "executor")},
+            "store": str(store.path)}
+    paths = write_gates(out, table, info)
+    summary = gate_summary(table)
+    click.echo(to_markdown(summary, index="label", columns=["rho", "accuracy", "pass@k", "recovery@k",
+                                                            "wrong_to_right", "right_to_wrong",
+                                                            "reason_evals_per_token", "wall_s_per_token"]))
+    where = "averaged over benchmarks" if summary["benchmark"].iloc[0] == "average" else summary["benchmark"].iloc[0]
+    click.echo(f"({where}; recovery against: {table['reference'].iloc[0]}) -> {paths['csv']}, {paths['html']}")

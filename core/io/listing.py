@@ -1,0 +1,99 @@
+"""The listing of a store's trace files: which are readable, and their summaries.
+
+A file whose identity (inode, size, mtime_ns) matches its index line was written by `TraceStore.put` as it is
+now and is trusted; any other file is read in full (page and footer checksums) once per identity, and the
+verdict kept in the index's scratch file. `TraceStore.summaries`, `listing` and `unreadable` read through here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from core.errors import StoreError
+from core.io.summary_index import Identity, SummaryIndex, identity
+from core.io.tracefile import KEY_RE, READ_ERRORS, read_trace_record, reason
+from core.trace import SCHEMA_VERSION
+
+
+def check_file(index: SummaryIndex, key: str, path: Path, ident: Identity) -> tuple[dict[str, Any] | None, str | None]:
+    """(summary, None) for a readable file, (None, reason) for a damaged one: read in full, once per identity
+    (the verdict is kept in the index's scratch file, not in memory)."""
+    found = index.verdict(key, ident)
+    if found is not None:
+        return found
+    try:
+        _, record, _ = read_trace_record(path, key)
+        summary = record.get("summary")
+        if not isinstance(summary, dict) or summary.get("key") != key:
+            raise StoreError(f"Trace {key} ({path}) is unreadable: its footer has no summary for {key!r}")
+        verdict: tuple[dict[str, Any] | None, str | None] = (summary, None)
+    except StoreError as exc:
+        verdict = (None, str(exc))
+    index.set_verdict(key, ident, *verdict)
+    return verdict
+
+
+def summary_rows(index: SummaryIndex, files: Iterable[os.DirEntry[str]]
+                 ) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
+    """(summaries of the readable trace files among `files`, oldest first; [(path, reason)] for the rest): a file
+    the index describes as it is on disk is trusted, any other is read in full once and the index repaired."""
+    index.refresh()
+    rows: list[dict[str, Any]] = []
+    bad: list[tuple[Path, str]] = []
+    for entry in files:
+        key = entry.name[: -len(".parquet")]
+        if not KEY_RE.match(key):
+            bad.append((Path(entry.path), f"file name {entry.name!r} is not a valid trace key"))
+            continue
+        try:
+            st = entry.stat()
+        except FileNotFoundError:  # deleted while listing
+            continue
+        ident = identity(st)
+        summary = index.get(key, ident)
+        if summary is None:  # not written by put as it is now: believe nothing before a full read
+            try:
+                summary, why = check_file(index, key, Path(entry.path), ident)
+            except FileNotFoundError:
+                continue
+            except READ_ERRORS as exc:
+                summary, why = None, reason(exc)
+            if summary is None:
+                bad.append((Path(entry.path), str(why)))
+                continue
+            index.remember(key, ident, summary)
+            try:  # repair the cache for the next reader; harmless if it fails
+                index.append(key, st, summary)
+            except (OSError, StoreError):
+                pass
+        schema = summary.get("schema", SCHEMA_VERSION)
+        if not isinstance(schema, int) or schema > SCHEMA_VERSION:
+            bad.append((Path(entry.path), f"trace schema {schema!r} is newer than {SCHEMA_VERSION}"))
+            continue
+        rows.append(summary)
+    rows.sort(key=lambda r: (str(r.get("created") or ""), r["key"]))
+    return rows, bad
+
+
+def unreadable_files(index: SummaryIndex, files: Iterable[os.DirEntry[str]]) -> list[tuple[Path, str]]:
+    """(path, reason) for every trace file among `files` that cannot be fully read (each read in full, once
+    per file identity); nothing is deleted."""
+    out: list[tuple[Path, str]] = []
+    for entry in files:
+        key = entry.name[: -len(".parquet")]
+        if not KEY_RE.match(key):
+            out.append((Path(entry.path), f"file name {entry.name!r} is not a valid trace key"))
+            continue
+        try:
+            ident = identity(entry.stat())
+            _, why = check_file(index, key, Path(entry.path), ident)
+        except FileNotFoundError:
+            continue
+        except READ_ERRORS as exc:
+            why = reason(exc)
+        if why is not None:
+            out.append((Path(entry.path), why))
+    return sorted(out)
