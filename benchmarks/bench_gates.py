@@ -28,13 +28,13 @@ def checks(table: pd.DataFrame, focus: float = 0.05) -> list[str]:
     rows = table[table["target_rho"].notna()]
     rec = "recovery@k" if rows["recovery@k"].notna().any() else "recovery"
     out = [f"{'gate':<24} {'target':>7} {'calibrated':>10} {'realised':>9} {'ratio':>6} {'±25%':>5} "
-           f"{rec:>10} {'w->r':>5} {'r->w':>5} {'reason/token':>12} {'wall s/token':>12}"]
+           f"{rec:>10} {'w->r':>5} {'r->w':>5} {'reason/token':>12} {'fwd/token':>9} {'wall s/token':>12}"]
     for _, r in rows.iterrows():
         ratio = r["rho"] / r["target_rho"]
         out.append(f"{r['label']:<24} {r['target_rho']:>7.3f} {r['calibrated_rho']:>10.4f} {r['rho']:>9.4f} "
                    f"{ratio:>6.2f} {'yes' if abs(ratio - 1) <= 0.25 else 'NO':>5} {r[rec]:>10.3f} "
                    f"{int(r['wrong_to_right']):>5} {int(r['right_to_wrong']):>5} {r['reason_evals_per_token']:>12.4f} "
-                   f"{r['wall_s_per_token']:>12.5f}")
+                   f"{r.get('reason_forwards_per_token', math.nan):>9.4f} {r['wall_s_per_token']:>12.5f}")
 
     def get(gate: str, rho: float, col: str) -> float:
         hit = rows[(rows["gate"] == gate) & (rows["target_rho"].round(6) == round(rho, 6))]
@@ -45,6 +45,12 @@ def checks(table: pd.DataFrame, focus: float = 0.05) -> list[str]:
         out.append(f"ρ={rho:g}: router wall / Guided wall = {router / guided:.2f} (target ≤ 0.6); router {rec} "
                    f"{get('router', rho, rec):.3f} vs entropy_gated {get('entropy_gated', rho, rec):.3f}"
                    + (" (target: ≥)" if rho == focus else ""))
+    base = table[table["label"] == "base"]["wall_s_per_token"]
+    if len(base) and math.isfinite(float(base.iloc[0])):  # the floor of a lazy gate: the base decodes every token
+        floor = float(base.iloc[0])
+        out.append(f"base alone (BaseOnly) wall s/token {floor:.5f}: base / Guided wall = "
+                   + ", ".join(f"{floor / get('guided', rho, 'wall_s_per_token'):.2f} (ρ={rho:g})"
+                               for rho in sorted(set(rows["target_rho"]))))
     inside = sum(abs(r["rho"] / r["target_rho"] - 1) <= 0.25 for _, r in rows.iterrows())
     out.append(f"realised ρ within ±25% of target: {inside} of {len(rows)} gate x ρ rows")
     return out

@@ -43,10 +43,14 @@ def test_base_only_gates_fire_exactly_where_their_rule_holds(qwen_pair, name, ru
 def test_lazy_gates_run_the_reasoner_only_where_they_fire(qwen_pair, monkeypatch, policy) -> None:
     pair = dataclasses.replace(qwen_pair, eos_ids=frozenset())  # run all 24 tokens
     log = FeedLog(pair, monkeypatch)
-    trace = core.generate(pair, PROMPTS[1], policy, max_new_tokens=24)
+    from core.pair.forward import count_forwards
+
+    with count_forwards(pair.reason) as seen:
+        trace = core.generate(pair, PROMPTS[1], policy, max_new_tokens=24)
     fired = int((trace.source == "reason").sum())
     assert 0 < fired <= 4
     reason = log.sizes("reason")
+    assert seen.calls == seen.rows == len(reason)  # the hook compare_gates counts with sees every backbone call
     # one prefill, one catch-up forward per position where the gate fired, one final flush of the rest
     assert reason[0] == len(trace.prompt_ids["reason"])
     assert len(reason) - 1 - fired in (0, 1)
@@ -313,3 +317,49 @@ def test_compare_gates_equals_a_recomputation_from_the_stored_traces(qwen_pair, 
     text = paths["html"].read_text()
     assert "top_prob ρ=0.1" in text and "<script>\"" not in text and "&lt;script&gt;" in text
     assert pd.read_csv(paths["csv"])["benchmark"].tolist().count("average") == 5
+
+
+def test_compare_gates_counts_reasoner_forwards_and_reads_wall_times_back(qwen_pair, tmp_path, monkeypatch) -> None:
+    """Reasoner forwards are counted while each stage decodes (their sum is every reasoner backbone row a spy
+    sees), and wall times per token come from the seconds the traces record, so a rerun that reads everything
+    back from the store gives the same wall times (not NaN) and no forwards."""
+    import math
+
+    from core.decoding import state as decoding_state
+    from core.evaluation.sweep import calibration_rollouts
+    from core.reports.gates import compare_gates
+    from core.trace import decode_seconds
+
+    rng = np.random.default_rng(11)
+    problems = [{"id": f"w{i}", "question": " ".join(rng.choice(WORDS, 5)), "answer": str(i % 2)} for i in range(8)]
+    store = core.TraceStore(tmp_path / "store")
+    common = dict(samples=2, max_new_tokens=12, temperature=1.0, store=store)
+    calibration_rollouts(qwen_pair, problems[:3], **common)  # stored first: the run's forwards are all in its stages
+    rows: list[int] = []
+    original = decoding_state.backbone
+
+    def spy(model, input_ids, *args, **kwargs):
+        if model is qwen_pair.reason:
+            rows.append(int(input_ids.shape[0]))
+        return original(model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(decoding_state, "backbone", spy)
+    keep: dict = {}
+    gates = ("guided", "top_prob", "margin")
+    table = compare_gates(qwen_pair, problems[3:], problems[:3], (0.1,), gates=gates, keep=keep, **common)
+    made = {row["label"]: row for _, row in table.iterrows()}
+    assert set(made) == {"base", "reason", "guided ρ=0.1", "top_prob ρ=0.1", "margin ρ=0.1"}
+    tokens = {label: sum(len(t) for t in keep[label]) for label in made}
+    counted = sum(made[label]["reason_forwards_per_token"] * tokens[label] for label in made)
+    assert counted == pytest.approx(sum(rows))  # every reasoner row-forward of the run, in exactly one stage
+    for label in ("top_prob ρ=0.1", "margin ρ=0.1"):  # lazy: far fewer reasoner forwards than steps
+        assert made[label]["reason_forwards_per_token"] < made["reason"]["reason_forwards_per_token"]
+    for label, row in made.items():  # the recorded seconds of the label's traces, per token
+        expect = sum(decode_seconds(t.meta) for t in keep[label]) / tokens[label]
+        assert row["wall_s_per_token"] == pytest.approx(expect) and expect > 0
+    rows.clear()
+    again = compare_gates(qwen_pair, problems[3:], problems[:3], (0.1,), gates=gates, **common).set_index("label")
+    assert rows == []  # everything read back from the store
+    for label, row in made.items():
+        assert again.loc[label, "wall_s_per_token"] == pytest.approx(row["wall_s_per_token"], rel=1e-6)
+        assert math.isnan(again.loc[label, "reason_forwards_per_token"])

@@ -480,6 +480,7 @@ def gates(store_path: str | None, problems_path: str | None, calibration_path: s
     summary = gate_summary(table)
     click.echo(to_markdown(summary, index="label", columns=["rho", "accuracy", "pass@k", "recovery@k",
                                                             "wrong_to_right", "right_to_wrong",
-                                                            "reason_evals_per_token", "wall_s_per_token"]))
+                                                            "reason_evals_per_token", "reason_forwards_per_token",
+                                                            "wall_s_per_token"]))
     where = "averaged over benchmarks" if summary["benchmark"].iloc[0] == "average" else summary["benchmark"].iloc[0]
     click.echo(f"({where}; recovery against: {table['reference'].iloc[0]}) -> {paths['csv']}, {paths['html']}")
