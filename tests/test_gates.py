@@ -363,3 +363,36 @@ def test_compare_gates_counts_reasoner_forwards_and_reads_wall_times_back(qwen_p
     for label, row in made.items():
         assert again.loc[label, "wall_s_per_token"] == pytest.approx(row["wall_s_per_token"], rel=1e-6)
         assert math.isnan(again.loc[label, "reason_forwards_per_token"])
+
+
+def test_router_effect_target_labels_where_a_measured_takeover_helped(tmp_path) -> None:
+    """target="effect": the examples are exactly the measured positions (takeover_effects rows in the store), the
+    positives those whose effect is > 0, recounted here from the effects table; the fit separates them."""
+    from test_effects import _agreement, _decision
+
+    from core.analysis.failure import auroc
+    from core.decoding.router_features import trace_features
+    from core.instruments import effects as fx
+
+    pair = core.demo_pair()
+    store = core.TraceStore(tmp_path / "store")
+    traces = core.generate(pair, core.demo_problems(limit=4), max_new_tokens=80, store=store)
+    measured = {t.key: fx.takeover_effects(pair, t, sorted({_agreement(t), _decision(t)}), samples=4, store=store)
+                for t in traces}
+    unmeasured = core.generate(pair, core.demo_problems(limit=6)[4:], max_new_tokens=80, store=store)
+    router = core.train_router(pair, [*traces, *unmeasured], "effect", store=store, epochs=300)
+    card = router.card
+    effects = np.concatenate([f["effect"].to_numpy() for f in measured.values()])
+    assert 0 < (effects > 0).sum() < len(effects)  # both kinds measured (the decision tokens help, agreement not)
+    assert card["target"] == "effect" and card["target_params"] == {"score": core.settings.SCORE}
+    assert card["positives"]["train"] + card["positives"]["held_out"] == int((effects > 0).sum())
+    assert card["positives"]["train_of"] + card["positives"]["held_out_of"] == len(effects)
+    assert set(card["training_keys"]) | set(card["held_out_keys"]) == set(measured)  # unmeasured traces: no examples
+    train = [t for t in traces if t.key in set(card["training_keys"])]
+    x = np.concatenate([trace_features(pair, t)[measured[t.key]["pos"].to_numpy()] for t in train])
+    y = np.concatenate([measured[t.key]["effect"].to_numpy() > 0 for t in train])
+    assert auroc(router.net.prob(x), y) == 1.0  # a handful of examples in 132 dimensions: fit exactly
+    with pytest.raises(core.InvalidInputError, match="store="):
+        core.train_router(pair, traces, "effect")
+    with pytest.raises(core.InvalidInputError, match="fewer than 2 traces"):
+        core.train_router(pair, unmeasured, "effect", store=store)
