@@ -455,12 +455,12 @@ def gates(store_path: str | None, problems_path: str | None, calibration_path: s
                   max_new_tokens=max_new_tokens, batch_size=batch_size, executor=executor)
     bars = _StageBars()
     try:
+        if "router" in chosen and executor is not None:
+            pair = pair_from_options(opts)  # the router reads the base's hidden states here (training, its cut)
         if "router" in chosen and router_path is None:
             from core.evaluation.sweep import calibration_rollouts
             from core.instruments.router_training import train_router
 
-            if executor is not None:
-                pair = pair_from_options(opts)  # the router reads the base's hidden states here
             rollouts = calibration_rollouts(pair, calibration, progress=None, **common)
             router_path = str(Path(out) / "router")
             made = train_router(pair, list(rollouts), "gate", out=router_path, seed=seed)
