@@ -396,3 +396,26 @@ def test_router_effect_target_labels_where_a_measured_takeover_helped(tmp_path) 
         core.train_router(pair, traces, "effect")
     with pytest.raises(core.InvalidInputError, match="fewer than 2 traces"):
         core.train_router(pair, unmeasured, "effect", store=store)
+
+
+@pytest.mark.parametrize("hidden", [0, 8])
+def test_router_decisions_equal_a_float64_recomputation(qwen_pair, base_traces, tmp_path, hidden) -> None:
+    """RouterNet's probabilities (numpy, what the gate runs per step) equal sigmoid(layers((x - mean) / scale))
+    written out here in float64, and it fires at the same positions for every cut (but a tie within rounding)."""
+    from core.decoding.router_features import trace_features
+
+    router = core.train_router(qwen_pair, base_traces, "gate", out=tmp_path / "r", ratio=0.2, window=4, epochs=60,
+                               hidden=hidden)
+    t = {k: np.asarray(v, dtype=np.float64) for k, v in router.net.tensors.items()}
+    x = np.concatenate([trace_features(qwen_pair, tr) for tr in base_traces])
+    h = (x.astype(np.float64) - t["mean"]) / t["scale"]
+    h = h @ t["w0"].T + t["b0"]
+    if hidden:
+        h = np.maximum(h, 0.0) @ t["w1"].T + t["b1"]
+    expect = 1.0 / (1.0 + np.exp(-h[:, 0]))
+    got = router.net.prob(x)
+    np.testing.assert_allclose(got, expect, rtol=1e-12, atol=1e-15)
+    for cut in [*router.card["thresholds"].values(), 0.5]:
+        clear = np.abs(expect - cut) > 1e-12  # a cut the quantile put on one position's own value may tie there
+        assert (~clear).sum() <= 1
+        np.testing.assert_array_equal((got > cut)[clear], (expect > cut)[clear])
