@@ -363,6 +363,9 @@ def test_compare_gates_counts_reasoner_forwards_and_reads_wall_times_back(qwen_p
     for label, row in made.items():
         assert again.loc[label, "wall_s_per_token"] == pytest.approx(row["wall_s_per_token"], rel=1e-6)
         assert math.isnan(again.loc[label, "reason_forwards_per_token"])
+    bare = compare_gates(qwen_pair, problems[3:5], problems[:2], (0.1,), gates=("top_prob",), samples=1,
+                         max_new_tokens=8, temperature=1.0)  # no store: the timings come from the traces held
+    assert (bare["wall_s_per_token"] > 0).all() and bare["reason_forwards_per_token"].notna().all()
 
 
 def test_router_effect_target_labels_where_a_measured_takeover_helped(tmp_path) -> None:

@@ -121,8 +121,8 @@ def compare_gates(pair: Any, problems: Any, calibration: Sequence[Any], ratios: 
         params.setdefault("router", {})["path"] = str(router)
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
                   max_new_tokens=max_new_tokens, batch_size=batch_size, executor=executor)
-    # without a store the traces are held (a small run) so that their recorded timings can be read
-    keep = {} if keep is None else keep
+    # without a store the traces are held (a small run), so that the timings they record can be read
+    keep = {} if keep is None and store is None else keep
     reference = reference if reference is not None else (THINKING if thinking is not None else GUIDE)
     watch = getattr(pair, "reason", None) if executor is None else None
     watch = watch if hasattr(watch, "get_decoder") else None
@@ -134,11 +134,11 @@ def compare_gates(pair: Any, problems: Any, calibration: Sequence[Any], ratios: 
                                          **common))
     counts: dict[str, tuple[ForwardCount | None, set[str]]] = {}  # label -> (forwards, keys stored before)
 
-    def stage(policies: dict[str, Any], name: str, into: RecordTable, **extra: Any) -> None:
+    def stage(policies: dict[str, Any], name: str, into: RecordTable) -> None:
         """One stage of the run, its reasoner forwards counted (per stage: every label in it shares the count)."""
         before = set(store.keys()) if store is not None and hasattr(store, "keys") else set()
         with count_forwards(watch) if watch is not None else nullcontext() as seen:
-            stream_records(pair, problems, policies, keep=keep, into=into, progress=bar(name), **common, **extra)
+            stream_records(pair, problems, policies, keep=keep, into=into, progress=bar(name), **common)
         for label in policies:
             counts[label] = (seen, before)
 
@@ -150,7 +150,8 @@ def compare_gates(pair: Any, problems: Any, calibration: Sequence[Any], ratios: 
             held: dict[str, Any] = {}
             stream_records(thinking, problems, {THINKING: Solo()}, keep=held, into=records,
                            progress=bar("thinking"), **common)
-            keep_traces(keep, THINKING, held.get(THINKING, []), store)
+            if keep is not None:
+                keep_traces(keep, THINKING, held.get(THINKING, []), store)
         for rho in ratios:
             for gate in gates:
                 label = gate_label(gate, rho)
@@ -186,12 +187,13 @@ def compare_gates(pair: Any, problems: Any, calibration: Sequence[Any], ratios: 
     return out[[c for c in GATE_COLUMNS if c in out.columns]]
 
 
-def _decode_seconds(frame: pd.DataFrame, store: Any, keep: Mapping[str, Any]) -> dict[str, float | None]:
+def _decode_seconds(frame: pd.DataFrame, store: Any, keep: Mapping[str, Any] | None) -> dict[str, float | None]:
     """key -> the decoding seconds its trace records (`decode_seconds`): from the store's summaries (no trace file is
     read), else from the traces held in `keep`."""
     if store is not None and hasattr(store, "summary"):
         return {k: (store.summary(k) or {}).get("decode_s") for k in frame["key"].unique()}
-    return {t.key: decode_seconds(t.meta) for traces in keep.values() if isinstance(traces, list) for t in traces}
+    return {t.key: decode_seconds(t.meta) for traces in (keep or {}).values() if isinstance(traces, list)
+            for t in traces}
 
 
 def _per_token(part: pd.DataFrame, seconds: Mapping[str, float | None]) -> float:
