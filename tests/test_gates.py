@@ -422,3 +422,24 @@ def test_router_decisions_equal_a_float64_recomputation(qwen_pair, base_traces, 
         clear = np.abs(expect - cut) > 1e-12  # a cut the quantile put on one position's own value may tie there
         assert (~clear).sum() <= 1
         np.testing.assert_array_equal((got > cut)[clear], (expect > cut)[clear])
+
+
+def test_wall_times_of_traces_stored_before_summaries_carried_them(qwen_pair, tmp_path, monkeypatch) -> None:
+    """A trace stored before the summary had `decode_s` (its footer lacks it) still gives its wall time: read from
+    the trace's own meta["timings"]."""
+    from core.io import store as store_module
+    from core.reports.gates import compare_gates
+
+    problems = [{"id": f"o{i}", "question": " ".join(WORDS[i: i + 4]), "answer": "1"} for i in range(4)]
+    store = core.TraceStore(tmp_path / "store")
+    args = (qwen_pair, problems[2:], problems[:2], (0.1,))
+    opts = dict(gates=("top_prob",), samples=1, max_new_tokens=8, temperature=1.0, store=store)
+    original = store_module.summarise
+    monkeypatch.setattr(store_module, "summarise", lambda t, key=None: {
+        k: v for k, v in original(t, key).items() if k != "decode_s"})
+    first = compare_gates(*args, **opts).set_index("label")
+    monkeypatch.setattr(store_module, "summarise", original)
+    assert all(store.summary(k).get("decode_s") is None for k in store.keys())  # as an older store holds them
+    again = compare_gates(*args, **opts).set_index("label")
+    assert (again["wall_s_per_token"] > 0).all()
+    np.testing.assert_allclose(again["wall_s_per_token"], first["wall_s_per_token"], rtol=1e-9)

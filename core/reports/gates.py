@@ -188,10 +188,13 @@ def compare_gates(pair: Any, problems: Any, calibration: Sequence[Any], ratios: 
 
 
 def _decode_seconds(frame: pd.DataFrame, store: Any, keep: Mapping[str, Any] | None) -> dict[str, float | None]:
-    """key -> the decoding seconds its trace records (`decode_seconds`): from the store's summaries (no trace file is
-    read), else from the traces held in `keep`."""
+    """key -> the decoding seconds its trace records (`decode_seconds`): from the store's summaries (a trace file is
+    read only when its summary predates them), else from the traces held in `keep`."""
     if store is not None and hasattr(store, "summary"):
-        return {k: (store.summary(k) or {}).get("decode_s") for k in frame["key"].unique()}
+        out = {k: (store.summary(k) or {}).get("decode_s") for k in frame["key"].unique()}
+        for k in [k for k, v in out.items() if v is None and k in store]:  # stored before summaries carried it
+            out[k] = decode_seconds(store.get(k).meta)
+        return out
     return {t.key: decode_seconds(t.meta) for traces in (keep or {}).values() if isinstance(traces, list)
             for t in traces}
 
