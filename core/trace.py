@@ -235,6 +235,16 @@ def answer_rule_of(meta: dict[str, Any]) -> str | None:
     return meta.get("answer_rule") or "unrecorded"
 
 
+def decode_seconds(meta: dict[str, Any]) -> float | None:
+    """This trace's share of the decoding wall time recorded with it (meta["timings"]: its batch's seconds over
+    the batch's rows), so a run's wall time per token can be read back from stored traces; None when unrecorded."""
+    timings = meta.get("timings") or {}
+    seconds, batch = timings.get("generate_s"), timings.get("batch")
+    if not isinstance(seconds, (int, float)) or not isinstance(batch, int) or batch < 1:
+        return None
+    return float(seconds) / batch
+
+
 class RowSummary(NamedTuple):
     """What a driver keeps of one generated row (never its token arrays): a few dozen bytes."""
 

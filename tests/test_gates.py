@@ -43,10 +43,14 @@ def test_base_only_gates_fire_exactly_where_their_rule_holds(qwen_pair, name, ru
 def test_lazy_gates_run_the_reasoner_only_where_they_fire(qwen_pair, monkeypatch, policy) -> None:
     pair = dataclasses.replace(qwen_pair, eos_ids=frozenset())  # run all 24 tokens
     log = FeedLog(pair, monkeypatch)
-    trace = core.generate(pair, PROMPTS[1], policy, max_new_tokens=24)
+    from core.pair.forward import count_forwards
+
+    with count_forwards(pair.reason) as seen:
+        trace = core.generate(pair, PROMPTS[1], policy, max_new_tokens=24)
     fired = int((trace.source == "reason").sum())
     assert 0 < fired <= 4
     reason = log.sizes("reason")
+    assert seen.calls == seen.rows == len(reason)  # the hook compare_gates counts with sees every backbone call
     # one prefill, one catch-up forward per position where the gate fired, one final flush of the rest
     assert reason[0] == len(trace.prompt_ids["reason"])
     assert len(reason) - 1 - fired in (0, 1)
@@ -313,3 +317,129 @@ def test_compare_gates_equals_a_recomputation_from_the_stored_traces(qwen_pair, 
     text = paths["html"].read_text()
     assert "top_prob ρ=0.1" in text and "<script>\"" not in text and "&lt;script&gt;" in text
     assert pd.read_csv(paths["csv"])["benchmark"].tolist().count("average") == 5
+
+
+def test_compare_gates_counts_reasoner_forwards_and_reads_wall_times_back(qwen_pair, tmp_path, monkeypatch) -> None:
+    """Reasoner forwards are counted while each stage decodes (their sum is every reasoner backbone row a spy
+    sees), and wall times per token come from the seconds the traces record, so a rerun that reads everything
+    back from the store gives the same wall times (not NaN) and no forwards."""
+    import math
+
+    from core.decoding import state as decoding_state
+    from core.evaluation.sweep import calibration_rollouts
+    from core.reports.gates import compare_gates
+    from core.trace import decode_seconds
+
+    rng = np.random.default_rng(11)
+    problems = [{"id": f"w{i}", "question": " ".join(rng.choice(WORDS, 5)), "answer": str(i % 2)} for i in range(8)]
+    store = core.TraceStore(tmp_path / "store")
+    common = dict(samples=2, max_new_tokens=12, temperature=1.0, store=store)
+    calibration_rollouts(qwen_pair, problems[:3], **common)  # stored first: the run's forwards are all in its stages
+    rows: list[int] = []
+    original = decoding_state.backbone
+
+    def spy(model, input_ids, *args, **kwargs):
+        if model is qwen_pair.reason:
+            rows.append(int(input_ids.shape[0]))
+        return original(model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(decoding_state, "backbone", spy)
+    keep: dict = {}
+    gates = ("guided", "top_prob", "margin")
+    table = compare_gates(qwen_pair, problems[3:], problems[:3], (0.1,), gates=gates, keep=keep, **common)
+    made = {row["label"]: row for _, row in table.iterrows()}
+    assert set(made) == {"base", "reason", "guided ρ=0.1", "top_prob ρ=0.1", "margin ρ=0.1"}
+    tokens = {label: sum(len(t) for t in keep[label]) for label in made}
+    counted = sum(made[label]["reason_forwards_per_token"] * tokens[label] for label in made)
+    assert counted == pytest.approx(sum(rows))  # every reasoner row-forward of the run, in exactly one stage
+    for label in ("top_prob ρ=0.1", "margin ρ=0.1"):  # lazy: far fewer reasoner forwards than steps
+        assert made[label]["reason_forwards_per_token"] < made["reason"]["reason_forwards_per_token"]
+    for label, row in made.items():  # the recorded seconds of the label's traces, per token
+        expect = sum(decode_seconds(t.meta) for t in keep[label]) / tokens[label]
+        assert row["wall_s_per_token"] == pytest.approx(expect) and expect > 0
+    rows.clear()
+    again = compare_gates(qwen_pair, problems[3:], problems[:3], (0.1,), gates=gates, **common).set_index("label")
+    assert rows == []  # everything read back from the store
+    for label, row in made.items():
+        assert again.loc[label, "wall_s_per_token"] == pytest.approx(row["wall_s_per_token"], rel=1e-6)
+        assert math.isnan(again.loc[label, "reason_forwards_per_token"])
+    bare = compare_gates(qwen_pair, problems[3:5], problems[:2], (0.1,), gates=("top_prob",), samples=1,
+                         max_new_tokens=8, temperature=1.0)  # no store: the timings come from the traces held
+    assert (bare["wall_s_per_token"] > 0).all() and bare["reason_forwards_per_token"].notna().all()
+
+
+def test_router_effect_target_labels_where_a_measured_takeover_helped(tmp_path) -> None:
+    """target="effect": the examples are exactly the measured positions (takeover_effects rows in the store), the
+    positives those whose effect is > 0, recounted here from the effects table; the fit separates them."""
+    from test_effects import _agreement, _decision
+
+    from core.analysis.failure import auroc
+    from core.decoding.router_features import trace_features
+    from core.instruments import effects as fx
+
+    pair = core.demo_pair()
+    store = core.TraceStore(tmp_path / "store")
+    traces = core.generate(pair, core.demo_problems(limit=4), max_new_tokens=80, store=store)
+    measured = {t.key: fx.takeover_effects(pair, t, sorted({_agreement(t), _decision(t)}), samples=4, store=store)
+                for t in traces}
+    unmeasured = core.generate(pair, core.demo_problems(limit=6)[4:], max_new_tokens=80, store=store)
+    router = core.train_router(pair, [*traces, *unmeasured], "effect", store=store, epochs=300)
+    card = router.card
+    effects = np.concatenate([f["effect"].to_numpy() for f in measured.values()])
+    assert 0 < (effects > 0).sum() < len(effects)  # both kinds measured (the decision tokens help, agreement not)
+    assert card["target"] == "effect" and card["target_params"] == {"score": core.settings.SCORE}
+    assert card["positives"]["train"] + card["positives"]["held_out"] == int((effects > 0).sum())
+    assert card["positives"]["train_of"] + card["positives"]["held_out_of"] == len(effects)
+    assert set(card["training_keys"]) | set(card["held_out_keys"]) == set(measured)  # unmeasured traces: no examples
+    train = [t for t in traces if t.key in set(card["training_keys"])]
+    x = np.concatenate([trace_features(pair, t)[measured[t.key]["pos"].to_numpy()] for t in train])
+    y = np.concatenate([measured[t.key]["effect"].to_numpy() > 0 for t in train])
+    assert auroc(router.net.prob(x), y) == 1.0  # a handful of examples in 132 dimensions: fit exactly
+    with pytest.raises(core.InvalidInputError, match="store="):
+        core.train_router(pair, traces, "effect")
+    with pytest.raises(core.InvalidInputError, match="fewer than 2 traces"):
+        core.train_router(pair, unmeasured, "effect", store=store)
+
+
+@pytest.mark.parametrize("hidden", [0, 8])
+def test_router_decisions_equal_a_float64_recomputation(qwen_pair, base_traces, tmp_path, hidden) -> None:
+    """RouterNet's probabilities (numpy, what the gate runs per step) equal sigmoid(layers((x - mean) / scale))
+    written out here in float64, and it fires at the same positions for every cut (but a tie within rounding)."""
+    from core.decoding.router_features import trace_features
+
+    router = core.train_router(qwen_pair, base_traces, "gate", out=tmp_path / "r", ratio=0.2, window=4, epochs=60,
+                               hidden=hidden)
+    t = {k: np.asarray(v, dtype=np.float64) for k, v in router.net.tensors.items()}
+    x = np.concatenate([trace_features(qwen_pair, tr) for tr in base_traces])
+    h = (x.astype(np.float64) - t["mean"]) / t["scale"]
+    h = h @ t["w0"].T + t["b0"]
+    if hidden:
+        h = np.maximum(h, 0.0) @ t["w1"].T + t["b1"]
+    expect = 1.0 / (1.0 + np.exp(-h[:, 0]))
+    got = router.net.prob(x)
+    np.testing.assert_allclose(got, expect, rtol=1e-12, atol=1e-15)
+    for cut in [*router.card["thresholds"].values(), 0.5]:
+        clear = np.abs(expect - cut) > 1e-12  # a cut the quantile put on one position's own value may tie there
+        assert (~clear).sum() <= 1
+        np.testing.assert_array_equal((got > cut)[clear], (expect > cut)[clear])
+
+
+def test_wall_times_of_traces_stored_before_summaries_carried_them(qwen_pair, tmp_path, monkeypatch) -> None:
+    """A trace stored before the summary had `decode_s` (its footer lacks it) still gives its wall time: read from
+    the trace's own meta["timings"]."""
+    from core.io import store as store_module
+    from core.reports.gates import compare_gates
+
+    problems = [{"id": f"o{i}", "question": " ".join(WORDS[i: i + 4]), "answer": "1"} for i in range(4)]
+    store = core.TraceStore(tmp_path / "store")
+    args = (qwen_pair, problems[2:], problems[:2], (0.1,))
+    opts = dict(gates=("top_prob",), samples=1, max_new_tokens=8, temperature=1.0, store=store)
+    original = store_module.summarise
+    monkeypatch.setattr(store_module, "summarise", lambda t, key=None: {
+        k: v for k, v in original(t, key).items() if k != "decode_s"})
+    first = compare_gates(*args, **opts).set_index("label")
+    monkeypatch.setattr(store_module, "summarise", original)
+    assert all(store.summary(k).get("decode_s") is None for k in store.keys())  # as an older store holds them
+    again = compare_gates(*args, **opts).set_index("label")
+    assert (again["wall_s_per_token"] > 0).all()
+    np.testing.assert_allclose(again["wall_s_per_token"], first["wall_s_per_token"], rtol=1e-9)

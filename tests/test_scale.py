@@ -564,6 +564,25 @@ def test_ray_takeover_effects_match_in_process(ray_executor, demo, problems, tmp
     assert ray_executor.summary()["units"].sum() - before == 16  # the rerun read them back
 
 
+def test_ray_gate_shoot_out_matches_in_process(ray_executor, demo, problems, tmp_path):
+    """core.compare_gates(executor=RayExecutor) (`forkpoint gates --ray`): the same table as in process, wall
+    times from the seconds the workers' traces record, reasoner forwards not counted (made elsewhere)."""
+    from core.reports.gates import compare_gates
+
+    calib = core.demo_problems("calib", limit=3)
+    opts = {"samples": 1, "max_new_tokens": 12, "temperature": 0.7, "seed": 3, "batch_size": 2}
+    ray_executor.start(demo)
+    before = ray_executor.summary()["units"].sum()
+    tables = [compare_gates(demo, problems[:3], calib, (0.1,), gates=("guided", "top_prob"), executor=ex,
+                            store=core.TraceStore(tmp_path / name), **opts).set_index("label")
+              for name, ex in (("local", None), ("ray", ray_executor))]
+    assert ray_executor.summary()["units"].sum() - before == 3 + 4 * 3  # calibration rollouts, 4 stages x 3 problems
+    same_cols = ["rho", "accuracy", "pass@k", "calibrated_rho", "knob_value", "reason_evals_per_token"]
+    pd.testing.assert_frame_equal(tables[0][same_cols], tables[1][same_cols])
+    assert tables[0]["reason_forwards_per_token"].notna().all() and tables[1]["reason_forwards_per_token"].isna().all()
+    assert (tables[1]["wall_s_per_token"] > 0).all()
+
+
 @pytest.mark.slow
 def test_one_worker_gives_what_two_give(ray_executor, demo, problems):
     """The number of workers changes nothing: batches are cut by batch_size, never by worker count."""

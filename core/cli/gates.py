@@ -76,12 +76,12 @@ def gates(store_path: str | None, problems_path: str | None, calibration_path: s
                   max_new_tokens=max_new_tokens, batch_size=batch_size, executor=executor)
     bars = StageBars()
     try:
+        if "router" in chosen and executor is not None:
+            pair = pair_from_options(opts)  # the router reads the base's hidden states here (training, its cut)
         if "router" in chosen and router_path is None:
             from core.evaluation.sweep import calibration_rollouts
             from core.instruments.router_training import train_router
 
-            if executor is not None:
-                pair = pair_from_options(opts)  # the router reads the base's hidden states here
             rollouts = calibration_rollouts(pair, calibration, progress=None, **common)
             router_path = str(Path(out) / "router")
             made = train_router(pair, list(rollouts), "gate", out=router_path, seed=seed)
@@ -101,6 +101,7 @@ def gates(store_path: str | None, problems_path: str | None, calibration_path: s
     summary = gate_summary(table)
     click.echo(to_markdown(summary, index="label", columns=["rho", "accuracy", "pass@k", "recovery@k",
                                                             "wrong_to_right", "right_to_wrong",
-                                                            "reason_evals_per_token", "wall_s_per_token"]))
+                                                            "reason_evals_per_token", "reason_forwards_per_token",
+                                                            "wall_s_per_token"]))
     where = "averaged over benchmarks" if summary["benchmark"].iloc[0] == "average" else summary["benchmark"].iloc[0]
     click.echo(f"({where}; recovery against: {table['reference'].iloc[0]}) -> {paths['csv']}, {paths['html']}")

@@ -3,7 +3,8 @@
 Modules: `sampling` (settings, position-keyed draws), `kvcache` (a KV cache layer that grows without a
 copy per step), `state` (one model's cache over a batch), `caches` (held caches for branching), `records`
 (per-token arrays), `engine` (the verify-ahead loop), `generation` (generate, generate_many), `takeover`
-(takeover, branch), `calibration` (calibrate, base rollouts of this pair), `policies`, `params`.
+(takeover, branch), `calibration` (calibrate, base rollouts of this pair), `policies` (the registry, Guided,
+the baselines), `lazy_gates` (the gates on the base alone), `policy_base`, `params`.
 
 Each name loads its module on first use: `core.decoding.policies` (the CLI's option tables) must not pay
 for torch and transformers, which `caches` and `generation` import.

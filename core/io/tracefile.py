@@ -28,6 +28,7 @@ from core.trace import (
     Trace,
     _json_default,
     answer_rule_of,
+    decode_seconds,
     request_key,
 )
 
@@ -39,7 +40,7 @@ _PROMPT_CHARS = 200
 SUMMARY_COLUMNS: tuple[str, ...] = (
     "key", "problem", "prompt", "pair", "policy", "n_tokens", "max_score", "top100_mean",
     "n_spikes", "n_takeovers", "rho", "correct", "answer_rule", "grader", "parent", "branch_pos", "kind", "created",
-    *(f"max_{s}" for s in SCORES), *(f"top100_{s}" for s in SCORES),
+    "decode_s", *(f"max_{s}" for s in SCORES), *(f"top100_{s}" for s in SCORES),
 )  # fmt: skip
 READ_ERRORS = (StoreError, OSError, ValueError, KeyError, TypeError, IndexError, pa.ArrowException)
 
@@ -103,6 +104,7 @@ def summarise(trace: Trace, key: str | None = None) -> dict[str, Any]:
         "branch_pos": meta.get("branch_pos"),
         "kind": meta.get("kind"),
         "created": meta.get("created"),
+        "decode_s": decode_seconds(meta),
         "schema": meta.get("schema", SCHEMA_VERSION),
     }
     for name in SCORES:

@@ -6,6 +6,9 @@ Splitting the two is what keeps scoring memory-bounded: the (T, d) hidden states
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,3 +43,30 @@ def head(model: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if getattr(model, "hf_device_map", None) and logits.device != model.device:
         logits = logits.to(model.device)  # a model spread over GPUs: its head may sit on the last one
     return logits
+
+
+@dataclass
+class ForwardCount:
+    """What a model's backbone did while `count_forwards` watched it: its calls, and its forwards of one row (a
+    call over a batch of B rows is B of them, however many tokens each row reads)."""
+
+    calls: int = 0
+    rows: int = 0
+
+
+@contextmanager
+def count_forwards(model: Any) -> Iterator[ForwardCount]:
+    """Count the backbone forwards of `model` inside the block (a forward hook on its decoder, so every caller of
+    `backbone` is seen, whatever path decoding takes); measured, not inferred from a policy's rule."""
+    count = ForwardCount()
+
+    def seen(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], _out: Any) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        count.calls += 1
+        count.rows += int(ids.shape[0]) if ids is not None and ids.dim() > 1 else 1
+
+    handle = model.get_decoder().register_forward_hook(seen, with_kwargs=True)
+    try:
+        yield count
+    finally:
+        handle.remove()

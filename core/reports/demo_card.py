@@ -321,14 +321,16 @@ def gates_card(table: pd.DataFrame, command: str = GATES_COMMAND, rhos: Sequence
              "set's base rollouts setting every gate's knob; a router trained on those rollouts, target: where the "
              "calibrated Guided gate fires). Two of its target ρ:", "",
              "| gate | target ρ | realised ρ | accuracy | pass@k | recovery@k | wrong → right | right → wrong | "
-             "reasoner evaluations / token | wall ms / token |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "reasoner evaluations / token | reasoner forwards / token (counted) | wall ms / token |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for _, r in pd.concat([ends, shown]).iterrows():
         def num(col: str, fmt: str = ".3f", scale: float = 1.0) -> str:
             v = float(r[col]) if col in r and pd.notna(r[col]) else float("nan")
             return "–" if v != v else format(v * scale, fmt)
         lines.append(f"| {r['label']} | {num('target_rho', 'g')} | {num('rho')} | {num('accuracy')} | "
                      f"{num('pass@k')} | {num('recovery@k')} | {int(r['wrong_to_right'])} | {int(r['right_to_wrong'])} "
-                     f"| {num('reason_evals_per_token')} | {num('wall_s_per_token', '.2f', 1000.0)} |")
+                     f"| {num('reason_evals_per_token')} | {num('reason_forwards_per_token')} "
+                     f"| {num('wall_s_per_token', '.2f', 1000.0)} |")
     lines += ["", "What it shows: on this pair every gate that reads the base's uncertainty (entropy, top-1 "
               "probability, margin, the router) finds the one decision token as well as the paper's disagreement "
               "gate at the same ρ, while random positions and an early prefix at that ρ do not; the gates on the "

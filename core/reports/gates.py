@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,9 @@ from core.evaluation.record_table import RecordTable
 from core.evaluation.sweep import calibration_rollouts
 from core.evaluation.thinking import Solo
 from core.io.csvsafe import write_csv
+from core.pair.forward import ForwardCount, count_forwards
 from core.settings import Progress, StageProgress
+from core.trace import decode_seconds
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,8 @@ GATES = ("guided", "entropy_gated", "top_prob", "margin", "router", "random_posi
 DEFAULT_GATE_RHOS = settings.GATE_RHOS
 GATE_COLUMNS = ("benchmark", "gate", "label", "target_rho", "calibrated_rho", "rho", "accuracy", "pass@k", "k",
                 "recovery", "recovery@k", "wrong_to_right", "right_to_wrong", "problems", "samples",
-                "reason_evals_per_token", "wall_s_per_token", "knob", "knob_value", "mean_tokens", "reference")
+                "reason_evals_per_token", "reason_forwards_per_token", "wall_s_per_token", "knob", "knob_value",
+                "mean_tokens", "reference")
 
 
 def gate_label(gate: str, rho: float) -> str:
@@ -94,8 +97,14 @@ def compare_gates(pair: Any, problems: Any, calibration: Sequence[Any], ratios: 
     reference rows (gate "base" / "reason" / "thinking"). Each gate's knob is set by equal-ρ calibration on
     base rollouts of `calibration` (held out from `problems`); "router" needs `router` (a trained router's
     folder) and is left out without one. `params`: extra parameters per gate (e.g. {"guided": {"window": 8}}).
-    With `keep`, traces are collected by label. Wall seconds per token are measured per stage here (NaN when a
-    stage made no new trace: everything came from the store)."""
+    With `keep`, traces are collected by label.
+
+    Costs per generated token: `reason_evals_per_token` is the positions where decoding needs the reasoner by the
+    policy's rule (a lazy gate: where it fired; others: every position); `reason_forwards_per_token` is counted:
+    the reasoner's backbone forwards of one row (a call over B rows is B) seen by a hook while the stage decoded
+    here, over the tokens made here (NaN when nothing was made here: read from the store, or decoded on an
+    executor's workers). `wall_s_per_token` is the decoding seconds each trace records (meta["timings"]: its
+    batch's wall time over its rows), so it is read back from stored traces too."""
     require_gold(problems)
     ratios = [float(r) for r in ratios]
     bad = [r for r in ratios if not 0.0 < r < 1.0]
@@ -112,56 +121,65 @@ def compare_gates(pair: Any, problems: Any, calibration: Sequence[Any], ratios: 
         params.setdefault("router", {})["path"] = str(router)
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
                   max_new_tokens=max_new_tokens, batch_size=batch_size, executor=executor)
-    keep = {} if keep is None else keep
+    # without a store the traces are held (a small run), so that the timings they record can be read
+    keep = {} if keep is None and store is None else keep
     reference = reference if reference is not None else (THINKING if thinking is not None else GUIDE)
+    watch = getattr(pair, "reason", None) if executor is None else None
+    watch = watch if hasattr(watch, "get_decoder") else None
 
     def bar(stage: str) -> Progress | None:
         return None if progress is None else (lambda done, total: progress(stage, done, total))
 
     rollouts = list(calibration_rollouts(pair, calibration, keep=keep, progress=bar("calibration rollouts"),
                                          **common))
-    rows: list[dict[str, Any]] = []
+    counts: dict[str, tuple[ForwardCount | None, set[str]]] = {}  # label -> (forwards, keys stored before)
+
+    def stage(policies: dict[str, Any], name: str, into: RecordTable) -> None:
+        """One stage of the run, its reasoner forwards counted (per stage: every label in it shares the count)."""
+        before = set(store.keys()) if store is not None and hasattr(store, "keys") else set()
+        with count_forwards(watch) if watch is not None else nullcontext() as seen:
+            stream_records(pair, problems, policies, keep=keep, into=into, progress=bar(name), **common)
+        for label in policies:
+            counts[label] = (seen, before)
+
+    runs: dict[str, tuple[Any, float, float]] = {}
     with RecordTable() as records:
-        stream_records(pair, problems, {BASE: BaseOnly(), GUIDE: ReasonOnly()}, keep=keep, into=records,
-                       progress=bar("base and reference"), **common)
+        stage({BASE: BaseOnly()}, "base", records)
+        stage({GUIDE: ReasonOnly()}, "reference", records)
         if thinking is not None:
             held: dict[str, Any] = {}
             stream_records(thinking, problems, {THINKING: Solo()}, keep=held, into=records,
                            progress=bar("thinking"), **common)
-            keep_traces(keep, THINKING, held.get(THINKING, []), store)
-        runs: dict[str, tuple[Any, float, float, float]] = {}
+            if keep is not None:
+                keep_traces(keep, THINKING, held.get(THINKING, []), store)
         for rho in ratios:
             for gate in gates:
                 label = gate_label(gate, rho)
                 policy = build_policy(pair, gate, params.get(gate), rho=rho, rollouts=rollouts,
                                       max_new_tokens=max_new_tokens)
-                before = _count(store)
-                t0 = time.perf_counter()
-                stream_records(pair, problems, {label: policy}, keep=keep, into=records, progress=bar(label),
-                               **common)
-                wall = time.perf_counter() - t0
-                fresh = store is None or _count(store) > before
-                runs[label] = (policy, rho, rollout_rho(policy, rollouts, pair), wall if fresh else math.nan)
+                stage({label: policy}, label, records)
+                runs[label] = (policy, rho, rollout_rho(policy, rollouts, pair))
         frame = records.frame()
         table = policy_table(records, base=BASE, reference=reference)
-    tokens_of = frame.groupby("policy")["tokens"].sum()  # a stage's wall time covers every benchmark
+    seconds = _decode_seconds(frame, store, keep)
+    rows: list[dict[str, Any]] = []
     for _, row in table.iterrows():
         label = str(row["policy"])
         part = frame[(frame["benchmark"] == row["benchmark"]) & (frame["policy"] == label)]
         flip = flips(frame[frame["benchmark"] == row["benchmark"]], label)
         up, down = ((int(flip["wrong_to_right"].sum()), int(flip["right_to_wrong"].sum())) if len(flip) else (0, 0))
-        entry = {**row.to_dict(), "label": label, "wrong_to_right": up, "right_to_wrong": down}
+        entry = {**row.to_dict(), "label": label, "wrong_to_right": up, "right_to_wrong": down,
+                 "wall_s_per_token": _per_token(part, seconds),
+                 "reason_forwards_per_token": _forwards_per_token(frame[frame["policy"] == label], *counts.get(
+                     label, (None, set())))}
         if label in runs:
-            policy, rho, calibrated, wall = runs[label]
+            policy, rho, calibrated = runs[label]
             knob = str(type(policy).knob)
-            tokens = float(tokens_of.get(label, 0))
             entry.update(gate=policy.name, target_rho=rho, calibrated_rho=calibrated, knob=knob,
-                         knob_value=_knob(policy, knob),
-                         reason_evals_per_token=reason_evals_per_token(policy, part),
-                         wall_s_per_token=wall / tokens if tokens and not math.isnan(wall) else math.nan)
+                         knob_value=_knob(policy, knob), reason_evals_per_token=reason_evals_per_token(policy, part))
         else:
             entry.update(gate=label, target_rho=math.nan, calibrated_rho=math.nan, knob=None, knob_value=math.nan,
-                         reason_evals_per_token=1.0 if label != BASE else 0.0, wall_s_per_token=math.nan)
+                         reason_evals_per_token=1.0 if label != BASE else 0.0)
             if label == BASE:
                 entry.update(wrong_to_right=0, right_to_wrong=0)
         rows.append(entry)
@@ -169,15 +187,40 @@ def compare_gates(pair: Any, problems: Any, calibration: Sequence[Any], ratios: 
     return out[[c for c in GATE_COLUMNS if c in out.columns]]
 
 
+def _decode_seconds(frame: pd.DataFrame, store: Any, keep: Mapping[str, Any] | None) -> dict[str, float | None]:
+    """key -> the decoding seconds its trace records (`decode_seconds`): from the store's summaries (a trace file is
+    read only when its summary predates them), else from the traces held in `keep`."""
+    if store is not None and hasattr(store, "summary"):
+        out = {k: (store.summary(k) or {}).get("decode_s") for k in frame["key"].unique()}
+        for k in [k for k, v in out.items() if v is None and k in store]:  # stored before summaries carried it
+            out[k] = decode_seconds(store.get(k).meta)
+        return out
+    return {t.key: decode_seconds(t.meta) for traces in (keep or {}).values() if isinstance(traces, list)
+            for t in traces}
+
+
+def _per_token(part: pd.DataFrame, seconds: Mapping[str, float | None]) -> float:
+    """Decoding seconds per token of these records (NaN when a trace recorded none, or there are no tokens)."""
+    values = [seconds.get(k) for k in part["key"]]
+    tokens = float(part["tokens"].sum())
+    if not tokens or any(v is None or not math.isfinite(v) for v in values):
+        return math.nan
+    return float(sum(values)) / tokens  # type: ignore[arg-type]
+
+
+def _forwards_per_token(part: pd.DataFrame, seen: ForwardCount | None, before: set[str]) -> float:
+    """The counted reasoner row-forwards of a stage over the tokens it made here (every benchmark: the count is
+    per stage); NaN when none were counted or none made here."""
+    if seen is None:
+        return math.nan
+    tokens = float(part.loc[~part["key"].isin(before), "tokens"].sum())
+    return seen.rows / tokens if tokens else math.nan
+
+
 def _knob(policy: Any, knob: str) -> float:
     """The calibrated value of a gate's knob (Guided: its τ; λ is in its record)."""
     value = getattr(policy, knob, math.nan)
     return float(value) if isinstance(value, (int, float, np.floating)) and value is not None else math.nan
-
-
-def _count(store: Any) -> int:
-    """How many traces `store` holds (to tell a stage that made traces from one read back)."""
-    return len(store.keys()) if hasattr(store, "keys") else 0
 
 
 def gate_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -188,7 +231,8 @@ def gate_summary(table: pd.DataFrame) -> pd.DataFrame:
     if table["benchmark"].nunique() == 1:
         return table.reset_index(drop=True)
     sums = ["wrong_to_right", "right_to_wrong", "problems"]
-    means = ["calibrated_rho", "rho", "accuracy", "pass@k", "reason_evals_per_token", "wall_s_per_token",
+    means = ["calibrated_rho", "rho", "accuracy", "pass@k", "reason_evals_per_token", "reason_forwards_per_token",
+             "wall_s_per_token",
              "mean_tokens", "knob_value"]
     keys = ["label", "gate", "target_rho", "knob"]
     g = table.fillna({"target_rho": -1.0, "knob": ""}).groupby(keys, sort=False)

@@ -20,14 +20,16 @@ from core.io.atomic import write_atomic
 
 ENDS = ("base", "reason", "thinking")
 SHOWN = ("label", "benchmark", "target_rho", "calibrated_rho", "rho", "accuracy", "pass@k", "recovery", "recovery@k",
-         "wrong_to_right", "right_to_wrong", "reason_evals_per_token", "wall_s_per_token", "knob", "knob_value")
+         "wrong_to_right", "right_to_wrong", "reason_evals_per_token", "reason_forwards_per_token", "wall_s_per_token",
+         "knob", "knob_value")
 NOTE = ("Each gate's knob is set by one equal-ρ calibration on base rollouts of held-out problems (target ρ); "
         "calibrated ρ is the share of those rollouts' tokens where it would fire, ρ the share it took over when "
         "run. Flips: problems (right = at least half the samples correct) the base got wrong and the gate right "
         "(wrong_to_right), and the reverse. reason_evals_per_token: the reasoner's evaluations decoding needs per "
         "token (a lazy gate asks it only where it fires; Guided and the random / early baselines score every "
-        "position). wall_s_per_token: this run's wall time per generated token (NaN where the traces came from "
-        "the store); the machine's load moves it.")
+        "position). reason_forwards_per_token: the reasoner's forwards of one row counted while decoding, per token "
+        "(NaN where the traces came from the store or from an executor's workers). wall_s_per_token: the decoding "
+        "seconds the traces record, per generated token; the machine's load moves it.")
 
 
 def recovery_column(table: pd.DataFrame) -> str:
