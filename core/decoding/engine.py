@@ -343,7 +343,8 @@ class Decoder:
             out = torch.tensor([sample_token(logits[i], self.sampling.temperature, self.sampling.top_p,
                                              position_generator(r.seed, p)) if live[i] else self.pad
                                 for i, r in enumerate(self.rows)], dtype=torch.long)
-        out[torch.from_numpy(~live)] = self.pad
+        if not live.all():
+            out[torch.from_numpy(~live)] = self.pad
         return out
 
     def _choose(self, p: int, draft: np.ndarray, b: torch.Tensor | None, fire: np.ndarray,
