@@ -379,9 +379,6 @@ def test_the_streamlit_assignment_check_finds_a_patch():
 # Every default from settings: a public function's parameter named for a row of core/settings.py takes its
 # default from that table, never from a literal written again in the signature.
 PROGRESS_SPELLINGS = {"Callable[[int, int], None]": "Progress", "Callable[[str, int, int], None]": "StageProgress"}
-# Files other branches were rewriting when the Progress alias was swept in (the lead removes each entry after
-# merging; the test below fails once an entry is no longer needed).
-PROGRESS_PENDING = {"core/decoding/engine.py"}
 
 
 def spelled_progress(tree: ast.AST) -> list[tuple[int, str]]:
@@ -397,19 +394,15 @@ def spelled_progress(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_progress_is_spelled_only_in_settings():
     """`Progress` / `StageProgress` (core/settings.py) is the one spelling of the progress protocol."""
-    bad, pending_used = [], set()
+    bad = []
     for path in sorted([*CORE.rglob("*.py"), *(ROOT / "app").rglob("*.py")]):
         rel = str(path.relative_to(ROOT))
         if rel == "core/settings.py":
             continue
         hits = spelled_progress(ast.parse(path.read_text(encoding="utf-8")))
-        if hits and rel in PROGRESS_PENDING:
-            pending_used.add(rel)
-        elif hits:
+        if hits:
             bad += [f"{rel}:{line} {text} (use settings.{PROGRESS_SPELLINGS[text]})" for line, text in hits]
     assert not bad, "progress callbacks spelled out:\n" + "\n".join(bad)
-    assert pending_used == PROGRESS_PENDING, f"no longer pending, remove from PROGRESS_PENDING: " \
-                                             f"{sorted(PROGRESS_PENDING - pending_used)}"
 
 
 def test_the_progress_check_finds_a_spelling():

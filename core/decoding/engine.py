@@ -31,6 +31,7 @@ from core.decoding.token_record import TokenRecord
 from core.decoding.sampling import Sampling, position_generator, sample_token
 from core.decoding.state import ModelState
 from core.errors import GenerationCancelled, InvalidInputError
+from core.settings import Progress
 from core.pair.loading import SIDES, ModelPair
 from core.scoring.metrics import (
     EMITTED,
@@ -124,7 +125,7 @@ class Decoder:
 
     def __init__(self, pair: ModelPair, rows: list[Row], policy: Policy, sampling: Sampling, k: int, *,
                  lookahead: int | None = None, states: dict[str, ModelState] | None = None, start: int = 0,
-                 progress: Callable[[int, int], None] | None = None,
+                 progress: Progress | None = None,
                  should_stop: Callable[[], bool] | None = None,
                  on_token: Callable[[int, int, str], None] | None = None) -> None:
         policy.check_pair(pair)  # e.g. a router made for another pair
@@ -343,7 +344,8 @@ class Decoder:
             out = torch.tensor([sample_token(logits[i], self.sampling.temperature, self.sampling.top_p,
                                              position_generator(r.seed, p)) if live[i] else self.pad
                                 for i, r in enumerate(self.rows)], dtype=torch.long)
-        out[torch.from_numpy(~live)] = self.pad
+        if not live.all():
+            out[torch.from_numpy(~live)] = self.pad
         return out
 
     def _choose(self, p: int, draft: np.ndarray, b: torch.Tensor | None, fire: np.ndarray,

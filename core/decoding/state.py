@@ -13,7 +13,7 @@ import torch
 
 from core.decoding.kvcache import growing_cache
 from core.errors import InvalidInputError
-from core.pair.forward import backbone, head
+from core.pair.forward import backbone, head_fn
 from core.pair.loading import ModelPair
 
 
@@ -32,6 +32,15 @@ class _Grow:
         self.buf[:, self.n : need] = more
         self.n = need
 
+    def append_ones(self, n: int) -> None:
+        """Append n columns of ones (a mask's newly read tokens), without building them first."""
+        need = self.n + n
+        if need > self.buf.shape[1]:
+            self.append(self.buf.new_ones((self.buf.shape[0], n, *self.buf.shape[2:])))
+            return
+        self.buf[:, self.n : need] = 1
+        self.n = need
+
     def view(self) -> torch.Tensor:
         return self.buf[:, : self.n]
 
@@ -44,6 +53,7 @@ class ModelState:
         """Prefill the prompts (left-padded). With record=n (one row only), keep the final hidden states
         of the last n positions and of every later feed, so that a held trace can be branched."""
         self.pair, self.side, self.model = pair, side, pair.model(side)
+        self._head, self._decoder = head_fn(self.model), self.model.get_decoder()
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pair.tokenizer.pad_token_id or 0, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -66,6 +76,7 @@ class ModelState:
         the cache lacks that last response token: it is read (one token) and its hidden state appended."""
         self = cls.__new__(cls)
         self.pair, self.side, self.model, self.cache = pair, side, pair.model(side), cache
+        self._head, self._decoder = head_fn(self.model), self.model.get_decoder()
         length = cache.get_seq_length()
         self._mask = _Grow(torch.ones((1, length), dtype=torch.long, device=pair.device))
         self.next_pos = torch.tensor([length], dtype=torch.long)
@@ -80,15 +91,16 @@ class ModelState:
         """Run the backbone on (B, n) new ids after the cache; returns (B, n, d) final hidden states."""
         dev = self.pair.device
         n = ids.shape[1]
-        positions = (self.next_pos.unsqueeze(1) + torch.arange(n)).clamp_min(0)  # left padding shifts positions
+        # left padding shifts positions
+        positions = (self.next_pos.unsqueeze(1) + torch.arange(n) if n != 1 else self.next_pos.unsqueeze(1)).clamp_min(0)
         self.next_pos = self.next_pos + n
         hidden, self.cache = backbone(self.model, ids.to(dev), cache=self.cache, attention_mask=self._mask.view(),
-                                      position_ids=positions.to(dev))
+                                      position_ids=positions.to(dev), decoder=self._decoder)
         return hidden
 
     def feed(self, ids: torch.Tensor) -> torch.Tensor:
         """Read response tokens (B, n); returns (B, n, d) hidden states (column j predicts token fed+j+1)."""
-        self._mask.append(torch.ones(ids.shape, dtype=torch.long, device=self.pair.device))
+        self._mask.append_ones(ids.shape[1])
         hidden = self._forward(ids)
         self.last_hidden = hidden[:, -1]
         self.fed += ids.shape[1]
@@ -125,7 +137,7 @@ class ModelState:
 
     def logits(self, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """(..., V) float32 logits of `hidden` (default: last_hidden (B, d) -> (B, V))."""
-        return head(self.model, self.last_hidden if hidden is None else hidden, self.pair.vocab_size)
+        return self._head(self.last_hidden if hidden is None else hidden, self.pair.vocab_size)
 
     def recorded(self) -> torch.Tensor | None:
         """(fed + 1, d) final hidden states of row 0, entry r predicting response token r (None if not kept)."""

@@ -6,7 +6,7 @@ Splitting the two is what keeps scoring memory-bounded: the (T, d) hidden states
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -16,33 +16,48 @@ import torch
 
 @torch.inference_mode()
 def backbone(model: Any, input_ids: torch.Tensor, cache: Any = None, attention_mask: torch.Tensor | None = None,
-             position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
+             position_ids: torch.Tensor | None = None, decoder: Any = None) -> tuple[torch.Tensor, Any]:
     """(B, L) ids -> ((B, L, d) final hidden states, the updated cache). Appends to `cache` if given.
 
-    With left padding pass `attention_mask` (B, past + L) and `position_ids` (B, L)."""
-    out = model.get_decoder()(
+    With left padding pass `attention_mask` (B, past + L) and `position_ids` (B, L). `decoder`: the model's
+    `get_decoder()`, from a caller that runs it every step (the lookup costs about what a tiny model's layer does)."""
+    out = (decoder if decoder is not None else model.get_decoder())(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
         use_cache=cache is not None,
     )
     return out.last_hidden_state, out.cache
 
 
-@torch.inference_mode()
 def head(model: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(..., d) hidden -> (..., V) float32 logits over the tokenizer's vocabulary (padding rows dropped).
 
     A float64 model keeps float64 logits (exact references in tests)."""
-    logits = model.get_output_embeddings()(hidden)[..., :vocab_size]
-    logits = logits if logits.dtype == torch.float64 else logits.float()
+    return head_fn(model)(hidden, vocab_size)
+
+
+def head_fn(model: Any) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """`head(model, ·, vocab_size)` with the model's output layer and logit settings looked up once: a
+    decoding loop calls it every step, and those lookups cost as much as a small model's head itself."""
+    embed = model.get_output_embeddings()
     cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:  # Gemma-style soft-capping is part of the model's distribution
-        logits = torch.tanh(logits / cap) * cap
     scale = getattr(model, "logit_scale", None)
-    if isinstance(scale, (int, float)):  # Cohere-style scaled head
-        logits = logits * scale
-    if getattr(model, "hf_device_map", None) and logits.device != model.device:
-        logits = logits.to(model.device)  # a model spread over GPUs: its head may sit on the last one
-    return logits
+    scale = scale if isinstance(scale, (int, float)) else None
+    spread = bool(getattr(model, "hf_device_map", None))
+
+    @torch.inference_mode()
+    def run(hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        logits = embed(hidden)[..., :vocab_size]
+        logits = logits if logits.dtype == torch.float64 else logits.float()
+        if cap:  # Gemma-style soft-capping is part of the model's distribution
+            logits = torch.tanh(logits / cap) * cap
+        if scale is not None:  # Cohere-style scaled head
+            logits = logits * scale
+        if spread and logits.device != model.device:
+            logits = logits.to(model.device)  # a model spread over GPUs: its head may sit on the last one
+        return logits
+
+    return run
+
 
 
 @dataclass

@@ -298,7 +298,9 @@ def entropy_and_top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     la, p = _log_softmax(logits.to(dtype))
     h = -torch.linalg.vecdot(p, la)
-    if not bool(torch.isfinite(h).all()):  # -inf logits: 0 · log 0 = 0
+    # -inf logits give a NaN entropy (0 · log 0 = 0 is summed below); entropies are at most log V, so their sum
+    # is finite exactly when each is (one reduction and one read: this runs at every lazy decoding step)
+    if not math.isfinite(float(h.sum())):
         h = _plogp_diff(p, torch.zeros_like(la[..., :1]), la)
     top = torch.topk(p, min(2, p.shape[-1]), dim=-1).values
     if top.shape[-1] < 2:

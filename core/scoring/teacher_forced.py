@@ -81,6 +81,8 @@ def metrics_from_hidden(pair: ModelPair, hidden: dict[str, torch.Tensor], target
         del block
     if not parts:
         return empty_metrics(k)
+    if len(parts) == 1:  # one chunk (most responses): its tensors are this call's own, no concatenated copy
+        return {name: x.cpu().numpy() for name, x in parts[0].items()}
     return {name: torch.cat([p[name] for p in parts]).cpu().numpy() for name in parts[0]}
 
 
