@@ -207,16 +207,6 @@ def view_panel(rule_text: str, top, side) -> None:
     except ForkpointError as err:
         st.error(md_escape(err, 400))
         return
-    with top:
-        header(trace, rule_text)
-        if first_token_artifact(trace, s.score):
-            st.warning("The largest spike is at token #0: the reasoner's chat template usually expects a thinking "
-                       "tag there, so position 0 measures the template, not the reasoning. Read it with care.")
-        switch_controls(ctx, trace)
-        legend = legend_html(trace.annotations.get("tags"), score=s.score, vmin=lo, vmax=hi, scale=s.scale,
-                             spike_rule=s.rule.describe(), range_note=note, effects=bool(data["hover"]["effects"]))
-        st.html(f"<style>{heatmap_css()}</style>{legend}")
-        matter_strip(trace)
     mode = ss.get("click_mode", "flip") if ctx.pair is not None else "select"
     data["mode"] = mode
     data["help"] = {"flip": "Click a token (or ← → and Enter) to flip its takeover: the response re-flows · dotted: "
@@ -238,6 +228,18 @@ def view_panel(rule_text: str, top, side) -> None:
     data["live"] = live_offer(ctx, trace, partial(live_render, ctx)) if live_ok else None
     with view_slot.container():
         token_view(data, selected=sel, key=VIEW_KEY, on_click=on_click, prob_mode=s.prob_mode)
+    # the header above is sent after the text: a fresh browser fetches the token view's code first (the
+    # metrics' and widgets' code is many more files), so the text is drawn first
+    with top:
+        header(trace, rule_text)
+        if first_token_artifact(trace, s.score):
+            st.warning("The largest spike is at token #0: the reasoner's chat template usually expects a thinking "
+                       "tag there, so position 0 measures the template, not the reasoning. Read it with care.")
+        switch_controls(ctx, trace)
+        legend = legend_html(trace.annotations.get("tags"), score=s.score, vmin=lo, vmax=hi, scale=s.scale,
+                             spike_rule=s.rule.describe(), range_note=note, effects=bool(data["hover"]["effects"]))
+        st.html(f"<style>{heatmap_css()}</style>{legend}")
+        matter_strip(trace)
     compare_panel(ctx, trace, lo, hi, reference)  # right under the text, where the eye is
     with side:
         switch_list(trace)
