@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import difflib
 import html
+from functools import partial
 
 import streamlit as st
 
 from app import resources, state
 from app.context import Context
 from app.figures import branch_graph_figure
+from app.switchboard import FRAGMENTS
 from app.view import md_code
 from core.errors import ForkpointError
 from core.scoring.registry import score_label
@@ -225,16 +227,22 @@ def graph_panel(ctx: Context, trace: Trace) -> None:
             st.rerun()
         st.caption("Node colour: green correct, red wrong, grey ungraded · the number in a node: its takeovers · "
                    "the ringed node is open · click a node to open it.")
-        graph_key = f"tree_graph_{trace.key}_{fold}_{ss.get('tree_nonce', 0)}"  # a fresh chart after each open
-        st.plotly_chart(branch_graph_figure(nodes, labels, trace.key), key=graph_key, on_select="rerun",
-                        selection_mode="points", config={"displayModeBar": False})
+        # one chart per tree and folding: a switch updates it in place; a fresh one after a node is opened
+        graph_key = f"tree_graph_{rows[0][1]['key']}_{fold}_{ss.get('tree_nonce', 0)}"
+        st.plotly_chart(branch_graph_figure(nodes, labels, trace.key), key=graph_key,
+                        on_select=partial(_on_node, graph_key, trace), selection_mode="points",
+                        config={"displayModeBar": False})
+
+
+def _on_node(graph_key: str, trace: Trace) -> None:
+    """A click on a node of the branch graph opens that trace (the whole trace view follows)."""
+    ss = st.session_state
     event = ss.get(graph_key)
-    points = (event or {}).get("selection", {}).get("points", []) if event else []
-    for point in points:
+    for point in (event or {}).get("selection", {}).get("points", []) if event else []:
         key = point.get("customdata")
         if isinstance(key, list):
             key = key[0] if key else None
         if isinstance(key, str) and key != trace.key:
             ss["tree_nonce"] = int(ss.get("tree_nonce", 0)) + 1  # the old chart's selection must not fire again
             state.open_trace(key, (trace.meta.get("problem") or {}).get("id"))
-            st.rerun()
+            st.rerun(list(FRAGMENTS))

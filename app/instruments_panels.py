@@ -77,18 +77,20 @@ def lens_figure(frame: pd.DataFrame, pos: int, column: str) -> go.Figure:
 
 
 def trace_instruments(ctx: Context, trace: Trace) -> None:
-    """The Trace page's instruments, in one expander below the token view."""
-    with st.expander("Instruments: takeover effects, success curve, logit lens"):
+    """The Trace page's instruments, in one expander below the token view: lazy (a closed expander or tab runs
+    and draws nothing, so a switch or a selection pays for no lens forward pass nor hidden chart)."""
+    with st.expander("Instruments: takeover effects, success curve, logit lens", key="instruments_open",
+                     on_change="rerun") as box:
+        if not box.open:
+            return
         if ctx.pair is None:
             st.info("Load a model pair in the sidebar to measure effects or read the lens.")
             return
-        effects_tab, curve_tab, lens_tab = st.tabs(["Effects", "Success curve", "Lens"])
-        with effects_tab:
-            _effects_panel(ctx, trace)
-        with curve_tab:
-            _curve_panel(ctx, trace)
-        with lens_tab:
-            _lens_panel(ctx, trace)
+        tabs = st.tabs(["Effects", "Success curve", "Lens"], key="instruments_tab", on_change="rerun")
+        for tab, panel in zip(tabs, (_effects_panel, _curve_panel, _lens_panel)):
+            if tab.open:
+                with tab:
+                    panel(ctx, trace)
 
 
 def _effects_panel(ctx: Context, trace: Trace) -> None:

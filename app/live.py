@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core.decoding.caches import CACHES, warm_caches
 from core.decoding.takeover import flipped, set_switches, switches_in_force
 from core.errors import ForkpointError, WriteError
 from core.evaluation.grading import grade_trace, graded_put
@@ -113,6 +115,33 @@ class _Sessions:
 SESSIONS = _Sessions()
 _ONE_AT_A_TIME = threading.Lock()  # the models and their held caches serve one decoder at a time
 _SERVED = threading.Event()  # set once LiveRoute is part of this process's server
+
+
+log = logging.getLogger(__name__)
+_WARMING: set[str] = set()  # trace keys whose model states are being held in the background
+
+
+def warm(pair: Any, trace: Trace) -> threading.Thread | None:
+    """In the background, hold the open trace's model states (core.decoding.caches.warm_caches: one prefill per
+    model), so that its first switch resumes from them as later switches do; nothing when they are held or on
+    their way. It runs as a switch does, one at a time: a click meanwhile waits for it, then needs no prefill."""
+    key = trace.key
+    if pair is None or key is None or key in _WARMING or CACHES.get(key) is not None:
+        return None
+    _WARMING.add(key)
+
+    def run() -> None:
+        try:
+            with _ONE_AT_A_TIME:
+                warm_caches(pair, trace)
+        except Exception as err:  # noqa: BLE001 - a warm-up only: the switch itself prefills and reports
+            log.info("cache warm-up of %s failed: %s", key, err)
+        finally:
+            _WARMING.discard(key)
+
+    thread = threading.Thread(target=run, name="forkpoint-warm-caches", daemon=True)
+    thread.start()
+    return thread
 
 
 def serving() -> bool:

@@ -48,16 +48,20 @@ def load_pair(spec: PairChoice) -> core.ModelPair:
 
 @st.cache_resource(show_spinner=False)
 def warm_up() -> threading.Thread:
-    """Once per process, in the background: load the planning tagger (spaCy), which grading a switch's child
-    needs. Without it the first switch on a freshly opened trace paid the load (seconds) and later ones not."""
+    """Once per process, in the background, what grading a switch's child needs first: the planning tagger
+    (spaCy) and the math-verify worker (a child process, started on a thread's first check). Without it the
+    first switch on a freshly opened trace paid both (seconds, and 0.6 s for the worker) and later ones not."""
 
     def load() -> None:
         from core.annotate.planning import tag_tokens  # spaCy: a heavy optional dependency
+        from core.evaluation.grading import check_answer
 
-        try:
-            tag_tokens(["Let", " me", " check", "."])
-        except Exception as err:  # noqa: BLE001 - a warm-up only: the switch itself reports a real failure
-            log.info("tagger warm-up failed: %s", err)
+        for name, job in (("tagger", lambda: tag_tokens(["Let", " me", " check", "."])),
+                          ("grader", lambda: check_answer("2", "2"))):
+            try:
+                job()
+            except Exception as err:  # noqa: BLE001 - a warm-up only: the switch itself reports a real failure
+                log.info("%s warm-up failed: %s", name, err)
 
     thread = threading.Thread(target=load, name="forkpoint-warm-up", daemon=True)
     thread.start()

@@ -10,7 +10,11 @@
 
 from __future__ import annotations
 
+import logging
 import sys
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,5 +56,25 @@ def middleware() -> list[Middleware]:
     return [Middleware(HostGuard)]
 
 
+def _load_pair() -> None:
+    """The pair the app was started with, into the process's cache (app/resources.load_pair, st.cache_resource:
+    the first session finds it there, or waits on the same load)."""
+    from app import resources
+    from app.config import parse_args, script_args
+
+    try:
+        resources.load_pair(parse_args(script_args(sys.argv)).pair)
+    except Exception as err:  # noqa: BLE001 - the first session loads it again and shows the error
+        logging.getLogger(__name__).info("pair preload failed: %s", err)
+
+
+@asynccontextmanager
+async def lifespan(_app: Any) -> AsyncIterator[None]:
+    """At server start, load the models in the background: a shared link opened right after `forkpoint app`
+    starts waits for them less (its first page drew nothing until they were loaded). Startup is not delayed."""
+    threading.Thread(target=_load_pair, name="forkpoint-preload", daemon=True).start()
+    yield
+
+
 # Streamlit finds this by name (`streamlit run app/serve.py`); an ASGI server imports it (`app.serve:streamlit_app`).
-streamlit_app = st.App(MAIN, routes=routes(), middleware=middleware())
+streamlit_app = st.App(MAIN, routes=routes(), middleware=middleware(), lifespan=lifespan)

@@ -121,9 +121,9 @@ def sidebar() -> tuple[Settings, core.ModelPair | None]:
                       help=".jsonl / .json / .csv with question and answer fields.")
         st.selectbox("Score metric", SCORES, key="score", format_func=lambda s: METRICS[s].score_label,
                      help="The per-token disagreement that colours tokens and picks spikes.")
-        c1, c2 = st.columns(2)
-        c1.selectbox("Colour scale", SCALES, key="scale", help="linear; log spreads the low end; rank = percentiles.")
-        c2.selectbox("Colour range", RANGES, key="crange", format_func=RANGE_LABELS.get,
+        # one under the other: side by side, the range's label was cut to "per trace (c…" in the sidebar
+        st.selectbox("Colour scale", SCALES, key="scale", help="linear; log spreads the low end; rank = percentiles.")
+        st.selectbox("Colour range", RANGES, key="crange", format_func=RANGE_LABELS.get,
                      help="Fixed across this pair's traces makes heat comparable between two traces.")
         st.radio("Probabilities", PROB_MODES, key="prob_mode", horizontal=True,
                  format_func={"prob": "p", "logprob": "log p (nats)"}.get)

@@ -24,16 +24,40 @@ from core.trace import Trace
 from core.views.token_payload import stream_html, stream_prefix
 
 VIEW_KEY = "tokview"  # the token view's widget key: its .click carries the event
+# The Trace page's fragments (app/trace_panels.py), each rerun by key only when what it draws changed
+VIEW, PLOT, GRAPH, EXTRAS = "fp-view", "fp-plot", "fp-graph", "fp-extras"
+FRAGMENTS = (VIEW, PLOT, GRAPH, EXTRAS)
 
 CLICK_MODES = {"flip": "flips the takeover", "edit": "types there", "select": "selects it"}
 THEN_LABELS = {"policy": "the trace's policy", "base": "the base model", "reason": "the reasoning model"}
 
 
+def rerun_after(before: tuple[str | None, int | None], after: tuple[str | None, int | None]) -> list[str]:
+    """The Trace page's fragments an event must rerun, from the open (trace, selected token) before and after
+    it: every one when the open trace changed (its plot, graph and extras are another trace's); the text and
+    the extras (notes and lens at the selection) when only the selection moved; else the text alone. The
+    score plot and the branch graph never rerun for a selection."""
+    if before[0] != after[0]:
+        return list(FRAGMENTS)
+    if before[1] != after[1]:
+        return [VIEW, EXTRAS]
+    return [VIEW]
+
+
 def on_click() -> None:
     """A click in the token view: select the token, flip its switch (switchboard mode), force a top-k
-    alternative (a click in the hover card), or move through the switch history (keys b / f)."""
+    alternative (a click in the hover card), or move through the switch history (keys b / f outside the app);
+    then rerun only the fragments whose data changed."""
     ss = st.session_state
-    event = ss[VIEW_KEY].click
+    before = (ss.get("trace_key"), ss.get("sel_pos"))
+    _apply_click(ss[VIEW_KEY].click)
+    # a queued switch (the rerun path, without the live route) changes the open trace in the view's run
+    keys = list(FRAGMENTS) if ss.get("switch_job") else rerun_after(before, (ss.get("trace_key"), ss.get("sel_pos")))
+    st.rerun(keys)
+
+
+def _apply_click(event: Any) -> None:
+    ss = st.session_state
     if not isinstance(event, dict):
         return
     if event.get("nav") in (-1, 1):
@@ -65,6 +89,12 @@ def _navigate(step: int) -> None:
         ss["sel_pos"] = None
         # the token view moves the browser's history one step (the URL follows): browser Back is this button
         ss[state.GO_KEY] = {"step": step, "id": time.time_ns()}
+
+
+def _nav_button(step: int) -> None:
+    """◀ back / forward ▶: the switch state before / after this one, the whole trace view redrawn."""
+    _navigate(step)
+    st.rerun(list(FRAGMENTS))
 
 
 def remember(key: str) -> None:
@@ -112,6 +142,7 @@ def _push(key: str) -> None:
 
 def _queue_switches(wanted: dict) -> None:
     st.session_state["switch_job"] = {"wanted": {int(p): w for p, w in wanted.items()}}
+    st.rerun(list(FRAGMENTS))  # the view's run applies it; the plot, graph and extras then show the child
 
 
 def run_switch_job(ctx: Context, slot) -> None:
@@ -184,9 +215,9 @@ def switch_controls(ctx: Context, trace: Trace) -> None:
     row.selectbox("After a switch, the rest is written by", list(THEN_LABELS), format_func=THEN_LABELS.get,
                   key="sw_then", width=260)
     hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
-    row.button("◀ back", key="sw_back", disabled=i <= 0, on_click=_navigate, args=(-1,),
+    row.button("◀ back", key="sw_back", disabled=i <= 0, on_click=_nav_button, args=(-1,),
                help="The previous switch state (key b, or the browser's Back)")
-    row.button("forward ▶", key="sw_fwd", disabled=i >= len(hist) - 1, on_click=_navigate, args=(1,),
+    row.button("forward ▶", key="sw_fwd", disabled=i >= len(hist) - 1, on_click=_nav_button, args=(1,),
                help="The next switch state (key f, or the browser's Forward)")
     if row.button("Which takeovers matter?", key="sw_matter", disabled=ctx.pair is None or not trace.n_takeovers,
                   help="Switch each takeover off in turn and see whether the answer still holds."):

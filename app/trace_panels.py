@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from app import actions, resources, state
+from app import actions, live, resources, state
 from app.branch_panels import COLS_KEY, compare_panel, compared, graph_panel
 from app.components.token_view import token_view
 from app.context import Context, get_context
@@ -17,6 +17,10 @@ from app.figures import trace_figure
 from app.instruments_panels import trace_instruments
 from app.notes_panel import trace_notes_panel
 from app.switchboard import (
+    EXTRAS,
+    GRAPH,
+    PLOT,
+    VIEW,
     VIEW_KEY,
     live_offer,
     matter_strip,
@@ -78,12 +82,12 @@ def header(trace: Trace, rule_text: str) -> None:
                               + ([f"from {md_code(str(trace.meta.get('parent'))[:8])}"] if trace.meta.get("parent") else [])))
 
 
-def _plot_key(trace: Trace, score: str) -> str:
-    return f"plot-{trace.key}-{score}"
+PLOT_KEY = "score_plot"  # one chart for every open trace: a new trace updates it in place, never remounts it
 
 
-def _on_plot(plot_key: str) -> None:
-    event = st.session_state.get(plot_key)
+def _on_plot() -> None:
+    """A click on a point of the score plot selects that token (the text and the extras rerun, the plot not)."""
+    event = st.session_state.get(PLOT_KEY)
     points = (event or {}).get("selection", {}).get("points", []) if event else []
     for point in points:
         pos = point.get("customdata", point.get("x"))
@@ -91,7 +95,8 @@ def _on_plot(plot_key: str) -> None:
             pos = pos[0] if pos else None
         if pos is not None:
             st.session_state["sel_pos"] = int(pos)
-            return
+            break
+    st.rerun([VIEW, EXTRAS])
 
 
 def colour_range(ctx: Context, trace: Trace, others: tuple[Trace, ...] | list[Trace] = ()
@@ -119,19 +124,73 @@ def colour_range(ctx: Context, trace: Trace, others: tuple[Trace, ...] | list[Tr
     return lo, hi, "this trace's own range", "trace"
 
 
-@st.fragment
-def trace_panel(rule_text: str) -> None:
-    """Header, switchboard, token view, score plot and selection panel: a click (select, flip, force,
-    back / forward) reruns only this fragment, and a switch streams its new tokens in place."""
+def trace_page(rule_text: str) -> None:
+    """The Trace page below its notices: header and controls, the text (left) beside the switches and the
+    selection (right), the score plot under the text, the branch graph and the extras (notes, instruments)
+    below. Four fragments (app/switchboard.py names them), each rerun by key only when what it draws changed:
+    a switch redraws all of them, a selection the text and the extras, never the plot or the graph."""
+    top = st.container()
+    left, right = st.columns([3, 2], gap="medium")
+    view_slot, plot_slot, side = left.container(), left.container(), right.container()
+    with view_slot:
+        view_panel(rule_text, top, side)
+    with plot_slot:
+        plot_panel()
+    graph_fragment()
+    extras_panel()
+
+
+def _open_trace(ctx: Context) -> Trace | None:
+    """The open trace, annotated as the sidebar asks (cached per key; None with the reason shown)."""
+    s = ctx.settings
+    try:
+        return resources.view_trace(s.store_path, st.session_state["trace_key"], s.score, s.rule.key(), s.rule)
+    except ForkpointError as err:
+        st.error(md_escape(err, 400))
+        return None
+
+
+@st.fragment(key=PLOT)
+def plot_panel() -> None:
+    """The open trace's score plot (its data: the trace and the score; a click on a point selects the token)."""
+    ctx = get_context()
+    trace = _open_trace(ctx)
+    if trace is None:
+        return
+    st.plotly_chart(trace_figure(trace, ctx.settings.score), key=PLOT_KEY, on_select=_on_plot,
+                    selection_mode="points", config={"displayModeBar": False})
+
+
+@st.fragment(key=GRAPH)
+def graph_fragment() -> None:
+    """The branch graph of the open trace's tree (its data: the tree and which node is open)."""
+    ctx = get_context()
+    trace = _open_trace(ctx)
+    if trace is not None:
+        graph_panel(ctx, trace)
+
+
+@st.fragment(key=EXTRAS)
+def extras_panel() -> None:
+    """Notes and bookmarks, and the instruments (their data: the open trace and the selected token)."""
+    ctx = get_context()
+    trace = _open_trace(ctx)
+    if trace is None:
+        return
+    sel = st.session_state.get("sel_pos")
+    trace_notes_panel(ctx.store, trace, sel if sel is not None and 0 <= sel < len(trace) else None)
+    trace_instruments(ctx, trace)  # takeover effects, success curve, lens (app/instruments_panels.py)
+
+
+@st.fragment(key=VIEW)
+def view_panel(rule_text: str, top, side) -> None:
+    """Header and switchboard (into `top`), token view and comparison (here), switch list and selection panel
+    (into `side`): a click (select, flip, force, back / forward) reruns this fragment, and a switch streams its
+    new tokens in place."""
     ss = st.session_state
     ctx = get_context()
     s = ctx.settings
-    head = st.container()
-    controls = st.container()
-    legend_slot = st.container()
-    left, right = st.columns([3, 2], gap="medium")
-    with left:
-        view_slot = st.empty()
+    view_slot = st.empty()
     run_switch_job(ctx, view_slot)
     key = ss["trace_key"]
     remember(key)
@@ -149,18 +208,6 @@ def trace_panel(rule_text: str) -> None:
     except ForkpointError as err:
         st.error(md_escape(err, 400))
         return
-    with head:
-        header(trace, rule_text)
-        if first_token_artifact(trace, s.score):
-            st.warning("The largest spike is at token #0: the reasoner's chat template usually expects a thinking "
-                       "tag there, so position 0 measures the template, not the reasoning. Read it with care.")
-    with controls:
-        switch_controls(ctx, trace)
-    legend = legend_html(trace.annotations.get("tags"), score=s.score, vmin=lo, vmax=hi, scale=s.scale,
-                         spike_rule=s.rule.describe(), range_note=note, effects=bool(data["hover"]["effects"]))
-    with legend_slot:
-        st.html(f"<style>{heatmap_css()}</style>{legend}")
-        matter_strip(trace)
     mode = ss.get("click_mode", "flip") if ctx.pair is not None else "select"
     data["mode"] = mode
     data["help"] = {"flip": "Click a token (or ← → and Enter) to flip its takeover: the response re-flows · dotted: "
@@ -178,22 +225,30 @@ def trace_panel(rule_text: str) -> None:
     live_ok = mode in ("flip", "edit") and (start, end) == (0, len(trace))
     if live_ok:
         resources.warm_up()  # what the first switch's grading loads, loaded while the user reads
+        live.warm(ctx.pair, trace)  # and the trace's model states, so its first switch resumes as later ones
     data["live"] = live_offer(ctx, trace, partial(live_render, ctx)) if live_ok else None
     with view_slot.container():
         token_view(data, selected=sel, key=VIEW_KEY, on_click=on_click, prob_mode=s.prob_mode)
-    with left:
-        compare_panel(ctx, trace, lo, hi, reference)  # right under the text, where the eye is
-        plot_key = _plot_key(trace, s.score)
-        st.plotly_chart(trace_figure(trace, s.score), key=plot_key, on_select=lambda: _on_plot(plot_key),
-                        selection_mode="points", config={"displayModeBar": False})
-    with right:
+    # the header above is sent after the text: a fresh browser fetches the token view's code first (the
+    # metrics' and widgets' code is many more files), so the text is drawn first
+    with top:
+        header(trace, rule_text)
+        if first_token_artifact(trace, s.score):
+            st.warning("The largest spike is at token #0: the reasoner's chat template usually expects a thinking "
+                       "tag there, so position 0 measures the template, not the reasoning. Read it with care.")
+        switch_controls(ctx, trace)
+        legend = legend_html(trace.annotations.get("tags"), score=s.score, vmin=lo, vmax=hi, scale=s.scale,
+                             spike_rule=s.rule.describe(), range_note=note, effects=bool(data["hover"]["effects"]))
+        st.html(f"<style>{heatmap_css()}</style>{legend}")
+        matter_strip(trace)
+    compare_panel(ctx, trace, lo, hi, reference)  # right under the text, where the eye is
+    with side:
         switch_list(trace)
         selection_panel(ctx, trace, sel)
-    graph_panel(ctx, trace)
-    trace_notes_panel(ctx.store, trace, sel)  # notes and bookmarks (app/notes_panel.py)
-    trace_instruments(ctx, trace)  # takeover effects, success curve, lens (app/instruments_panels.py)
     state.write_query_params()
     ss[state.GO_KEY] = None  # made once, by the token view just drawn
+
+
 
 
 def live_render(ctx: Context, child: Trace) -> dict[str, Any]:
@@ -266,7 +321,7 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
     mode = ctx.settings.prob_mode
     m = trace.metrics
     st.markdown(f"**Token #{sel}** · emitted by **{trace.source[sel]}**")
-    st.code(repr(trace.tokens[sel]), language=None)
+    st.markdown(md_code(repr(trace.tokens[sel]), 200))  # not st.code: its highlighter took a third of a redraw
     first = grapheme_start(trace.tokens, sel)
     if first != sel:
         st.warning(f"Token #{sel} is a byte piece of a character that starts at token #{first}: a takeover here keeps "

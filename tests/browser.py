@@ -24,10 +24,14 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 START_TIMEOUT_S = 120
 # JS: `deep(selector)`, the first match in the page or inside a Streamlit component's shadow root (the token
 # view is an isolated v2 component), for timing and watching scripts run with page.evaluate
+# (the shadow root found is remembered: a scan of every component's subtree on each animation frame took a
+# quarter of the page's main thread during a switch, which the timings then counted)
 DEEP_JS = """const deep = (sel) => {
+    const known = window.__fpDeepRoot;
+    if (known && known.host && known.host.isConnected) return known.querySelector(sel) || document.querySelector(sel);
     for (const host of document.querySelectorAll("[data-testid^='stBidiComponent'], [data-testid^='stBidiComponent'] *")) {
       const hit = host.shadowRoot && host.shadowRoot.querySelector(sel);
-      if (hit) return hit;
+      if (hit) { window.__fpDeepRoot = host.shadowRoot; return hit; }
     }
     return document.querySelector(sel);
   };"""
@@ -112,3 +116,42 @@ def chromium_page(profile: Path, viewport: dict[str, int], timeout_ms: int = STE
             yield page
         finally:
             context.close()
+
+
+# JS: what is wrong with the layout of the main area: a control or label outside the window, a label cut
+# (its text wider than its box), or two controls' boxes overlapping (one cut by another). [] when nothing.
+LAYOUT_JS = """() => {
+    const main = document.querySelector('[data-testid="stMain"]');
+    const W = window.innerWidth, out = [];
+    const sel = 'button, input, [data-baseweb="select"], [data-testid="stMetric"], [data-testid="stWidgetLabel"],'
+              + ' [data-testid="stMetricLabel"], [data-testid="stMetricValue"], [role="radiogroup"]';
+    const shown = (e) => e.getClientRects().length && !e.closest('details:not([open])')
+      && e.checkVisibility({ checkOpacity: true, checkVisibilityCSS: true });
+    const els = [...main.querySelectorAll(sel)].filter(shown);
+    for (const e of els) {
+      const r = e.getBoundingClientRect();
+      const name = (e.innerText || e.getAttribute('aria-label') || e.tagName).trim().slice(0, 40);
+      if (r.left < -0.5 || r.right > W + 0.5) out.push(`outside the window: ${name}`);
+      for (const t of [e, ...e.querySelectorAll('p, span, div')]) {
+        if (t.scrollWidth > t.clientWidth + 1 && getComputedStyle(t).overflowX !== 'visible') {
+          out.push(`cut: ${name}`); break;
+        }
+      }
+    }
+    const boxes = [...main.querySelectorAll('[data-testid="stElementContainer"]')].filter((e) => shown(e)
+      && e.querySelector(sel));
+    for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+      const a = boxes[i], b = boxes[j];
+      if (a.contains(b) || b.contains(a)) continue;
+      const p = a.getBoundingClientRect(), q = b.getBoundingClientRect();
+      const w = Math.min(p.right, q.right) - Math.max(p.left, q.left), h = Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top);
+      const what = (e) => `${(e.innerText || '').trim().slice(0, 30)}[${e.firstElementChild ? e.firstElementChild.dataset.testid : ''}]`;
+      if (w > 1 && h > 1) out.push(`overlap: ${what(a)} / ${what(b)}`);
+    }
+    return [...new Set(out)];
+  }"""
+
+
+def layout_problems(page) -> list[str]:
+    """The layout faults of the page as it is drawn now (LAYOUT_JS); [] when no control or label is cut."""
+    return page.evaluate(LAYOUT_JS)

@@ -847,3 +847,16 @@ def test_a_flip_that_changes_no_token_makes_no_trace(env, tmp_path, monkeypatch)
     at.run()
     _ok(at)
     assert at.session_state["trace_key"] != root and len(TraceStore(tmp_path / "demo_store").keys()) == n + 1
+
+
+def test_a_click_reruns_only_the_fragments_whose_data_changed():
+    """Issue 31 (c): the Trace page's plot and graph rerun only when the open trace changes; a selection reruns
+    the text and the extras (notes, lens at the token); anything else the text alone."""
+    from app.switchboard import EXTRAS, FRAGMENTS, GRAPH, PLOT, VIEW, rerun_after
+
+    assert rerun_after(("a", 3), ("b", None)) == list(FRAGMENTS)
+    assert rerun_after(("a", 3), ("a", 5)) == [VIEW, EXTRAS]
+    assert rerun_after(("a", None), ("a", 0)) == [VIEW, EXTRAS]
+    assert rerun_after(("a", 3), ("a", 3)) == [VIEW]
+    for before, after in [(("a", 1), ("a", 2)), (("a", 1), ("a", 1))]:
+        assert PLOT not in rerun_after(before, after) and GRAPH not in rerun_after(before, after)

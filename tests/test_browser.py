@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import ROOT, chromium_page, pair_args, require_chromium, run_app
+from tests.browser import ROOT, chromium_page, layout_problems, pair_args, require_chromium, run_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -188,6 +188,84 @@ def test_every_page_opens_from_its_url_in_a_fresh_browser(app_url, page):
     finally:
         fresh.close()
 
+
+
+def _stored_trace(store_dir):
+    from core.io.store import TraceStore
+
+    rows = TraceStore(store_dir).summaries()
+    if rows.empty:
+        pytest.skip("needs the trace made by the first test")
+    roots = rows[rows["parent"].fillna("") == ""]  # the first test's own trace, not its branch
+    return TraceStore(store_dir).get(str((roots if not roots.empty else rows).iloc[0]["key"]))
+
+
+def test_up_down_move_the_cursor_a_line_and_space_flips(app_url, page):
+    """Issue 31's keyboard: ↑ ↓ move the token cursor to the nearest token one line up / down; Space flips at
+    the cursor (a new trace, or the "nothing changes" line where the reasoner writes the same token)."""
+    url, store_dir = app_url
+    from core.io.store import TraceStore
+    from core.views.presentation import flip_changes
+
+    trace = _stored_trace(store_dir)
+    page.set_viewport_size({"width": 900, "height": 1400})  # a narrow column: the text takes several lines
+    try:
+        page.goto(f"{url}?trace={trace.key}&click=flip")
+        page.locator(f'.fp-scroll[data-key="{trace.key}"] [data-pos]').first.wait_for()
+        page.wait_for_timeout(1500)
+        tops = page.locator(".fp-scroll [data-pos]").evaluate_all("els => els.map(e => e.getBoundingClientRect().top)")
+        if len({round(t) for t in tops}) < 2:
+            pytest.skip("the text fits on one line")
+        body = page.locator("body")
+        body.press("ArrowRight")  # the cursor appears on the first token
+        cursor = page.locator(".fp-scroll .tok.cur")
+        cursor.wait_for()
+        box = lambda: cursor.evaluate("e => [e.getBoundingClientRect().top, e.getBoundingClientRect().bottom, Number(e.dataset.pos)]")  # noqa: E731
+        top0, bottom0, pos0 = box()
+        body.press("ArrowDown")
+        top1, _, pos1 = box()
+        assert top1 >= bottom0 - 2 and pos1 > pos0, (top0, top1, pos0, pos1)  # one line down, later in the text
+        body.press("ArrowUp")
+        top2, _, pos2 = box()
+        assert abs(top2 - top0) < 2 and pos2 <= pos1, (top0, top2)  # back on the first line
+        assert _key(page) == trace.key  # moving only moves
+        points = flip_changes(trace)
+        target = points[0] if points else 1
+        while box()[2] != target:  # walk the cursor to a token where a flip changes the text
+            body.press("ArrowRight" if box()[2] < target else "ArrowLeft")
+        scrolled = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollTop")
+        body.press(" ")
+        if points:
+            page.wait_for_function("(k) => !window.location.search.includes('trace=' + k)", arg=trace.key)
+            child = TraceStore(store_dir).get(_key(page))
+            assert child.meta["parent"] == trace.key and str(target) in child.meta["switches"]
+        else:
+            page.locator(".fp-note").wait_for(state="visible")
+        assert page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]').scrollTop") <= scrolled + 40
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 1600})
+
+
+def test_at_1440px_no_control_is_cut(app_url, page):
+    """The Trace page at 1440 px with the sidebar open: no control or label is cut by the window or another element
+    (the check of tests/test_switchboard.py at 800 px, tests/browser.layout_problems)."""
+    url, store_dir = app_url
+    trace = _stored_trace(store_dir)
+    page.set_viewport_size({"width": 1440, "height": 1600})
+    page.goto(f"{url}?trace={trace.key}")
+    page.locator(f'.fp-scroll[data-key="{trace.key}"] [data-pos]').first.wait_for()
+    page.wait_for_timeout(2000)
+    if page.locator('[data-testid="stSidebar"]').get_attribute("data-collapsed") == "true":
+        page.locator('[data-testid="stExpandSidebarButton"]').first.click()  # closed by a narrow window before
+        page.wait_for_timeout(1000)
+    assert page.locator('[data-testid="stSidebar"]').get_attribute("data-collapsed") != "true"
+    problems = layout_problems(page)
+    page.screenshot(path=str(OUT / "wide_1440.png"))
+    assert problems == [], problems
+
+
+def _key(page) -> str:
+    return re.search(r"trace=([0-9a-f]+)", page.url).group(1)
 
 
 def test_arabic_stays_joined_across_token_spans(page, tmp_path):

@@ -35,6 +35,11 @@ def test_measure_effects_then_lens_then_dataset(tiny_dirs, tmp_path, monkeypatch
     _ok(at)
     assert views and "--fx:" not in views[-1]["html"] and not views[-1]["hover"]["effects"]  # nothing measured yet
     key = at.session_state["trace_key"]
+    # the instruments are lazy: closed, their expander runs nothing (no lens forward pass on every run)
+    assert not any("logit lens" in str(c.value) for c in at.caption) and len(at.get("plotly_chart")) == 1
+    at.session_state["instruments_open"] = True
+    at.run()
+    _ok(at)
     at.number_input(key="fx_samples").set_value(2)
     at.radio(key="fx_where").set_value("selected token")
     at.session_state["sel_pos"] = 3
@@ -44,7 +49,6 @@ def test_measure_effects_then_lens_then_dataset(tiny_dirs, tmp_path, monkeypatch
     kids = [store.get(k) for k in store.children(key)]
     assert len(kids) == 4 and {k.meta["branch"]["who"] for k in kids} == {"reason", "base"}
     assert all(k.meta["branch_pos"] == 3 for k in kids)
-    assert len(at.get("plotly_chart")) >= 2  # the trace's own plot, the lens
     # the measured token carries the marker in the token view (the run after the click redraws it)
     effect = float(stored_effects(store, store.get(key)).set_index("pos").loc[3, "effect"])
     view = views[-1]
@@ -55,8 +59,13 @@ def test_measure_effects_then_lens_then_dataset(tiny_dirs, tmp_path, monkeypatch
     assert view["hover"]["effects"]["3"]["n"] == 2
     assert any("Newcombe" in str(c.value) for c in at.caption)
     assert any(c.label == "Open a continuation" for c in at.selectbox)
-    # the lens of the selected token: layers x {base, reasoner}
+    # the lens of the selected token (its tab opened): layers x {base, reasoner}
+    assert not any("logit lens" in str(c.value) for c in at.caption)  # a closed tab runs nothing either
+    at.session_state["instruments_tab"] = "Lens"
+    at.run()
+    _ok(at)
     assert any("logit lens" in str(c.value) for c in at.caption)
+    assert len(at.get("plotly_chart")) >= 2  # the trace's own plot, the lens
     # the Dataset page: token statistics, the measured effect, the histogram
     at.switch_page("screens/dataset.py").run()
     _ok(at)

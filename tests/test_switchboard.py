@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from tests.browser import DEEP_JS, ROOT, chromium_page, pair_args, require_chromium, run_app
+from tests.browser import DEEP_JS, ROOT, chromium_page, layout_problems, pair_args, require_chromium, run_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -337,39 +337,60 @@ def test_at_800px_no_control_is_cut(app):
         page.locator(".fp-scroll [data-pos]").first.wait_for()
         page.wait_for_timeout(2000)
         assert page.locator('[data-testid="stSidebar"]').get_attribute("data-collapsed") == "true"
-        problems = page.evaluate("""() => {
-          const main = document.querySelector('[data-testid="stMain"]');
-          const W = window.innerWidth, out = [];
-          const sel = 'button, input, [data-baseweb="select"], [data-testid="stMetric"], [data-testid="stWidgetLabel"],'
-                    + ' [data-testid="stMetricLabel"], [data-testid="stMetricValue"], [role="radiogroup"]';
-          const shown = (e) => e.getClientRects().length && !e.closest('details:not([open])')
-            && e.checkVisibility({ checkOpacity: true, checkVisibilityCSS: true });
-          const els = [...main.querySelectorAll(sel)].filter(shown);
-          for (const e of els) {
-            const r = e.getBoundingClientRect();
-            const name = (e.innerText || e.getAttribute('aria-label') || e.tagName).trim().slice(0, 40);
-            if (r.left < -0.5 || r.right > W + 0.5) out.push(`outside the window: ${name}`);
-            for (const t of [e, ...e.querySelectorAll('p, span, div')]) {
-              if (t.scrollWidth > t.clientWidth + 1 && getComputedStyle(t).overflowX !== 'visible') {
-                out.push(`cut: ${name}`); break;
-              }
-            }
-          }
-          const boxes = [...main.querySelectorAll('[data-testid="stElementContainer"]')].filter((e) => shown(e)
-            && e.querySelector(sel));
-          for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
-            const a = boxes[i], b = boxes[j];
-            if (a.contains(b) || b.contains(a)) continue;
-            const p = a.getBoundingClientRect(), q = b.getBoundingClientRect();
-            const w = Math.min(p.right, q.right) - Math.max(p.left, q.left), h = Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top);
-            const what = (e) => `${(e.innerText || '').trim().slice(0, 30)}[${e.firstElementChild ? e.firstElementChild.dataset.testid : ''}]`;
-            if (w > 1 && h > 1) out.push(`overlap: ${what(a)} / ${what(b)}`);
-          }
-          return [...new Set(out)];
-        }""")
+        problems = layout_problems(page)
         page.set_viewport_size({"width": 800, "height": 2400})
         page.wait_for_timeout(500)
         page.screenshot(path=str(OUT / "narrow_800.png"))
         assert problems == [], problems
     finally:
         page.set_viewport_size({"width": 1440, "height": 1400})
+
+
+STALE_JS = """() => {
+  // which parts of the Trace page went stale (their fragment reran) from now on: the score plot, the branch
+  // graph, the selection panel's column
+  window.__fpStale = { plot: 0, graph: 0, view: 0 };
+  new MutationObserver((ms) => {
+    for (const m of ms) {
+      if (m.type !== "attributes" || m.target.getAttribute("data-stale") !== "true") continue;
+      if (m.target.closest(".st-key-score_plot")) window.__fpStale.plot += 1;
+      if (m.target.closest("[class*='st-key-tree_graph_']")) window.__fpStale.graph += 1;
+      if (m.target.closest(".st-key-sw_back")) window.__fpStale.view += 1;
+    }
+  }).observe(document.body, { attributes: true, attributeFilter: ["data-stale"], subtree: true });
+}"""
+
+
+def test_a_selection_reruns_neither_the_plot_nor_the_graph_and_a_switch_both(app):
+    """Issue 31 (c): the page redraws only what changed. The score plot and the branch graph are fragments of
+    their own: a selection reruns the text and the selection panel, never them; a switch reruns them."""
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+    from core.views.presentation import flip_changes
+
+    _open(page, url)
+    root = _key(page)
+    points = flip_changes(TraceStore(store_dir).get(root))
+    child = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{points[0]}"]'))  # a tree: the graph is drawn
+    page.locator("[class*='st-key-tree_graph_'] .js-plotly-plot").first.wait_for()
+    page.get_by_text("selects it", exact=True).first.click()
+    page.wait_for_timeout(1500)
+    page.evaluate(STALE_JS)
+    for pos in (2, 5):  # two selections: the URL and the selection panel follow each
+        page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
+        page.wait_for_function("(p) => window.location.search.includes('pos=' + p)", arg=pos)
+        page.get_by_text(re.compile(rf"^Token #{pos}$")).first.wait_for()
+    page.wait_for_timeout(800)
+    stale = page.evaluate("() => window.__fpStale")
+    assert stale["view"] > 0, "the selection never reran the text's fragment (the observer saw nothing)"
+    assert stale["plot"] == 0 and stale["graph"] == 0, stale
+    assert _key(page) == child
+    page.mouse.move(0, 0)
+    page.locator('.fp-scroll [data-pos="3"]').hover()  # a switch: a hover-card alternative forced
+    row = page.locator(".fp-card .fp-top-base tr.alt").first
+    row.wait_for()
+    row.hover()
+    _click_and_wait(page, row)
+    page.wait_for_timeout(1500)
+    stale = page.evaluate("() => window.__fpStale")
+    assert stale["plot"] > 0 and stale["graph"] > 0, stale

@@ -126,6 +126,23 @@ def test_a_switch_reads_none_of_the_prefix_again(pair, monkeypatch) -> None:
     assert all(n == 1 for _, n in log.calls), log.calls  # no prefill: one token per model per step
 
 
+def test_warmed_caches_make_a_stored_traces_first_switch_read_no_prefix(pair, guided, monkeypatch) -> None:
+    """A trace opened from the store has no held caches: its first switch prefilled the prompt and prefix. After
+    core.decoding.caches.warm_caches (what the app runs when a trace opens) it resumes as later switches do, and
+    gives the same child."""
+    from core.decoding.caches import warm_caches
+
+    CACHES.clear()
+    cold = core.takeover(pair, guided, {6: _other(guided, 6)})
+    CACHES.clear()
+    assert warm_caches(pair, guided) and not warm_caches(pair, guided)  # once: the second finds them held
+    log = FeedLog(pair, monkeypatch)
+    warmed = core.takeover(pair, guided, {6: _other(guided, 6)}, lookahead=1)
+    assert all(n == 1 for _, n in log.calls), log.calls  # no prefill: one token per model per step
+    assert _tokens(warmed) == _tokens(cold) and warmed.key == cold.key
+    np.testing.assert_allclose(warmed.metrics["kl_base_reason"], cold.metrics["kl_base_reason"], rtol=1e-4, atol=1e-5)
+
+
 def test_streamed_tokens_are_the_childs_tokens(pair, guided) -> None:
     seen: list[tuple[int, int, str]] = []
     child = core.takeover(pair, guided, {5: "reason"}, on_token=lambda *a: seen.append(a))

@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import actions, resources, state
 from app.context import Context, get_context
-from app.trace_panels import run_pending, trace_panel
+from app.trace_panels import run_pending, trace_page
 from app.view import md_escape
 from core.errors import ForkpointError
 
@@ -105,7 +105,7 @@ def main() -> None:
         return
     if st.session_state.get("problem_id") is None:
         st.session_state["problem_id"] = (trace.meta.get("problem") or {}).get("id")
-    trace_panel(s.rule.describe())
+    trace_page(s.rule.describe())
 
 
 main()

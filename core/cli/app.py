@@ -77,7 +77,8 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
     # checks the WebSocket only)
     cmd = [sys.executable, "-m", "streamlit", "run", str(root / "app" / "serve.py"), "--server.address", address,
            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-           "--server.enableXsrfProtection", "true", *_allowed_hosts(address), "--", *app_args]
+           "--server.enableXsrfProtection", "true", "--runner.postScriptGC", "false",  # as .streamlit/config.toml
+           *_allowed_hosts(address), "--", *app_args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     child = subprocess.Popen(cmd, env=env)
 

@@ -16,6 +16,7 @@ import torch
 
 from core import settings
 from core.decoding.kvcache import compact
+from core.decoding.state import ModelState
 from core.pair.loading import SIDES
 from core.trace import Trace
 
@@ -130,3 +131,19 @@ def hold(trace: Trace, states: dict[str, Any], lru: CacheLRU = CACHES) -> None:
     hidden = {s: states[s].recorded() for s in SIDES}
     lru.put(trace.key, HeldCaches({s: states[s].cache for s in SIDES}, prompt_len, fed,
                                   hidden if all(h is not None for h in hidden.values()) else None))
+
+
+def warm_caches(pair: Any, trace: Trace, lru: CacheLRU = CACHES) -> bool:
+    """Hold `trace`'s model states (one prefill of its prompt and response per model, hidden states kept), so
+    that its first branch resumes from them as later ones do; False when they are held already or the trace is
+    empty. Nothing else changes: this is what a branch's own prefill would compute."""
+    if trace.key is None or len(trace) == 0 or lru.get(trace.key) is not None:
+        return False
+    ids = [int(x) for x in trace.token_ids]
+    states = {}
+    for side in SIDES:
+        state = ModelState(pair, side, [list(trace.prompt_ids[side]) + ids], record=len(ids) + 1)
+        state.fed = len(ids)
+        states[side] = state
+    hold(trace, states, lru)
+    return True
