@@ -184,43 +184,55 @@ def _measured(path: str, keys: tuple[str, ...], score: str, stamp: int) -> pd.Da
 
 
 def dataset_instruments(ctx: Context, keys: tuple[str, ...]) -> None:
-    """The Dataset page's instruments: token statistics, effect vs disagreement, a per-trace histogram."""
+    """The Dataset page's instruments: token statistics, effect vs disagreement, a per-trace histogram (lazy
+    tabs: only the open one runs)."""
     st.subheader("Tokens, effects and triage")
-    tabs = st.tabs(["Token statistics", "Effect vs disagreement", "Per-trace histogram"])
+    tabs = st.tabs(["Token statistics", "Effect vs disagreement", "Per-trace histogram"], key=state.INSTRUMENTS_TAB_KEY,
+                   on_change="rerun")
+    for tab, draw in zip(tabs, (_token_statistics, _effect_vs_score, _histogram)):
+        if tab.open:
+            with tab:
+                draw(ctx, keys)
+
+
+def _token_statistics(ctx: Context, keys: tuple[str, ...]) -> None:
+    """Per token string (or planning category): how often and how strongly the models disagree; a row opens
+    its occurrences."""
     path, score = ctx.settings.store_path, ctx.settings.score
-    with tabs[0]:
-        by = st.radio("Group by", ["token", "tag"], horizontal=True, key="ts_by",
-                      format_func=lambda b: "token string" if b == "token" else "planning category")
-        table = _token_table(path, keys, score, by)
-        event = st.dataframe(table, hide_index=True, width="stretch", key="ts_table", on_select="rerun",
-                             selection_mode="single-row")
-        rows = event.selection.rows if event is not None else []
-        if rows:
-            value = table.iloc[rows[0]][by]
-            occ = occurrences([resources.load_trace(path, k) for k in keys], value, by=by, score=score)
-            st.caption(f"{len(occ)} occurrences of {md_escape(repr(value))}")
-            pick = st.selectbox("Open an occurrence", list(occ.itertuples(index=False)), key="ts_open",
-                                format_func=lambda r: f"{str(r.trace)[:8]} #{r.pos} (score {r.score:.3g})")
-            if pick is not None and st.button("Open at that token", key="ts_go"):
-                state.open_trace(str(pick.trace), None, int(pick.pos))
-                st.switch_page(TRACE_PAGE, query_params=state.trace_link_params())
-    with tabs[1]:
-        measured = _measured(path, keys, score, len(ctx.store.summaries()))
-        if measured.empty:
-            st.caption("No effects measured on these traces (Trace page → Instruments, or `forkpoint effects`).")
-        else:
-            fig = go.Figure(go.Scatter(x=measured["score"], y=measured["effect"], mode="markers",
-                                       error_y={"type": "data", "symmetric": False,
-                                                "array": measured["ci_high"] - measured["effect"],
-                                                "arrayminus": measured["effect"] - measured["ci_low"]},
-                                       hovertext=[f"{str(r.trace)[:8]} #{r.pos} {r.token!r}" for r in measured.itertuples()]))
-            fig.update_layout(height=320, xaxis_title=score_label(score), yaxis_title="effect (with − without)",
-                              margin={"l": 10, "r": 10, "t": 10, "b": 10})
-            st.plotly_chart(fig, key="fx_vs_score", width="stretch")
-            st.caption(f"Spearman ρ = {spearman(measured['score'], measured['effect']):.2f} over {len(measured)} "
-                       "measured positions: does disagreement predict importance?")
-    with tabs[2]:
-        _histogram(ctx, keys)
+    by = st.radio("Group by", ["token", "tag"], horizontal=True, key="ts_by",
+                  format_func=lambda b: "token string" if b == "token" else "planning category")
+    table = _token_table(path, keys, score, by)
+    event = st.dataframe(table, hide_index=True, width="stretch", key="ts_table", on_select="rerun",
+                         selection_mode="single-row")
+    rows = event.selection.rows if event is not None else []
+    if rows:
+        value = table.iloc[rows[0]][by]
+        occ = occurrences([resources.load_trace(path, k) for k in keys], value, by=by, score=score)
+        st.caption(f"{len(occ)} occurrences of {md_escape(repr(value))}")
+        pick = st.selectbox("Open an occurrence", list(occ.itertuples(index=False)), key="ts_open",
+                            format_func=lambda r: f"{str(r.trace)[:8]} #{r.pos} (score {r.score:.3g})")
+        if pick is not None and st.button("Open at that token", key="ts_go"):
+            state.open_trace(str(pick.trace), None, int(pick.pos))
+            st.switch_page(TRACE_PAGE, query_params=state.trace_link_params())
+
+
+def _effect_vs_score(ctx: Context, keys: tuple[str, ...]) -> None:
+    """The measured takeover effects against the disagreement score at their positions."""
+    path, score = ctx.settings.store_path, ctx.settings.score
+    measured = _measured(path, keys, score, len(ctx.store.summaries()))
+    if measured.empty:
+        st.caption("No effects measured on these traces (Trace page → Instruments, or `forkpoint effects`).")
+        return
+    fig = go.Figure(go.Scatter(x=measured["score"], y=measured["effect"], mode="markers",
+                               error_y={"type": "data", "symmetric": False,
+                                        "array": measured["ci_high"] - measured["effect"],
+                                        "arrayminus": measured["effect"] - measured["ci_low"]},
+                               hovertext=[f"{str(r.trace)[:8]} #{r.pos} {r.token!r}" for r in measured.itertuples()]))
+    fig.update_layout(height=320, xaxis_title=score_label(score), yaxis_title="effect (with − without)",
+                      margin={"l": 10, "r": 10, "t": 10, "b": 10})
+    st.plotly_chart(fig, key="fx_vs_score", width="stretch")
+    st.caption(f"Spearman ρ = {spearman(measured['score'], measured['effect']):.2f} over {len(measured)} "
+               "measured positions: does disagreement predict importance?")
 
 
 def bars_label(name: str, edges: Sequence[float], bins: Sequence[int]) -> str:

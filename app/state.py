@@ -179,6 +179,8 @@ def wanted_query_params() -> dict[str, str | None]:
 
 
 URL_KEY = "_url_written"  # the query parameters this session last wrote (or adopted)
+DATASET_TAB_KEY = "ds_tab"  # the Dataset page's open analysis tab (its label; lazy tabs: only it runs)
+INSTRUMENTS_TAB_KEY = "ds_instruments_tab"  # the Dataset page's open instruments tab (its label)
 GO_KEY = "sw_go"  # a pending move through the browser's history ({"step": -1 | 1, "id": n}, the token view makes it)
 
 

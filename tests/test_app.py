@@ -14,6 +14,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.downloads import export_file_bytes
+from app.state import DATASET_TAB_KEY
 from core.io.store import TraceStore
 from core.views.exports import annotated, read_jsonl
 from tests.apptest import start_app, tiny_argv, write_problems
@@ -263,11 +264,29 @@ def test_export_page_offers_the_open_trace(env, tmp_path):
     assert read_jsonl(path) == [annotated(trace)]  # lossless, plus the spikes and tags the user sees
 
 
-def test_dataset_page_draws_the_analyses(env):
+def test_dataset_page_draws_each_analysis_in_its_own_lazy_tab(env):
+    """Every registered analysis with a figure draws it in its tab, and only the open tab runs (the page opens
+    on the first: one analysis read, not all of them)."""
+    from core.analysis.registry import list_analyses
+
     at = env.open()
     at.switch_page("screens/dataset.py").run()
     assert not at.exception and not at.error
-    assert len(at.get("plotly_chart")) >= 4
+    specs = list_analyses()
+
+    def drawn() -> set[str]:
+        return {c.proto.id.rsplit("-ds_fig_", 1)[1] for c in at.get("plotly_chart") if "-ds_fig_" in c.proto.id}
+
+    assert drawn() <= {specs[0].name}
+    charts = 0
+    for spec in [s for s in specs if s.figure]:
+        at.session_state[DATASET_TAB_KEY] = spec.label
+        at.run()
+        assert not at.exception and not at.error, spec.name
+        # its own figure and no other tab's, or a message saying why it has none (e.g. recovery needs policies)
+        assert drawn() == {spec.name} or (not drawn() and at.warning), (spec.name, drawn())
+        charts += bool(drawn())
+    assert charts >= 4
 
 
 def test_gate_spike_rule_calibrates_on_base_rollouts(env):
@@ -766,7 +785,9 @@ def test_dataset_page_shows_the_gate_shoot_out(env, tmp_path):
                                   ("top_prob", 0.05, 0.9, 5, 0.05), ("guided", 0.05, 1.0, 6, 1.0))]
     write_gates(tmp_path / "gates", pd.DataFrame(rows))
     at = env.open()  # the Dataset page reads the store's traces; the first view stores none unasked
-    at.switch_page("screens/dataset.py").run()
+    at.switch_page("screens/dataset.py")
+    at.session_state[DATASET_TAB_KEY] = "Gates"  # a lazy tab: only the open one runs
+    at.run()
     at.text_input(key="ds_gates_path").set_value(str(tmp_path / "gates")).run()
     _ok(at)
     shown = [df.value for df in at.dataframe if "label" in df.value.columns]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from app.state import INSTRUMENTS_TAB_KEY
 from core.instruments.effects import stored_effects
 from core.io.store import TraceStore
 from core.views.colours import effect_colour
@@ -69,7 +70,15 @@ def test_measure_effects_then_lens_then_dataset(tiny_dirs, tmp_path, monkeypatch
     # the Dataset page: token statistics, the measured effect, the histogram
     at.switch_page("screens/dataset.py").run()
     _ok(at)
+    assert at.dataframe(key="ts_table").value is not None  # the first instruments tab: token statistics
+    assert not any("measured positions" in str(c.value) for c in at.caption)  # lazy: a closed tab runs nothing
+    at.session_state[INSTRUMENTS_TAB_KEY] = "Effect vs disagreement"
+    at.run()
+    _ok(at)
     assert any("over 1 measured positions" in str(c.value) for c in at.caption)
+    at.session_state[INSTRUMENTS_TAB_KEY] = "Per-trace histogram"
+    at.run()
+    _ok(at)
     assert any("Click a bar to filter the Problems table" in str(c.value) for c in at.caption)
 
 
@@ -106,7 +115,9 @@ def test_a_histogram_bar_filters_the_problems_table_to_its_traces(tiny_dirs, tmp
             return SimpleNamespace(selection=SimpleNamespace(points=[{"point_index": bar, "x": 0.0, "y": 1}]))
         return out
 
-    at.switch_page("screens/dataset.py").run()
+    at.switch_page("screens/dataset.py")
+    at.session_state[INSTRUMENTS_TAB_KEY] = "Per-trace histogram"  # a lazy tab: only the open one runs
+    at.run()
     _ok(at)
     at.selectbox(key="hist_stat").set_value("max_score")
     monkeypatch.setattr(streamlit, "plotly_chart", clicked)

@@ -137,15 +137,20 @@ def main() -> None:
               "the sidebar's calibrated gate does not apply to these pooled analyses; its p% does")
     c2.caption(f"{len(keys)} traces · score {score_label(s.score)} · top fraction {top:g} ({source})")
     specs = list_analyses()
-    tabs = st.tabs([spec.label for spec in specs] + ["Reasoners", "Gates"])
+    # lazy tabs: only the open one runs (each analysis reads every selected trace; Reasoners tags them all)
+    tabs = st.tabs([spec.label for spec in specs] + ["Reasoners", "Gates"], key=state.DATASET_TAB_KEY,
+                   on_change="rerun")
     path = s.store_path
     for tab, spec in zip(tabs, specs):
-        with tab:
-            _show(spec, path, keys, s.score, top, segment)
-    with tabs[-2]:
-        reasoners_tab(*_reasoners(path, keys, s.score, top))
-    with tabs[-1]:
-        _gates_tab()
+        if tab.open:
+            with tab:
+                _show(spec, path, keys, s.score, top, segment)
+    if tabs[-2].open:
+        with tabs[-2]:
+            reasoners_tab(*_reasoners(path, keys, s.score, top))
+    if tabs[-1].open:
+        with tabs[-1]:
+            _gates_tab()
     dataset_instruments(ctx, keys)
 
 main()
