@@ -54,7 +54,7 @@ def warm_up() -> threading.Thread:
 
     def load() -> None:
         from core.annotate.planning import tag_tokens  # spaCy: a heavy optional dependency
-        from core.evaluation.grading import check_answer
+        from core.evaluation.grading import check_answer  # math-verify (sympy): heavy, loaded off the first run
 
         for name, job in (("tagger", lambda: tag_tokens(["Let", " me", " check", "."])),
                           ("grader", lambda: check_answer("2", "2"))):

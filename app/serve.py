@@ -59,6 +59,7 @@ def middleware() -> list[Middleware]:
 def _load_pair() -> None:
     """The pair the app was started with, into the process's cache (app/resources.load_pair, st.cache_resource:
     the first session finds it there, or waits on the same load)."""
+    # deferred: app.resources pulls in torch and transformers, which the launcher's module import must not wait on
     from app import resources
     from app.config import parse_args, script_args
 

@@ -58,8 +58,9 @@ def gates(store_path: str | None, problems_path: str | None, calibration_path: s
           **opts: Any) -> None:
     """The gate shoot-out: every gate at each equal takeover rate ρ (realised ρ, accuracy, pass@k, recovery, flips
     against the base, reasoner evaluations and wall seconds per token); gates.csv and gates.html in --out."""
-    from core.reports.gates import GATES, compare_gates, gate_summary, write_gates
+    # deferred, as in every model command: torch and transformers load only when a command runs (tests/test_cli.py)
     from core.evaluation.harness import to_markdown
+    from core.reports.gates import GATES, compare_gates, gate_summary, write_gates
 
     rho_list = float_list(ratios, "ratio", "--ratios")
     chosen = [g.strip() for g in gate_names.split(",") if g.strip()] if gate_names else list(GATES)
