@@ -38,8 +38,8 @@ from core.cli.common import (
 @click.option("--ratios", default=",".join(map(str, settings.GATE_RHOS)), show_default=True,
               help="Comma-separated target takeover rates ρ, each in (0, 1): every gate is calibrated to each.")
 @click.option("--gates", "gate_names", default=None,
-              help="Comma-separated gates (default: guided, entropy_gated, top_prob, margin, router, random_positions, "
-                   "early_only).")
+              help="Comma-separated gates (default: the shoot-out's whole line-up, core.reports.gates.GATES; an "
+                   "unknown name is refused with the list).")
 @click.option("--router", "router_path", type=click.Path(file_okay=False),
               help="A trained router's folder (forkpoint router train). Default: one is trained on the calibration "
                    "rollouts (target gate) into OUT/router.")
