@@ -6,7 +6,8 @@ import streamlit as st
 
 from app import actions, resources, state
 from app.context import Context, get_context
-from app.trace_panels import run_pending, trace_page
+from app.branch_runner import run_pending
+from app.trace_panels import trace_page
 from app.view import md_escape
 from core.errors import ForkpointError
 
