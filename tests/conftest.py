@@ -91,13 +91,11 @@ def ray_cluster():
     ray.shutdown()
 
 
-# The heaviest test files, heaviest first (summed `pytest --durations=60` on 2 cores, 2026-12-02). With `--dist loadfile` each file
+# The heaviest test files, heaviest first (`pytest --durations=60` on 2 cores). With `--dist loadfile` each file
 # runs on one worker, in the order collected, so a heavy file collected late holds the whole run up at its end
 # while the other worker idles; collecting these first lets the light files fill in around them.
-HEAVY_FIRST = ("test_scale.py", "test_journeys.py", "test_switchboard.py", "test_effects.py", "test_docs.py",
-               "test_browser.py", "test_reproduce.py", "test_gguf.py", "test_long_cot.py", "test_ablation.py",
-               "test_takeover.py", "test_gates.py", "test_notebook.py", "test_packaged.py", "test_evaluate.py",
-               "test_reliability.py", "test_app.py", "test_demo_card.py", "test_demo.py")
+HEAVY_FIRST = ("test_scale.py", "test_journeys.py", "test_long_cot.py", "test_switchboard.py", "test_gguf.py",
+               "test_reproduce.py", "test_notebook.py", "test_browser.py", "test_demo.py", "test_packaged.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
