@@ -94,8 +94,9 @@ def ray_cluster():
 # The heaviest test files, heaviest first (`pytest --durations=60` on 2 cores). With `--dist loadfile` each file
 # runs on one worker, in the order collected, so a heavy file collected late holds the whole run up at its end
 # while the other worker idles; collecting these first lets the light files fill in around them.
-HEAVY_FIRST = ("test_scale.py", "test_journeys.py", "test_long_cot.py", "test_switchboard.py", "test_gguf.py",
-               "test_reproduce.py", "test_notebook.py", "test_browser.py", "test_demo.py", "test_packaged.py")
+HEAVY_FIRST = ("test_scale_ray.py", "test_journeys.py", "test_long_cot.py", "test_switchboard.py", "test_gguf.py",
+               "test_reproduce.py", "test_scale.py", "test_notebook.py", "test_browser.py", "test_demo.py",
+               "test_packaged.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
