@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 import core
+import core.scale
 from core.errors import ExecutorError
 from tests.scaling import OPTS, reference, same
 
