@@ -136,7 +136,7 @@ def trace_paint(path: str, key: str, query: Mapping[str, str]) -> str | None:
     start, end = page_bounds(len(trace), page)
     payload = resources.view_payload(path, trace, settings.score, settings.scale, None, lo, hi, start=start, end=end,
                                      effects=bool(effects_stamp(store, key)))
-    body = framed_view(payload["html"], outcome_line(trace), key)
+    body = framed_view(payload["html"], outcome_line(trace))  # no data-key: `.fp-scroll[data-key]` is the live view
     matters = json.dumps([int(p) for p in payload["matters"]])
     return (f"<style>{PAINT_CSS % {'id': PAINT_ID}}</style>"
             f"<div id='{PAINT_ID}' data-page='trace' data-key='{html.escape(key, quote=True)}'"
