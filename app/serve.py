@@ -1,5 +1,5 @@
 """`forkpoint app`'s server: Streamlit's public `st.App` around app/main.py, with the Host check on plain HTTP
-(app/host_guard.py) as its middleware and the switchboard's live route (app/live.py) as its route.
+(app/host_guard.py) and a shared link's first paint (app/first_paint.py) as its middleware, and the switchboard's live route (app/live.py) as its route.
 
     streamlit run app/serve.py --server.address 127.0.0.1 --server.allowedHosts 127.0.0.1 -- <app arguments>
     uvicorn app.serve:streamlit_app --host 127.0.0.1        # or any ASGI server (app arguments: none, the demo)
@@ -26,6 +26,7 @@ import streamlit as st  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
+from app.first_paint import FirstPaint  # noqa: E402
 from app.host_guard import HostGuard  # noqa: E402
 from app.live import ROUTE, LiveRoute  # noqa: E402
 
@@ -52,17 +53,22 @@ def routes() -> list[Route]:
 
 
 def middleware() -> list[Middleware]:
-    """What runs before Streamlit's own middleware on every request: the Host check (app/host_guard.py)."""
-    return [Middleware(HostGuard)]
+    """What runs before Streamlit's own middleware on every request: the Host check (app/host_guard.py), then a
+    shared link's first paint (app/first_paint.py: the trace's text in the page's shell)."""
+    return [Middleware(HostGuard), Middleware(FirstPaint)]
 
 
 def _load_pair() -> None:
     """The pair the app was started with, into the process's cache (app/resources.load_pair, st.cache_resource:
     the first session finds it there, or waits on the same load)."""
     # deferred: app.resources pulls in torch and transformers, which the launcher's module import must not wait on
-    from app import resources
+    from app import first_paint, resources
     from app.config import parse_args, script_args
 
+    try:
+        first_paint.warm()  # a shared link's first shell builds its token view with these modules
+    except Exception as err:  # noqa: BLE001 - the first shell imports them itself
+        logging.getLogger(__name__).info("first paint warm-up failed: %s", err)
     try:
         resources.load_pair(parse_args(script_args(sys.argv)).pair)
     except Exception as err:  # noqa: BLE001 - the first session loads it again and shows the error

@@ -36,6 +36,9 @@ DEEP_JS = """const deep = (sel) => {
     return document.querySelector(sel);
   };"""
 STEP_TIMEOUT_MS = 90_000
+# the live token view's tokens (in the component's shadow root; Playwright's CSS pierces it): a shared trace link's
+# shell shows the same tokens first, outside the component (app/first_paint.py), until the live view has drawn
+LIVE_TOKENS = "[data-testid^='stBidiComponent'] .fp-scroll [data-pos]"
 
 
 def require_chromium(hint: str = "") -> None:

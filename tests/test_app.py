@@ -551,25 +551,27 @@ def test_host_guard_refuses_plain_http_with_a_foreign_host(monkeypatch):
 
 def test_forkpoint_app_serves_st_app_with_the_guard_first_and_the_live_route():
     """`forkpoint app`'s server is Streamlit's public st.App (app/serve.py): HostGuard is the middleware run before
-    Streamlit's own, so the live route (app/live.py) sits behind the Host check; no Streamlit module is patched.
+    Streamlit's own (then a shared link's first paint, app/first_paint.py), so the live route (app/live.py) and the
+    first paint sit behind the Host check; no Streamlit module is patched.
     In a subprocess: building an st.App sets Streamlit's process-wide main script."""
     code = (
         "import json, streamlit as st\n"
         "from starlette.routing import Route\n"
         "from app import serve\n"
+        "from app.first_paint import FirstPaint\n"
         "from app.host_guard import HostGuard\n"
         "from app.live import ROUTE, LiveRoute, serving\n"
         "(route,) = serve.routes()\n"
         "print(json.dumps({'app': isinstance(serve.streamlit_app, st.App),\n"
         "                  'script': str(serve.streamlit_app.script_path) == str(serve.MAIN),\n"
-        "                  'middleware': [m.cls is HostGuard for m in serve.middleware()],\n"
+        "                  'middleware': [m.cls for m in serve.middleware()] == [HostGuard, FirstPaint],\n"
         "                  'route': [isinstance(route, Route), route.path == ROUTE, isinstance(route.app, LiveRoute)],\n"
         "                  'served': serving()}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.splitlines()[-1]) == {"app": True, "script": True, "middleware": [True],
+    assert json.loads(out.stdout.splitlines()[-1]) == {"app": True, "script": True, "middleware": True,
                                                        "route": [True, True, True], "served": True}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import ROOT, chromium_page, layout_problems, pair_args, require_chromium, run_app
+from tests.browser import LIVE_TOKENS, ROOT, chromium_page, layout_problems, pair_args, require_chromium, run_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -188,6 +188,50 @@ def test_every_page_opens_from_its_url_in_a_fresh_browser(app_url, page):
     finally:
         fresh.close()
 
+
+
+# JS (an init script): every frame, whether the shell's first paint (app/first_paint.py) and the live token view
+# (its tokens in the component's shadow root) are on screen, and the first paint's token texts when it is first seen
+PAINT_WATCH = """
+window.__fpPaint = { seen: false, texts: null, both: 0, liveSeen: false };
+const liveTokens = () => {
+  for (const h of document.querySelectorAll("[data-testid^='stBidiComponent'], [data-testid^='stBidiComponent'] *")) {
+    const hit = h.shadowRoot && h.shadowRoot.querySelectorAll('.fp-scroll [data-pos]');
+    if (hit && hit.length) return hit;
+  }
+  return null;
+};
+const tick = () => {
+  const w = window.__fpPaint, paint = document.getElementById('fp-first-paint'), live = liveTokens();
+  if (paint && !w.seen) { w.seen = true; w.texts = [...paint.querySelectorAll('[data-pos]')].map((e) => e.textContent); }
+  if (live) w.liveSeen = true;
+  if (paint && live) w.both += 1;
+  requestAnimationFrame(tick);
+};
+requestAnimationFrame(tick);
+"""
+
+
+def test_a_shared_trace_link_shows_its_text_before_the_live_view_and_never_both(app_url, page):
+    """Issue 31: a shared trace link's shell carries the trace's tokens outside React's root (app/first_paint.py);
+    the live token view replaces them: the same texts, the first paint gone once it draws, never both painted."""
+    url, store_dir = app_url
+    trace = _stored_trace(store_dir)
+    fresh = page.context.new_page()
+    try:
+        fresh.add_init_script(PAINT_WATCH)
+        fresh.goto(f"{url}trace?trace={trace.key}")
+        fresh.locator(f'.fp-scroll[data-key="{trace.key}"] [data-pos]').first.wait_for()  # the live view
+        fresh.wait_for_timeout(500)
+        watched = fresh.evaluate("window.__fpPaint")
+        assert watched["seen"] and watched["liveSeen"]
+        assert fresh.locator("#fp-first-paint").count() == 0  # gone
+        assert fresh.evaluate("window.__fpFirstPaintGone") == "live"  # because the live view drew, not an error
+        assert watched["both"] == 0  # never a double view
+        live = fresh.locator(LIVE_TOKENS).all_text_contents()
+        assert watched["texts"] == live and len(live) == len(trace)  # the same tokens, in order
+    finally:
+        fresh.close()
 
 
 def _stored_trace(store_dir):

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from tests.browser import (
+    LIVE_TOKENS,
     ROOT,
     STEP_TIMEOUT_MS,
     chromium_page,
@@ -83,7 +84,7 @@ def _nav(page, title: str) -> None:
 def _wait_trace(page) -> None:
     """Wait for the token view; on an empty store's first view (no trace yet: nothing is generated unasked) make
     the first trace the way a user does, with the empty state's Generate."""
-    tokens = page.locator(".fp-scroll [data-pos]").first
+    tokens = page.locator(LIVE_TOKENS).first  # the live view, not a shared link's first paint (app/first_paint.py)
     generate = page.get_by_role("button", name="Generate", exact=True)
     tokens.or_(generate).first.wait_for()
     if not tokens.is_visible() and generate.is_visible():

@@ -15,7 +15,8 @@ import re
 
 import pytest
 
-from tests.browser import DEEP_JS, ROOT, chromium_page, layout_problems, pair_args, require_chromium, run_app
+from tests.browser import (DEEP_JS, LIVE_TOKENS, ROOT, chromium_page, layout_problems, pair_args, require_chromium,
+                           run_app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -66,7 +67,7 @@ def app(tmp_path_factory):
 
 def _open(page, url: str) -> None:
     page.goto(url)
-    page.locator(".fp-scroll [data-pos]").first.wait_for()
+    page.locator(LIVE_TOKENS).first.wait_for()  # the live view, not the shell's first paint
     page.wait_for_function("() => window.location.search.includes('trace=')")
 
 
@@ -334,7 +335,7 @@ def test_at_800px_no_control_is_cut(app):
     page.set_viewport_size({"width": 800, "height": 1400})
     try:
         page.goto(url)  # a fresh page load at this width
-        page.locator(".fp-scroll [data-pos]").first.wait_for()
+        page.locator(LIVE_TOKENS).first.wait_for()
         page.wait_for_timeout(2000)
         assert page.locator('[data-testid="stSidebar"]').get_attribute("data-collapsed") == "true"
         problems = layout_problems(page)

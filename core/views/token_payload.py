@@ -75,8 +75,17 @@ def stream_html(trace: Trace, start: int, text: str, *, score: str = DEFAULT_SCO
     live = f"<span class='fp-live'>{html.escape(text)}</span>" + ("" if done else "<span style='color:#2563eb'>▍</span>")
     cut = prefix.rfind("</div>")
     body = prefix[:cut] + live + prefix[cut:] if cut >= 0 else prefix + live
+    return framed_view(body)
+
+
+def framed_view(body: str, outcome: str | None = None, key: str | None = None) -> str:
+    """Heatmap HTML (`body`: tokens_html, already escaped) framed as token_view.js draws it, with the token view's
+    styles: the outcome line (escaped here) above the text in `fp-scroll` (`data-key`: the trace's key). A
+    stream's frame (`stream_html`) and the app's first paint of a shared link (app/first_paint.py) are this."""
+    line = f"<div class='fp-outcome'>{html.escape(outcome)}</div>" if outcome else ""
+    attr = f" data-key='{html.escape(key, quote=True)}'" if key else ""
     return (f"<style>{heatmap_css()}{front_end_source('token_view.css')}</style>"
-            f"<div class='fp-view'><div class='fp-scroll'>{body}</div></div>")
+            f"<div class='fp-view'>{line}<div class='fp-scroll'{attr}>{body}</div></div>")
 
 
 def stream_prefix(trace: Trace, start: int, *, score: str = DEFAULT_SCORE, scale: str = "linear",

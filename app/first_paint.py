@@ -1,0 +1,227 @@
+"""A shared link's first paint: the page's shell (Streamlit's index.html) carries the open trace's token view as
+plain HTML, so a fresh browser shows the text before it has fetched and run Streamlit's ~120 script files.
+
+`FirstPaint` is ASGI middleware (app/serve.py puts it in `st.App`'s middleware): a GET of the Trace page with
+`?trace=KEY` gets the shell with the trace's token view built by the live view's own builder
+(`resources.view_payload` -> `core.views.token_payload.view_payload`: the same escaped tokens, heatmap colours
+and classes) and framed as token_view.js frames it (`core.views.token_payload.framed_view`), outside React's
+`#root`. A small script removes it the moment the live token view has drawn its tokens (or the page shows an
+error, or another page opens), so the two are never on screen together. Anything unusual (a comparison, a
+calibrated gate, a trace not in the store, a slow store) serves the plain shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qs
+
+log = logging.getLogger(__name__)
+
+PAINT_ID = "fp-first-paint"
+TRACE_PAGES = ("", "home", "trace")  # url paths of the Trace page (main.py: the default page and its alias)
+BUILD_TIMEOUT_S = 3.0  # past this the plain shell is served (the live view draws the text as before)
+# JS: remove the first paint once the live token view (a v2 component: its tokens in a shadow root) has drawn its
+# tokens, an error or warning shows (an info box is no reason), or the user has gone to another page; it also marks where a flip changes the
+# text (`data-matters`, as token_view.js does on the live view). Checked once per mutation batch, in the same
+# frame the live view draws, so the two are never painted together.
+REMOVE_JS = """(() => {
+  const paint = document.getElementById("%(id)s");
+  if (!paint) return;
+  const at = new Set(JSON.parse(paint.dataset.matters || "[]"));
+  paint.querySelectorAll("[data-pos]").forEach((n) => { if (at.has(Number(n.dataset.pos))) n.classList.add("fp-matter"); });
+  const path = location.pathname, watched = new WeakSet(), observers = [];
+  let gone = false;
+  const drop = (why) => {  // why: "live" | "page" | "alert", kept for whoever checks (tests/test_browser.py)
+    gone = true; observers.forEach((o) => o.disconnect()); paint.remove(); window.__fpFirstPaintGone = why;
+  };
+  const check = () => {
+    if (gone) return;
+    if (location.pathname !== path) return drop("page");
+    for (const host of document.querySelectorAll("[data-testid^='stBidiComponent'], [data-testid^='stBidiComponent'] *")) {
+      const root = host.shadowRoot;
+      if (!root) continue;
+      if (root.querySelector(".fp-scroll [data-pos]")) return drop("live");
+      if (!watched.has(root)) { watched.add(root); watch(root); }
+    }
+    if (document.querySelector('[data-testid="stMain"] [data-testid="stAlertContainer"][role="alert"], [data-testid="stException"]')) drop("alert");
+  };
+  const watch = (node) => { const o = new MutationObserver(check); o.observe(node, { childList: true, subtree: true }); observers.push(o); };
+  watch(document.body);
+})();"""
+# where the live token view is drawn (app/trace_panels.py: the left column of the wide layout, under the header):
+# near enough that the text does not jump far when the live view replaces it
+PAINT_CSS = ("#%(id)s { position: absolute; z-index: 999990; top: 5.5rem; left: 0; right: 0; margin: 0 auto;"
+             " padding: 0 5rem; max-width: 1400px; box-sizing: border-box; pointer-events: none; }"
+             " #%(id)s .fp-view { width: 58%%; background: #fff; }"
+             " @media (max-width: 900px) { #%(id)s { padding: 0 1rem; } #%(id)s .fp-view { width: 100%%; } }")
+
+
+def _query(scope: Mapping[str, Any]) -> dict[str, str]:
+    raw = scope.get("query_string", b"").decode("latin-1")
+    return {k: v[0] for k, v in parse_qs(raw, keep_blank_values=True).items() if v}
+
+
+def page_path(path: str) -> str | None:
+    """The app's url path of a request path ("" for the default page) under server.baseUrlPath; None when the
+    request is not for a page (Streamlit's own routes, static files, the live route)."""
+    from streamlit import config
+
+    base = (config.get_option("server.baseUrlPath") or "").strip("/")
+    rest = path.strip("/")
+    if base:
+        if rest != base and not rest.startswith(base + "/"):
+            return None
+        rest = rest[len(base):].strip("/")
+    if rest.startswith("_stcore") or rest.startswith("static") or rest.startswith("component") or "." in rest:
+        return None
+    return rest
+
+
+def store_path() -> str:
+    """The store a fresh session opens: the one the app was started with (`--store`), else the default."""
+    from app import resources
+    from app.config import parse_args, script_args
+
+    return resources.store_path(parse_args(script_args(sys.argv)).store)
+
+
+def trace_paint(path: str, key: str, query: Mapping[str, str]) -> str | None:
+    """The Trace page's token view of stored trace `key`, as a fresh session with the link's view settings draws it
+    (the URL's metric, scale, range, spikes and pos: app/state.py), framed; None when the first paint would differ
+    from the live view (a comparison, a calibrated gate) or the trace is not in the store."""
+    # deferred: app.resources and the Trace page's modules pull in torch and the app's pages, which the server's
+    # module import (app/serve.py) must not wait on
+    from app import resources, state
+    from app.config import PairChoice
+    from app.context import Context
+    from app.sidebar import Settings
+    from app.trace_panels import colour_range
+    from app.view import RANGES, SpikeRule
+    from core.instruments.effects import effects_stamp
+    from core.scoring.registry import SCORES
+    from core.views.heatmap import SCALES
+    from core.views.presentation import PAGE_TOKENS, outcome_line, page_bounds
+    from core.views.token_payload import framed_view
+
+    if query.get("compare"):
+        return None  # colours shared with the compared traces: the live view's business
+    view = {name: query.get(param) or state.DEFAULTS[name] for param, name in state.VIEW_PARAMS.items()}
+    rule = state.parse_spike(query["spikes"]) if query.get("spikes") else {"spike_kind": "top"}
+    if rule is None or rule["spike_kind"] != "top":
+        return None
+    pct = rule.get("spike_top_pct", state.DEFAULTS["spike_top_pct"])
+    if not 0.1 <= pct <= 20.0:
+        pct = state.DEFAULTS["spike_top_pct"]
+    if view["score"] not in SCORES or view["scale"] not in SCALES or view["crange"] not in RANGES:
+        return None  # the app repairs these to its defaults (state._repair): so would this, the same way
+    store = resources.get_store(path)
+    if key not in store:
+        return None
+    spike_rule = SpikeRule(top=float(pct) / 100.0)
+    settings = Settings(store_path=path, problems_path=None, score=view["score"], scale=view["scale"], rule=spike_rule,
+                        pair_spec=PairChoice(), crange=view["crange"])
+    trace = resources.view_trace(path, key, settings.score, spike_rule.key(), spike_rule)  # the live run's cache
+    lo, hi, _, _ = colour_range(Context(settings=settings, pair=None, store=store), trace)
+    try:
+        sel = int(query["pos"]) if query.get("pos") else None
+    except ValueError:
+        sel = None
+    page = sel // PAGE_TOKENS if sel is not None and 0 <= sel < len(trace) else 0  # the page the live view opens
+    start, end = page_bounds(len(trace), page)
+    payload = resources.view_payload(path, trace, settings.score, settings.scale, None, lo, hi, start=start, end=end,
+                                     effects=bool(effects_stamp(store, key)))
+    body = framed_view(payload["html"], outcome_line(trace))  # no data-key: `.fp-scroll[data-key]` is the live view
+    matters = json.dumps([int(p) for p in payload["matters"]])
+    return (f"<style>{PAINT_CSS % {'id': PAINT_ID}}</style>"
+            f"<div id='{PAINT_ID}' data-page='trace' data-key='{html.escape(key, quote=True)}'"
+            f" data-matters='{html.escape(matters, quote=True)}' aria-hidden='true'>{body}</div>"
+            f"<script>{REMOVE_JS % {'id': PAINT_ID}}</script>")
+
+
+def warm() -> None:
+    """Import what `trace_paint` needs (the Trace page's modules, core's views), so the first shell served after
+    the server starts is not the one that waits for them (1.2 s at load 6)."""
+    from app import trace_panels  # noqa: F401 - imported for its side effect: the modules are loaded
+    from core.views import token_payload  # noqa: F401
+
+
+def paint_for(path: str, query: Mapping[str, str]) -> str | None:
+    """The first paint for a page request (`path`: the app's url path), or None (the plain shell)."""
+    if path in TRACE_PAGES and query.get("trace"):
+        return trace_paint(store_path(), str(query["trace"]), query)
+    return None
+
+
+def inject(shell: bytes, paint: str) -> bytes:
+    """Streamlit's index.html with `paint` right after React's root element (outside it: React never touches it)."""
+    text = shell.decode("utf-8")
+    marker = '<div id="root"></div>'
+    at = text.find(marker)
+    if at < 0:
+        at = text.rfind("</body>")
+        if at < 0:
+            return shell
+    else:
+        at += len(marker)
+    return (text[:at] + paint + text[at:]).encode("utf-8")
+
+
+class FirstPaint:
+    """ASGI middleware: a page request that has a first paint (`paint_for`) gets Streamlit's shell with it inside,
+    uncompressed and never cached (the same shell names other traces on other links); every other request passes."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") != "GET":
+            return await self.app(scope, receive, send)
+        path = page_path(scope.get("path", ""))
+        query = _query(scope) if path is not None else {}
+        if path is None or not (path in TRACE_PAGES and query.get("trace")):
+            return await self.app(scope, receive, send)
+        try:
+            paint = await asyncio.wait_for(asyncio.to_thread(paint_for, path, query), BUILD_TIMEOUT_S)
+        except Exception as err:  # noqa: BLE001 - a first paint is an extra: the shell without it is the page
+            log.info("first paint skipped: %r", err)
+            paint = None
+        if paint is None:
+            return await self.app(scope, receive, send)
+        # the whole shell, uncompressed and fresh (a 304 would reuse a cached shell naming another trace)
+        drop = {b"accept-encoding", b"if-none-match", b"if-modified-since"}
+        inner = {**scope, "headers": [(k, v) for k, v in scope.get("headers", []) if k.lower() not in drop]}
+        start: dict[str, Any] = {}
+        chunks: list[bytes] = []
+
+        async def hold(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            if message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if message.get("more_body"):
+                    return
+                await _send_shell(send, start, b"".join(chunks), paint)
+                return
+            await send(message)
+
+        await self.app(inner, receive, hold)
+
+
+async def _send_shell(send: Any, start: Mapping[str, Any], body: bytes, paint: str) -> None:
+    headers = list(start.get("headers", []))
+    kind = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+    encoded = any(k.lower() == b"content-encoding" for k, _ in headers)
+    if start.get("status") == 200 and kind.startswith(b"text/html") and not encoded:
+        body = inject(body, paint)
+        headers = [(k, v) for k, v in headers if k.lower() not in (b"content-length", b"etag", b"last-modified",
+                                                                     b"cache-control")]
+        headers += [(b"content-length", str(len(body)).encode()), (b"cache-control", b"no-store")]
+    await send({**start, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
