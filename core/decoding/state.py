@@ -13,7 +13,7 @@ import torch
 
 from core.decoding.kvcache import growing_cache
 from core.errors import InvalidInputError
-from core.pair.forward import backbone, head_fn
+from core.pair.forward import backbone
 from core.pair.loading import ModelPair
 
 
@@ -53,14 +53,15 @@ class ModelState:
         """Prefill the prompts (left-padded). With record=n (one row only), keep the final hidden states
         of the last n positions and of every later feed, so that a held trace can be branched."""
         self.pair, self.side, self.model = pair, side, pair.model(side)
-        self._head, self._decoder = head_fn(self.model), self.model.get_decoder()
+        self._head, self._decoder = pair.runner(side)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pair.tokenizer.pad_token_id or 0, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, p in enumerate(prompts):
             ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[row, width - len(p):] = 1
-        self._mask = _Grow(mask.to(pair.device))
+        # no row padded: no mask at all (the model's causal mask is the same, and a 2D mask costs a 4D one per forward)
+        self._mask = _Grow(mask.to(pair.device)) if bool((mask == 0).any()) else None
         self.next_pos = mask.sum(-1) - ids.shape[1]  # position of the first prompt column, per row (≤ 0 when padded)
         self.cache = growing_cache(self.model.config)
         self.fed = 0
@@ -76,9 +77,9 @@ class ModelState:
         the cache lacks that last response token: it is read (one token) and its hidden state appended."""
         self = cls.__new__(cls)
         self.pair, self.side, self.model, self.cache = pair, side, pair.model(side), cache
-        self._head, self._decoder = head_fn(self.model), self.model.get_decoder()
+        self._head, self._decoder = pair.runner(side)
         length = cache.get_seq_length()
-        self._mask = _Grow(torch.ones((1, length), dtype=torch.long, device=pair.device))
+        self._mask = None  # one row, nothing padded
         self.next_pos = torch.tensor([length], dtype=torch.long)
         self._states = _Grow(states.unsqueeze(0).clone())
         self.last_hidden = states[-1:]
@@ -94,13 +95,15 @@ class ModelState:
         # left padding shifts positions
         positions = (self.next_pos.unsqueeze(1) + torch.arange(n) if n != 1 else self.next_pos.unsqueeze(1)).clamp_min(0)
         self.next_pos = self.next_pos + n
-        hidden, self.cache = backbone(self.model, ids.to(dev), cache=self.cache, attention_mask=self._mask.view(),
+        mask = None if self._mask is None else self._mask.view()
+        hidden, self.cache = backbone(self.model, ids.to(dev), cache=self.cache, attention_mask=mask,
                                       position_ids=positions.to(dev), decoder=self._decoder)
         return hidden
 
     def feed(self, ids: torch.Tensor) -> torch.Tensor:
         """Read response tokens (B, n); returns (B, n, d) hidden states (column j predicts token fed+j+1)."""
-        self._mask.append_ones(ids.shape[1])
+        if self._mask is not None:
+            self._mask.append_ones(ids.shape[1])
         hidden = self._forward(ids)
         self.last_hidden = hidden[:, -1]
         self.fed += ids.shape[1]
@@ -115,7 +118,8 @@ class ModelState:
         if remove <= 0:
             return
         self.cache.crop(-remove)
-        self._mask.n -= remove
+        if self._mask is not None:
+            self._mask.n -= remove
         self.next_pos = self.next_pos - remove
         self.fed = fed
         if self._states is not None:
@@ -130,7 +134,7 @@ class ModelState:
         for layer in self.cache.layers:  # the next write allocates an n-row buffer owned by the layer
             if hasattr(layer, "_buffers"):
                 layer._buffers = None
-        self._mask = _Grow(self._mask.view().repeat(n, 1))
+        self._mask = None if self._mask is None else _Grow(self._mask.view().repeat(n, 1))
         self.next_pos = self.next_pos.repeat(n)
         self.last_hidden = self.last_hidden.repeat(n, 1)
         self._states = None

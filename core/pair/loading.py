@@ -17,6 +17,7 @@ import torch
 from core import settings
 from core.errors import InvalidInputError, ModelLoadError, VocabularyMismatchError
 from core.pair.attention import use_block_attention
+from core.pair.forward import head_fn
 from core.pair.formats import (  # noqa: F401  (re-exported: the pair API names them)
     CHAT_MODES,
     DEFAULT_BASE_FORMAT,
@@ -62,6 +63,8 @@ class ModelPair:
     vocab_notes: list[str] = field(default_factory=list)  # tolerated special-token differences
     prompt_tokenizers: dict[str, Any] = field(default_factory=dict)  # side -> own tokenizer for its template
     trust_remote_code: bool = False  # how it was loaded: a worker loading it again (core.scale) needs the same
+    # side -> (model, its head_fn, its decoder): looked up once per model (an explicit cache; `replace` starts empty)
+    _runners: dict[str, tuple[Any, Any, Any]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for model in (self.base, self.reason):  # blocks after a long cache must not copy it (core.pair.attention)
@@ -69,6 +72,15 @@ class ModelPair:
 
     def model(self, side: str) -> Any:
         return self.base if side == "base" else self.reason
+
+    def runner(self, side: str) -> tuple[Any, Any]:
+        """(`core.pair.forward.head_fn` of the `side` model, its `get_decoder()`), looked up once per model: on
+        transformers 5 the lookups cost about what a tiny model's head does, and every forward needs both."""
+        model = self.model(side)
+        got = self._runners.get(side)
+        if got is None or got[0] is not model:
+            got = self._runners[side] = (model, head_fn(model), model.get_decoder())
+        return got[1], got[2]
 
     def prompt_ids(self, problem: str) -> dict[str, list[int]]:
         """Each model's formatted prompt for `problem`, as token ids (each with its own tokenizer's template)."""

@@ -16,7 +16,7 @@ import torch
 
 from core import settings
 from core.errors import InvalidInputError
-from core.pair.forward import backbone, head
+from core.pair.forward import backbone
 from core.pair.loading import SIDES, ModelPair
 from core.record.assembly import assemble  # noqa: F401  (assemble, make_meta, problem_record, versions: old home)
 from core.record.meta import make_meta, versions  # noqa: F401
@@ -71,11 +71,12 @@ def metrics_from_hidden(pair: ModelPair, hidden: dict[str, torch.Tensor], target
     in `logits` gives its (T, V) logits instead (e.g. those decoding drew its tokens from)."""
     logits = logits or {}
     n = (logits["base"] if "base" in logits else hidden["base"]).shape[0]
+    heads = {side: pair.runner(side)[0] for side in SIDES if side not in logits}
     parts: list[dict[str, torch.Tensor]] = []
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
         block = {side: logits[side][start:stop] if side in logits else
-                 head(pair.model(side), hidden[side][start:stop], pair.vocab_size) for side in SIDES}
+                 heads[side](hidden[side][start:stop], pair.vocab_size) for side in SIDES}
         parts.append(chunk_metrics(block["base"], block["reason"],
                                    None if targets is None else targets[start:stop], k=k))
         del block
@@ -165,7 +166,7 @@ def _batch_hidden(pair: ModelPair, side: str, jobs: list) -> list[torch.Tensor]:
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     for row, seq in enumerate(seqs):
         ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-    hidden, _ = backbone(model, ids.to(pair.device))
+    hidden, _ = backbone(model, ids.to(pair.device), decoder=pair.runner(side)[1])
     out = []
     for row, job in enumerate(jobs):
         p, t = len(job[1][side]), len(job[0])
