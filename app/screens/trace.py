@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from app import actions, resources, state
-from app.context import Context, get_context
 from app.branch_runner import run_pending
+from app.context import Context, get_context
 from app.trace_panels import trace_page
 from app.view import md_escape
 from core.errors import ForkpointError
