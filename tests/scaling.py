@@ -1,11 +1,25 @@
-"""Shared by test_scale.py (in process) and test_scale_ray.py (on Ray): the options, the reference run and the
-trace comparison every executor is checked with."""
+"""Shared by test_scale.py (in process) and test_scale_ray.py (on Ray): the demo fixtures, the options, the
+reference run and the trace comparison every executor is checked with."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import core
+
+
+@pytest.fixture(scope="module")
+def demo():
+    """The bundled demo pair, once per test module."""
+    return core.demo_pair(device="cpu")
+
+
+@pytest.fixture(scope="module")
+def problems():
+    """Six demo problems."""
+    return core.demo_problems(limit=6)
+
 
 OPTS = {"max_new_tokens": 12, "temperature": 0.7, "top_p": 0.95, "seed": 3, "samples": 2}
 

@@ -20,19 +20,9 @@ import pytest
 import core
 from core.errors import ExecutorError, GenerationCancelled, InvalidInputError
 from core.scale import InProcessExecutor, PairSpec, drive, make_jobs
-from tests.scaling import OPTS, reference, same
+from tests.scaling import OPTS, demo, problems, reference, same  # noqa: F401 - demo, problems: fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def demo():
-    return core.demo_pair(device="cpu")
-
-
-@pytest.fixture(scope="module")
-def problems():
-    return core.demo_problems(limit=6)
 
 
 # -- jobs and the driver loop (no Ray) ---------------------------------------------------------------

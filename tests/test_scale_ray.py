@@ -23,19 +23,9 @@ import pytest
 import core
 import core.scale
 from core.errors import ExecutorError
-from tests.scaling import OPTS, reference, same
+from tests.scaling import OPTS, demo, problems, reference, same  # noqa: F401 - demo, problems: fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def demo():
-    return core.demo_pair(device="cpu")
-
-
-@pytest.fixture(scope="module")
-def problems():
-    return core.demo_problems(limit=6)
 
 
 # -- Ray ---------------------------------------------------------------------------------------------
