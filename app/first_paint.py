@@ -27,9 +27,9 @@ PAINT_ID = "fp-first-paint"
 TRACE_PAGES = ("", "home", "trace")  # url paths of the Trace page (main.py: the default page and its alias)
 BUILD_TIMEOUT_S = 3.0  # past this the plain shell is served (the live view draws the text as before)
 # JS: remove the first paint once the live token view (a v2 component: its tokens in a shadow root) has drawn its
-# tokens, an error or warning shows (an info box is no reason), or the user has gone to another page; it also marks where a flip changes the
-# text (`data-matters`, as token_view.js does on the live view). Checked once per mutation batch, in the same
-# frame the live view draws, so the two are never painted together.
+# tokens, an error or warning shows (an info box is no reason), or the user has gone to another page; it also marks
+# where a flip changes the text (`data-matters`, as token_view.js does on the live view). Checked once per mutation
+# batch, in the same frame the live view draws, so the two are never painted together.
 REMOVE_JS = """(() => {
   const paint = document.getElementById("%(id)s");
   if (!paint) return;

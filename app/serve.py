@@ -1,5 +1,6 @@
 """`forkpoint app`'s server: Streamlit's public `st.App` around app/main.py, with the Host check on plain HTTP
-(app/host_guard.py) and a shared link's first paint (app/first_paint.py) as its middleware, and the switchboard's live route (app/live.py) as its route.
+(app/host_guard.py) and a shared link's first paint (app/first_paint.py) as its middleware, and the switchboard's
+live route (app/live.py) as its route.
 
     streamlit run app/serve.py --server.address 127.0.0.1 --server.allowedHosts 127.0.0.1 -- <app arguments>
     uvicorn app.serve:streamlit_app --host 127.0.0.1        # or any ASGI server (app arguments: none, the demo)
