@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
+from streamlit import config
+
 log = logging.getLogger(__name__)
 
 PAINT_ID = "fp-first-paint"
@@ -85,6 +87,7 @@ def page_path(path: str) -> str | None:
 
 def store_path() -> str:
     """The store a fresh session opens: the one the app was started with (`--store`), else the default."""
+    # deferred: app.resources pulls in torch (see trace_paint)
     from app import resources
     from app.config import parse_args, script_args
 
@@ -116,7 +119,7 @@ def trace_paint(path: str, key: str, query: Mapping[str, str]) -> str | None:
     if rule is None or rule["spike_kind"] != "top":
         return None
     pct = rule.get("spike_top_pct", state.DEFAULTS["spike_top_pct"])
-    if not 0.1 <= pct <= 20.0:
+    if not state.TOP_PCT_RANGE[0] <= pct <= state.TOP_PCT_RANGE[1]:
         pct = state.DEFAULTS["spike_top_pct"]
     if view["score"] not in SCORES or view["scale"] not in SCALES or view["crange"] not in RANGES:
         return None  # the app repairs these to its defaults (state._repair): so would this, the same way

@@ -47,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "pf_subset": None,  # {"label", "keys"}: the traces of a Dataset histogram bar, filtering the Problems table
 }
 # URL parameter -> session key, for the view settings (written only when they differ from the default).
+TOP_PCT_RANGE = (0.1, 20.0)  # the spike rule's p (percent of tokens) a URL may set; outside it, the default
 VIEW_PARAMS = {"metric": "score", "scale": "scale", "range": "crange", "prob": "prob_mode", "click": "click_mode"}
 
 
@@ -117,7 +118,8 @@ def _repair() -> None:
         if ss.get(name) not in valid:
             ss[name] = DEFAULTS[name]
     pct = _float_or_none(ss.get("spike_top_pct"))
-    ss["spike_top_pct"] = pct if pct is not None and 0.1 <= pct <= 20.0 else DEFAULTS["spike_top_pct"]
+    low, high = TOP_PCT_RANGE
+    ss["spike_top_pct"] = pct if pct is not None and low <= pct <= high else DEFAULTS["spike_top_pct"]
     ratio = _float_or_none(ss.get("gate_ratio"))
     ss["gate_ratio"] = ratio if ratio is not None and 0.001 <= ratio <= 0.5 else DEFAULTS["gate_ratio"]
     window = _int_or_none(ss.get("gate_window"))
