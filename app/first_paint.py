@@ -72,8 +72,6 @@ def _query(scope: Mapping[str, Any]) -> dict[str, str]:
 def page_path(path: str) -> str | None:
     """The app's url path of a request path ("" for the default page) under server.baseUrlPath; None when the
     request is not for a page (Streamlit's own routes, static files, the live route)."""
-    from streamlit import config
-
     base = (config.get_option("server.baseUrlPath") or "").strip("/")
     rest = path.strip("/")
     if base:
