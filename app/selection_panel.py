@@ -52,12 +52,12 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
                    "the earlier piece(s), so the branch starts mid-character (drawn as �).")
         st.button(f"Select #{first}, the character's first token", key="sel_grapheme_start",
                   on_click=lambda: st.session_state.update(sel_pos=first))
-    # a table, not st.metric boxes: the narrow column cut values such as 1.08e-05 to "1.08…"
+    # a table, not st.metric boxes (the narrow column cut values such as 1.08e-05 to "1.08…"), one metric a row
+    # (three columns of long names ran out of an 800 px window)
     shown = {score_label(ctx.settings.score): score_values(m, ctx.settings.score)[sel],
              metric_label("entropy_base"): m["entropy_base"][sel],
              metric_label("kl_base_reason"): m["kl_base_reason"][sel]}
-    st.markdown("| " + " | ".join(shown) + " |\n|" + "---|" * len(shown) + "\n| "
-                + " | ".join(f"**{fmt_num(v)}**" for v in shown.values()) + " |")
+    st.markdown("| metric | value |\n|---|---|\n" + "".join(f"| {name} | **{fmt_num(v)}** |\n" for name, v in shown.items()))
     for side in SIDES:  # stacked: the right column is too narrow for two tables of three columns
         st.dataframe(_topk_table(trace, sel, side, decode, mode), hide_index=True, width="stretch",
                      height=min(400, 35 * (trace.k + 1) + 3))
@@ -72,7 +72,7 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
     choices = takeover_choices(trace, sel, decode, mode)
     emitted = int(trace.token_ids[sel])  # offered first: the best-ranked token that would change the text
     first_other = next((i for i in range(1, len(choices)) if choices[i].token != emitted), 1)
-    pick = st.selectbox("… or force a token from either model's top-k", range(1, len(choices)),
+    pick = st.selectbox("… or force a top-k token", range(1, len(choices)), help="Either model's top-k at this token.",
                         index=max(0, first_other - 1), format_func=lambda i: choices[i].label,
                         key=f"takeover_pick_{trace.key}_{sel}")
     if st.button("Branch with this token", disabled=disabled or pick is None, key="takeover_token",

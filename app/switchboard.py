@@ -273,9 +273,10 @@ def switch_list(trace: Trace) -> None:
                 label = f"✎ #{p} {text!r}"
             else:
                 label = f"⇄ #{p} → {'reasoner' if what == 'reason' else 'base' if what == 'base' else repr(text) if p < len(trace) else what}"
-            c1, c2 = st.columns([3, 2], vertical_alignment="center")
-            c1.toggle(label, value=True, key=f"sw_{trace.key}_{p}", on_change=_queue_switches,
-                      args=({q: w for q, w in current.items() if q not in run},))
-            c2.button("undo all after", key=f"sw_undo_{trace.key}_{p}", on_click=_queue_switches,
-                      args=({q: w for q, w in current.items() if q <= run[-1]},), disabled=run[-1] == max(current))
+            row = st.container(horizontal=True, wrap=True, vertical_alignment="center")  # wraps, never cuts
+            row.toggle(label, value=True, key=f"sw_{trace.key}_{p}", on_change=_queue_switches,
+                       args=({q: w for q, w in current.items() if q not in run},), width="content")
+            row.button("undo all after", key=f"sw_undo_{trace.key}_{p}", on_click=_queue_switches,
+                       args=({q: w for q, w in current.items() if q <= run[-1]},), disabled=run[-1] == max(current),
+                       width="content")
         st.button("Undo every switch", key=f"sw_none_{trace.key}", on_click=_queue_switches, args=({},))

@@ -395,3 +395,27 @@ def test_a_selection_reruns_neither_the_plot_nor_the_graph_and_a_switch_both(app
     page.wait_for_timeout(1500)
     stale = page.evaluate("() => window.__fpStale")
     assert stale["plot"] > 0 and stale["graph"] > 0, stale
+
+
+def test_at_800px_the_switch_list_and_the_selection_fit(app):
+    """At 800 px with two switches in force and a token selected (the switch list and the selection panel share the
+    narrow right column): no control, label or table is cut by the window or by another element."""
+    url, _, page = app
+    page.set_viewport_size({"width": 800, "height": 1400})
+    try:
+        _open(page, url)
+        for pos in (3, 9):  # two hover-card alternatives forced: two rows in the switch list
+            page.locator(f'.fp-scroll [data-pos="{pos}"]').hover()
+            row = page.locator(".fp-card .fp-top-base tr.alt").first
+            row.wait_for(state="visible")
+            row.hover()
+            _click_and_wait(page, row)
+        page.get_by_text("Switches (2)").wait_for()
+        page.get_by_text("Token #9").wait_for()  # the last forced token is selected
+        page.wait_for_function("() => !document.querySelector('[data-testid=\"stMain\"] [data-stale=\"true\"]')")
+        page.wait_for_timeout(500)
+        problems = layout_problems(page)
+        page.screenshot(path=str(OUT / "narrow_800_switched.png"), full_page=True)
+        assert problems == [], problems
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 1400})
