@@ -72,9 +72,21 @@ def _reference(model64, ids: list[int], n_prompt: int) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_real_gguf_model_matches_transformers_in_float64() -> None:
+def test_real_gguf_model_matches_transformers_in_float64(monkeypatch) -> None:
+    import gguf
+
     path = _fetch_gguf()
+    parses: list[str] = []
+
+    class Counted(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            parses.append(str(args[0]))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
     pair = core.load_pair(str(path), str(path), device="cpu", dtype="float32", base_format=RAW, reason_format="chat")
+    assert parses == [str(path)]  # tokenizer, config and weights read one parse of the file (core/pair/gguf_reads.py)
+    assert gguf.GGUFReader is Counted  # and gguf's own name is back after the load
     assert pair.base is pair.reason  # the same file: one resident copy
     assert pair.specs["base"].gguf_file == GGUF_NAME and pair.vocab_size == len(pair.tokenizer)
     trace = core.score(pair, PROBLEM, RESPONSE)

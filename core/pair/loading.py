@@ -7,6 +7,7 @@ model (`core.pair.formats`). Both models stay resident (one copy when both sides
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from core import settings
 from core.errors import InvalidInputError, ModelLoadError, VocabularyMismatchError
 from core.pair.attention import use_block_attention
 from core.pair.forward import head_fn
+from core.pair.gguf_reads import one_parse
 from core.pair.formats import (  # noqa: F401  (re-exported: the pair API names them)
     CHAT_MODES,
     DEFAULT_BASE_FORMAT,
@@ -327,30 +329,32 @@ def load_pair(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     same = (str(base), base_revision) == (str(reason), reason_revision)  # a self-pair: one resident copy
-    toks = {}
-    for side, source, revision in (("base", base, base_revision), ("reason", reason, reason_revision)):
-        try:  # the tokenizers first: a missing path or a vocabulary mismatch is found before any weights load
-            toks[side] = toks["base"] if same and side == "reason" else load_tokenizer(str(source), revision,
-                                                                                      trust_remote_code)
-        except ModelLoadError as err:
-            err.side = side
-            raise
-    notes = check_same_vocabulary(toks["base"], toks["reason"])
-    try:
-        base_model, base_tok, base_spec = load_one(str(base), base_revision, dev, dt, trust_remote_code, spread,
-                                                   tokenizer=toks["base"])
-    except ModelLoadError as err:
-        err.side = "base"
-        raise
-    if same:
-        reason_model, reason_tok, reason_spec = base_model, base_tok, base_spec
-    else:
+    gguf = any(_split_gguf(str(source))[1] for source in (base, reason))
+    with one_parse() if gguf else contextlib.nullcontext():  # one parse of a .gguf for tokenizer, config, weights
+        toks = {}
+        for side, source, revision in (("base", base, base_revision), ("reason", reason, reason_revision)):
+            try:  # the tokenizers first: a missing path or a vocabulary mismatch is found before any weights load
+                toks[side] = toks["base"] if same and side == "reason" else load_tokenizer(str(source), revision,
+                                                                                          trust_remote_code)
+            except ModelLoadError as err:
+                err.side = side
+                raise
+        notes = check_same_vocabulary(toks["base"], toks["reason"])
         try:
-            reason_model, reason_tok, reason_spec = load_one(str(reason), reason_revision, dev, dt, trust_remote_code,
-                                                             spread, tokenizer=toks["reason"])
+            base_model, base_tok, base_spec = load_one(str(base), base_revision, dev, dt, trust_remote_code, spread,
+                                                       tokenizer=toks["base"])
         except ModelLoadError as err:
-            err.side = "reason"
+            err.side = "base"
             raise
+        if same:
+            reason_model, reason_tok, reason_spec = base_model, base_tok, base_spec
+        else:
+            try:
+                reason_model, reason_tok, reason_spec = load_one(str(reason), reason_revision, dev, dt,
+                                                                 trust_remote_code, spread, tokenizer=toks["reason"])
+            except ModelLoadError as err:
+                err.side = "reason"
+                raise
     vocab_size = max(len(base_tok), len(reason_tok))  # an added special token on one side still counts
     for side, model in (("base", base_model), ("reason", reason_model)):
         rows = model.get_output_embeddings().weight.shape[0]
