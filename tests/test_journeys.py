@@ -158,7 +158,7 @@ def _wait_for(cond, timeout_s: float = 90.0) -> None:
     end = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < end, "timed out"
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
 def _bg(page, selector: str) -> str:
