@@ -114,11 +114,88 @@ def chromium_page(profile: Path, viewport: dict[str, int], timeout_ms: int = STE
             str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, viewport=viewport,
             **context_options)
         try:
+            context.add_init_script(RUN_WATCH)  # every page of the context (new tabs too): see settle()
             page = context.new_page()
             page.set_default_timeout(timeout_ms)
             yield page
         finally:
             context.close()
+
+
+# JS (an init script): what Streamlit's websocket carries, to tell when the app's runs are over (settle()).
+# Each message is a protobuf with one field that says its kind: a BackMsg `rerun_script` (11) asks for a run, a ForwardMsg
+# `script_finished` (6) ends one (its status 2, FINISHED_EARLY_FOR_RERUN, means another run follows).
+RUN_WATCH = """(() => {
+  const w = window.__fpRuns = { asked: 0, answered: 0, finished: 0, last: performance.now() };
+  const fields = (buf) => {  // a protobuf message's top-level fields: {number: varint value, or true}
+    const b = new Uint8Array(buf), out = {}; let i = 0;
+    const varint = () => { let v = 0, k = 0; while (i < b.length) { const c = b[i++]; v += (c & 127) * 2 ** k; k += 7;
+      if (c < 128) break; } return v; };
+    while (i < b.length) {
+      const tag = varint(), type = tag & 7, field = Math.floor(tag / 8);
+      if (type === 0) out[field] = varint();
+      else if (type === 2) { const n = varint(); i += n; out[field] = true; }
+      else if (type === 1) { i += 8; out[field] = true; }
+      else if (type === 5) { i += 4; out[field] = true; }
+      else break;  // groups: not in Streamlit's messages
+    }
+    return out;
+  };
+  const Native = window.WebSocket;
+  class Watched extends Native {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener("message", (e) => {
+        w.last = performance.now();
+        if (!(e.data instanceof ArrayBuffer)) return;
+        const status = fields(e.data)[6];
+        if (status !== undefined && status !== 2) { w.finished += 1; w.answered = w.asked; }
+      });
+    }
+    send(data) {
+      w.last = performance.now();
+      try {
+        const buf = data instanceof ArrayBuffer ? data : ArrayBuffer.isView(data) ? data.buffer.slice(
+          data.byteOffset, data.byteOffset + data.byteLength) : null;
+        if (buf && fields(buf)[11] !== undefined) w.asked += 1;
+      } catch (err) { /* not a protobuf: not a run */ }
+      return super.send(data);
+    }
+  }
+  window.WebSocket = Watched;
+})();"""
+# JS: Streamlit's runs are over: the app has run on this page, every run asked for has finished, nothing is stale
+# or running on screen, and the websocket has been quiet for QUIET_MS (a run the server starts itself, a rerun
+# after a page switch, begins within that)
+QUIET_MS = 300
+SETTLED_JS = """(quiet) => {
+  const w = window.__fpRuns;
+  return !!w && w.finished > 0 && w.answered === w.asked && performance.now() - w.last >= quiet
+    && !document.querySelector('[data-testid="stStatusWidget"], [data-stale="true"]')
+    && ![...document.querySelectorAll('[data-testid="stToolbar"] button, header button')]
+      .some((b) => /^(Stop|Running)/.test(b.innerText.trim()));
+}"""
+
+
+def settle(page, timeout_ms: int = STEP_TIMEOUT_MS) -> None:
+    """Wait until Streamlit's runs are over (SETTLED_JS: every run the page asked for finished, nothing stale or
+    running, the websocket quiet for QUIET_MS); for pages of chromium_page (its RUN_WATCH init script)."""
+    page.wait_for_function(SETTLED_JS, arg=QUIET_MS, timeout=timeout_ms)
+
+
+# JS: the page is drawn for a picture: fonts loaded, no skeleton, every shown data grid's canvas and every Plotly
+# figure drawn (lazily loaded widgets draw after the run ends; a grid in a closed tab or expander draws when opened)
+DRAWN_JS = """() => document.fonts.status === 'loaded' && !document.querySelector('[data-testid="stSkeleton"]')
+  && [...document.querySelectorAll('[data-testid="stDataFrame"]')]
+    .every((g) => !g.checkVisibility() || g.querySelector('canvas'))
+  && [...document.querySelectorAll('.js-plotly-plot')].every((g) => g.querySelector('.main-svg'))"""
+
+
+def drawn(page, timeout_ms: int = STEP_TIMEOUT_MS) -> None:
+    """Wait until the page is settled and drawn for a screenshot (settle(), DRAWN_JS, then two frames painted)."""
+    settle(page, timeout_ms)
+    page.wait_for_function(DRAWN_JS, timeout=timeout_ms)
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
 
 
 # JS: what is wrong with the layout of the main area: a control or label outside the window, a label cut

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import LIVE_TOKENS, ROOT, chromium_page, layout_problems, pair_args, require_chromium, run_app
+from tests.browser import (LIVE_TOKENS, ROOT, chromium_page, drawn, layout_problems, pair_args, require_chromium,
+                           run_app, settle)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -41,7 +42,7 @@ def _screenshot_page(page, path: Path, width: int = 1440) -> None:
     to the content's height, then clip to it."""
     page.mouse.move(0, 0)  # no hover card in the picture
     page.set_viewport_size({"width": width, "height": 3000})
-    page.wait_for_timeout(800)
+    drawn(page)  # re-laid out at the new height
     box = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
     height = int(min(3000, box["y"] + box["height"] + 24)) if box else 3000
     page.screenshot(path=str(path), clip={"x": 0, "y": 0, "width": width, "height": height})
@@ -66,7 +67,7 @@ def test_hover_click_take_over_and_export(app_url, page):
     tokens = page.locator(".fp-scroll [data-pos]")
     tokens.first.wait_for()
     page.get_by_text("selects it", exact=True).first.click()  # this walk selects; a flip opens a child (the switchboard)
-    page.wait_for_timeout(1500)
+    settle(page)
     n = tokens.count()
     assert n > 5
     assert page.locator(".fp-scroll [data-pos].spike").count() >= 1  # spikes are outlined on the first view
@@ -256,7 +257,7 @@ def test_up_down_move_the_cursor_a_line_and_space_flips(app_url, page):
     try:
         page.goto(f"{url}?trace={trace.key}&click=flip")
         page.locator(f'.fp-scroll[data-key="{trace.key}"] [data-pos]').first.wait_for()
-        page.wait_for_timeout(1500)
+        drawn(page)  # laid out: the lines' tops are final
         tops = page.locator(".fp-scroll [data-pos]").evaluate_all("els => els.map(e => e.getBoundingClientRect().top)")
         if len({round(t) for t in tops}) < 2:
             pytest.skip("the text fits on one line")
@@ -298,7 +299,7 @@ def test_at_1440px_no_control_is_cut(app_url, page):
     page.set_viewport_size({"width": 1440, "height": 1600})
     page.goto(f"{url}?trace={trace.key}")
     page.locator(f'.fp-scroll[data-key="{trace.key}"] [data-pos]').first.wait_for()
-    page.wait_for_timeout(2000)
+    drawn(page)  # the runs over, grids, figures and fonts drawn
     if page.locator('[data-testid="stSidebar"]').get_attribute("data-collapsed") == "true":
         page.locator('[data-testid="stExpandSidebarButton"]').first.click()  # closed by a narrow window before
         page.wait_for_timeout(1000)

@@ -18,11 +18,12 @@ import pytest
 from tests.browser import (
     LIVE_TOKENS,
     ROOT,
-    STEP_TIMEOUT_MS,
     chromium_page,
+    drawn,
     pair_args,
     require_chromium,
     run_app,
+    settle,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -51,16 +52,9 @@ def page(server, tmp_path_factory):
         yield pg
 
 
-IDLE_JS = """() => !document.querySelector('[data-testid="stStatusWidget"]') &&
-  ![...document.querySelectorAll('[data-testid="stToolbar"] button, header button')]
-    .some(b => /^(Stop|Running)/.test(b.innerText.trim()))"""
-
-
 def _settle(page) -> None:
-    """Wait until Streamlit has finished the current run (no running indicator, no Stop button) twice."""
-    for _ in range(2):
-        page.wait_for_timeout(400)
-        page.wait_for_function(IDLE_JS, timeout=STEP_TIMEOUT_MS)
+    """Wait until Streamlit has finished every run the page started (tests/browser.settle)."""
+    settle(page)
 
 
 def _no_error(page, where: str, log: Path) -> None:
@@ -71,8 +65,7 @@ def _no_error(page, where: str, log: Path) -> None:
 
 def _shot(page, name: str) -> None:
     page.mouse.move(0, 0)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=STEP_TIMEOUT_MS)
-    page.wait_for_timeout(1500)  # lazily loaded widgets (data grids, multiselects) draw after the run ends
+    drawn(page)  # lazily loaded widgets (data grids, figures) draw after the run ends
     page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
 
 
@@ -165,7 +158,7 @@ def _wait_for(cond, timeout_s: float = 90.0) -> None:
     end = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < end, "timed out"
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
 def _bg(page, selector: str) -> str:

@@ -15,8 +15,8 @@ import re
 
 import pytest
 
-from tests.browser import (DEEP_JS, LIVE_TOKENS, ROOT, chromium_page, layout_problems, pair_args, require_chromium,
-                           run_app)
+from tests.browser import (DEEP_JS, LIVE_TOKENS, ROOT, STEP_TIMEOUT_MS, chromium_page, drawn, layout_problems,
+                           pair_args, require_chromium, run_app, settle)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -80,12 +80,13 @@ def _text(page) -> str:
 
 
 def _click_and_wait(page, locator) -> str:
-    """Click, then wait until the open trace (the URL) changes and its view is drawn; the new key."""
+    """Click, then wait until the open trace (the URL) changes, its view is drawn and Streamlit's runs are over;
+    the new key."""
     before = _key(page)
     locator.click()
     page.wait_for_function("(k) => !window.location.search.includes('trace=' + k)", arg=before)
     page.locator(".fp-scroll [data-pos]").first.wait_for()
-    page.wait_for_timeout(300)
+    settle(page)
     return _key(page)
 
 
@@ -302,7 +303,7 @@ def test_edit_and_continue_opens_the_new_trace_with_the_typed_tokens_marked(app)
     _open(page, url)
     root = _key(page)
     page.get_by_text("types there", exact=True).first.click()
-    page.wait_for_timeout(1200)
+    settle(page)
     pos = 6
     page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
     box = page.locator(".fp-edit")
@@ -325,7 +326,7 @@ def test_edit_and_continue_opens_the_new_trace_with_the_typed_tokens_marked(app)
     page.locator("body").press("b")  # the parent is one step back
     page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=root)
     page.get_by_text("flips the takeover", exact=True).first.click()
-    page.wait_for_timeout(800)
+    settle(page)
 
 
 def test_at_800px_no_control_is_cut(app):
@@ -336,11 +337,11 @@ def test_at_800px_no_control_is_cut(app):
     try:
         page.goto(url)  # a fresh page load at this width
         page.locator(LIVE_TOKENS).first.wait_for()
-        page.wait_for_timeout(2000)
+        drawn(page)  # the runs over, grids, figures and fonts drawn
         assert page.locator('[data-testid="stSidebar"]').get_attribute("data-collapsed") == "true"
         problems = layout_problems(page)
         page.set_viewport_size({"width": 800, "height": 2400})
-        page.wait_for_timeout(500)
+        drawn(page)
         page.screenshot(path=str(OUT / "narrow_800.png"))
         assert problems == [], problems
     finally:
@@ -368,6 +369,7 @@ def test_a_selection_reruns_neither_the_plot_nor_the_graph_and_a_switch_both(app
     url, store_dir, page = app
     from core.io.store import TraceStore
     from core.views.presentation import flip_changes
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     _open(page, url)
     root = _key(page)
@@ -375,13 +377,13 @@ def test_a_selection_reruns_neither_the_plot_nor_the_graph_and_a_switch_both(app
     child = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{points[0]}"]'))  # a tree: the graph is drawn
     page.locator("[class*='st-key-tree_graph_'] .js-plotly-plot").first.wait_for()
     page.get_by_text("selects it", exact=True).first.click()
-    page.wait_for_timeout(1500)
+    settle(page)
     page.evaluate(STALE_JS)
     for pos in (2, 5):  # two selections: the URL and the selection panel follow each
         page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
         page.wait_for_function("(p) => window.location.search.includes('pos=' + p)", arg=pos)
         page.get_by_text(re.compile(rf"^Token #{pos}$")).first.wait_for()
-    page.wait_for_timeout(800)
+    settle(page)  # every run the selections started is over: a plot or graph rerun among them was seen
     stale = page.evaluate("() => window.__fpStale")
     assert stale["view"] > 0, "the selection never reran the text's fragment (the observer saw nothing)"
     assert stale["plot"] == 0 and stale["graph"] == 0, stale
@@ -392,7 +394,10 @@ def test_a_selection_reruns_neither_the_plot_nor_the_graph_and_a_switch_both(app
     row.wait_for()
     row.hover()
     _click_and_wait(page, row)
-    page.wait_for_timeout(1500)
+    try:  # the switch's reruns of the plot and the graph (the assertion below says which never came)
+        page.wait_for_function("() => window.__fpStale.plot > 0 && window.__fpStale.graph > 0", timeout=STEP_TIMEOUT_MS)
+    except PlaywrightTimeout:
+        pass
     stale = page.evaluate("() => window.__fpStale")
     assert stale["plot"] > 0 and stale["graph"] > 0, stale
 
