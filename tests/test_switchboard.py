@@ -417,8 +417,7 @@ def test_at_800px_the_switch_list_and_the_selection_fit(app):
             _click_and_wait(page, row)
         page.get_by_text("Switches (2)").wait_for()
         page.get_by_text("Token #9").wait_for()  # the last forced token is selected
-        page.wait_for_function("() => !document.querySelector('[data-testid=\"stMain\"] [data-stale=\"true\"]')")
-        page.wait_for_timeout(500)
+        drawn(page)  # the runs over, grids, figures and fonts drawn
         problems = layout_problems(page)
         page.screenshot(path=str(OUT / "narrow_800_switched.png"), full_page=True)
         assert problems == [], problems
