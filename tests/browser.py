@@ -208,16 +208,12 @@ LAYOUT_JS = """() => {
     const shown = (e) => e.getClientRects().length && !e.closest('details:not([open])')
       && e.checkVisibility({ checkOpacity: true, checkVisibilityCSS: true });
     const els = [...main.querySelectorAll(sel)].filter(shown);
-    // tables (markdown ones and data frames) must sit inside the window too
-    for (const e of [...main.querySelectorAll('table, [data-testid="stDataFrame"]')].filter(shown)) {
-      const r = e.getBoundingClientRect();
-      if (r.left < -0.5 || r.right > W + 0.5) out.push(`outside the window: table ${(e.innerText || '').trim().slice(0, 40)}`);
-    }
-    for (const e of els) {
+    const tables = [...main.querySelectorAll('table, [data-testid="stDataFrame"]')].filter(shown);  // inside the window too
+    for (const e of [...els, ...tables]) {
       const r = e.getBoundingClientRect();
       const name = (e.innerText || e.getAttribute('aria-label') || e.tagName).trim().slice(0, 40);
       if (r.left < -0.5 || r.right > W + 0.5) out.push(`outside the window: ${name}`);
-      if (e.tagName === 'INPUT') continue;  // its text scrolls inside it by design (typed text, a long option)
+      if (e.tagName === 'INPUT' || tables.includes(e)) continue;  // its text scrolls inside it by design (typed text, a long option)
       for (const t of [e, ...e.querySelectorAll('p, span, div')]) {
         if (t.scrollWidth > t.clientWidth + 1 && getComputedStyle(t).overflowX !== 'visible') {
           out.push(`cut: ${name}`); break;

@@ -52,11 +52,6 @@ def page(server, tmp_path_factory):
         yield pg
 
 
-def _settle(page) -> None:
-    """Wait until Streamlit has finished every run the page started (tests/browser.settle)."""
-    settle(page)
-
-
 def _no_error(page, where: str, log: Path) -> None:
     boxes = page.locator(ERROR_BOXES)
     texts = [boxes.nth(i).inner_text() for i in range(boxes.count())]
@@ -71,7 +66,7 @@ def _shot(page, name: str) -> None:
 
 def _nav(page, title: str) -> None:
     page.locator('[data-testid="stSidebarNav"]').get_by_role("link", name=title).first.click()
-    _settle(page)
+    settle(page)
 
 
 def _wait_trace(page) -> None:
@@ -83,13 +78,13 @@ def _wait_trace(page) -> None:
     if not tokens.is_visible() and generate.is_visible():
         generate.click()
     tokens.wait_for()
-    _settle(page)
+    settle(page)
 
 
 def _select(page, pos: int) -> None:
     page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
     page.get_by_text(re.compile(rf"^Token #{pos}$")).first.wait_for()
-    _settle(page)
+    settle(page)
 
 
 def _click_first_grid_row(page, testid_key: str) -> None:
@@ -111,7 +106,7 @@ def test_every_page_from_every_link_without_an_error(server, page):
         _no_error(page, title, log)
         _shot(page, title.lower())
     page.goto(f"{url}problems")  # a deep link to another page
-    _settle(page)
+    settle(page)
     _no_error(page, "deep link /problems", log)
 
 
@@ -121,7 +116,7 @@ def test_deep_link_logs_no_404(server, page):
     url, _, _ = server
     page.bad_responses.clear()
     page.goto(f"{url}problems")
-    _settle(page)
+    settle(page)
     assert not [u for u in page.bad_responses if "_stcore" in u], page.bad_responses
 
 
@@ -146,7 +141,7 @@ def test_open_a_trace_from_generate(server, page):
     _nav(page, "Generate")
     page.get_by_role("button", name=re.compile(r"^Run on \d+ problem")).click()
     page.get_by_text(re.compile(r"trace\(s\) stored")).first.wait_for()
-    _settle(page)
+    settle(page)
     page.get_by_role("button", name="Open in Trace").click()
     _wait_trace(page)
     _no_error(page, "Generate -> Trace", log)
@@ -172,7 +167,7 @@ def test_take_over_force_and_branch_a_branch_with_one_colour_scale(server, page)
     page.goto(f"{url}?click=select&spikes=top:5")  # a click selects (the switchboard is tests/test_switchboard.py)
     _wait_trace(page)
     page.get_by_text("selects it", exact=True).first.click()  # a click selects here (flip mode opens a child)
-    _settle(page)
+    settle(page)
     parent = re.search(r"trace=([0-9a-f]+)", page.url).group(1)
     store = TraceStore(store_dir)
     trace = store.get(parent)
@@ -186,7 +181,7 @@ def test_take_over_force_and_branch_a_branch_with_one_colour_scale(server, page)
         page.get_by_text(re.compile(r"here too: nothing changes")).first.wait_for()
         page.get_by_role("button", name="Branch with this token").click()
     page.locator('.fp-compare[data-side="branch"]').wait_for()
-    _settle(page)
+    settle(page)
     _no_error(page, "take over", log)
     # the same token has the same colour in the main view and in the comparison (one shared range)
     n = len(trace)
@@ -202,7 +197,7 @@ def test_take_over_force_and_branch_a_branch_with_one_colour_scale(server, page)
     if differs:
         page.get_by_role("button", name="Branch with this token").click()
     _wait_for(lambda: len(TraceStore(store_dir).children(parent)) >= 1 + differs)
-    _settle(page)
+    settle(page)
     _no_error(page, "force a token", log)
     kids = [store.get(k) for k in TraceStore(store_dir).children(parent)]
     assert any(str(k.source[pos]) == "forced" for k in kids)
@@ -218,7 +213,7 @@ def test_take_over_force_and_branch_a_branch_with_one_colour_scale(server, page)
     page.get_by_role("button", name="Branch with this token").click()  # another token: always a new branch
     page.locator('.fp-compare[data-side="branch"]').wait_for()
     _wait_for(lambda: bool(TraceStore(store_dir).children(child)))
-    _settle(page)
+    settle(page)
     _no_error(page, "branch a branch", log)
     assert TraceStore(store_dir).children(child), "the branch of a branch is stored under the branch"
     edges = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(gd => (gd.data || [])
@@ -229,7 +224,7 @@ def test_take_over_force_and_branch_a_branch_with_one_colour_scale(server, page)
 
 def _download(page, fmt_label: str, tmp: Path, ext: str) -> Path:
     page.get_by_text(fmt_label, exact=True).first.click()
-    _settle(page)
+    settle(page)
     button = page.get_by_role("button", name=re.compile(rf"Download forkpoint-.*\.{ext}$"))  # this format's file
     button.wait_for()
     with page.expect_download() as info:
@@ -309,11 +304,11 @@ def test_graph_columns_notes_and_search(server, page):
         page.goto(f"{url}?trace={parent}")
         _wait_trace(page)
         page.get_by_text("selects it", exact=True).first.click()  # a click selects (flip mode opens a child)
-        _settle(page)
+        settle(page)
         _select(page, pos)
         page.get_by_role("button", name=button).click()  # an identical branch is the parent's existing child
         page.locator('.fp-compare[data-side="branch"]').wait_for()
-        _settle(page)
+        settle(page)
     assert len(TraceStore(store_dir).children(parent)) >= 2
     kids = store.children(parent)
     # the graph: every trace of the tree a node; a click on a child's node opens it
@@ -333,7 +328,7 @@ def test_graph_columns_notes_and_search(server, page):
     for k in kids[:2]:
         box.locator("input").first.click()
         page.get_by_role("option", name=re.compile(k[:8])).first.click()
-        _settle(page)
+        settle(page)
     columns = page.locator(".fp-cmp-grid .fp-compare")
     columns.nth(2).wait_for()
     assert columns.count() == 3
@@ -353,7 +348,7 @@ def test_graph_columns_notes_and_search(server, page):
     form = page.locator('[data-testid="stForm"]').first
     form.locator("textarea").fill("look here ![i](http://example.invalid/x.png)")
     form.get_by_role("button", name="Add note").click()
-    _settle(page)
+    settle(page)
     page.reload()
     _wait_trace(page)
     marked = page.locator(".fp-scroll .tok.note")
@@ -369,7 +364,7 @@ def test_graph_columns_notes_and_search(server, page):
     word = next(t for t in store.get(parent).tokens if t.strip().isalpha() and len(t.strip()) >= 3)
     page.locator(".st-key-search_pattern input").fill(word)
     page.keyboard.press("Enter")
-    _settle(page)
+    settle(page)
     _no_error(page, "search", log)
     _shot(page, "search")
     _click_first_grid_row(page, "search_table")
