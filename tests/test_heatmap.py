@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 from fakes import fake_decode, make_trace
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidInputError
@@ -107,13 +107,16 @@ def test_unknown_scale_lists_choices():
     st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=60),
     st.sampled_from(SCALES),
 )
+@example([0.0, 5e-324], "rank")  # two values the warp below merges: found by a CI run
 def test_colour_is_monotone_in_value(values, scale):
     u = normalise(values, scale=scale)
     assert np.all((u >= 0) & (u <= 1))
     order = np.argsort(values, kind="stable")
     assert np.all(np.diff(u[order]) >= -1e-12)  # larger value, never a lighter colour
-    if scale == "rank":  # invariant under any increasing transform
-        np.testing.assert_allclose(u, normalise(np.arctan(np.asarray(values) / 1e3), scale="rank"))
+    if scale == "rank":  # invariant under any strictly increasing transform
+        warped = np.arctan(np.asarray(values) / 1e3)
+        if np.unique(warped).size == np.unique(values).size:  # rounding can merge neighbours (0 and 5e-324)
+            np.testing.assert_allclose(u, normalise(warped, scale="rank"))
 
 
 # -- token spans --------------------------------------------------------------------------------------
