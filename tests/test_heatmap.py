@@ -107,7 +107,7 @@ def test_unknown_scale_lists_choices():
     st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=60),
     st.sampled_from(SCALES),
 )
-@example([0.0, 5e-324], "rank")  # two values the warp below merges: found by a CI run
+@example([0.0, 5e-324], "rank")  # two values the warp below merges (a full-suite run drew them)
 def test_colour_is_monotone_in_value(values, scale):
     u = normalise(values, scale=scale)
     assert np.all((u >= 0) & (u <= 1))
