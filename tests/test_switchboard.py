@@ -108,7 +108,8 @@ def test_flip_a_takeover_on_and_off_again(app):
     assert child != root
     token = page.locator(f'.fp-scroll [data-pos="{pos}"]')
     assert {"src-reason", "sw"} <= set(token.get_attribute("class").split())
-    assert _text(page) != original
+    flipped = _text(page)
+    assert flipped != original
     assert page.get_by_text(re.compile(rf"#{pos} reasoner")).first.is_visible()  # outcome line and switch list
     page.screenshot(path=str(OUT / "flipped.png"))
     stored = TraceStore(store_dir).get(child)
@@ -125,10 +126,13 @@ def test_flip_a_takeover_on_and_off_again(app):
     assert again == child  # the same switch is the same stored trace
     assert page.evaluate("() => window.__fp.staleSidebar") == 0, "a switch reran the whole page"
 
-    page.locator("body").press("b")  # back through the history
-    page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=root)
-    page.locator("body").press("f")  # (b / f are the browser's Back / Forward: Streamlit reruns the page there)
-    page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=child)
+    # b / f are the browser's Back / Forward (Streamlit reruns the page there); each waits until the page has
+    # followed the URL, as a reader would before the next key
+    for key, want, text in (("b", root, original), ("f", child, flipped)):
+        page.locator("body").press(key)
+        page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=want)
+        settle(page)
+        assert _key(page) == want and _text(page) == text
 
 
 def test_an_alternative_in_the_hover_card_is_forced_there(app):
