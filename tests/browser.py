@@ -213,7 +213,8 @@ LAYOUT_JS = """() => {
       const r = e.getBoundingClientRect();
       const name = (e.innerText || e.getAttribute('aria-label') || e.tagName).trim().slice(0, 40);
       if (r.left < -0.5 || r.right > W + 0.5) out.push(`outside the window: ${name}`);
-      if (e.tagName === 'INPUT' || tables.includes(e)) continue;  // its text scrolls inside it by design (typed text, a long option)
+      // an input's text scrolls inside it by design (typed text, a long option); a table only has to sit in the window
+      if (e.tagName === 'INPUT' || tables.includes(e)) continue;
       for (const t of [e, ...e.querySelectorAll('p, span, div')]) {
         if (t.scrollWidth > t.clientWidth + 1 && getComputedStyle(t).overflowX !== 'visible') {
           out.push(`cut: ${name}`); break;

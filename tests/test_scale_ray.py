@@ -32,13 +32,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class SleepOnce(core.BaseOnly):
     """BaseOnly (same record, same keys) that, the first time any worker runs it, writes its pid to
-    `marker` and sleeps: the test kills that process mid-batch."""
+    `marker` and sleeps: the test kills that process mid-batch. Only one worker can create the marker (two that
+    reach step 2 at once would both sleep otherwise)."""
 
     marker = ""
 
     def takeover(self, step):
-        if step.t == 2 and self.marker and not os.path.exists(self.marker):
-            Path(self.marker).write_text(str(os.getpid()))
+        if step.t == 2 and self.marker:
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return super().takeover(step)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
             time.sleep(120)
         return super().takeover(step)
 

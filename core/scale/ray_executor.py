@@ -227,13 +227,15 @@ class RayExecutor(_Executor):
         self.close()
 
     # -- the pool ---------------------------------------------------------------------------
-    def _moved(self, a: int, worker: str) -> None:
-        """Actor `a` answered from process `worker` ("host:pid"): follow it if Ray restarted it."""
+    def _moved(self, a: int, worker: str) -> bool:
+        """Actor `a` answered from process `worker` ("host:pid"): follow it if Ray restarted it (True then)."""
         pid = int(worker.rsplit(":", 1)[1])
-        if pid != self._pids[a]:
-            log.warning("Ray worker w%d was restarted (process %d is now %s)", a, self._pids[a], worker)
-            self._pids[a] = pid
-            self.stats[a].worker = f"w{a} {worker}"
+        if pid == self._pids[a]:
+            return False
+        log.warning("Ray worker w%d was restarted (process %d is now %s)", a, self._pids[a], worker)
+        self._pids[a] = pid
+        self.stats[a].worker = f"w{a} {worker}"
+        return True
 
     def _leave(self, a: int, err: BaseException) -> None:
         """Actor `a` is dead for good (Ray used up its restarts): it leaves the pool."""
@@ -244,11 +246,11 @@ class RayExecutor(_Executor):
         log.warning("Ray worker %s died and Ray cannot restart it (max_restarts=%d used up: %s); it leaves the "
                     "pool, %d worker(s) left", self.stats[a].worker, self.max_restarts, _cause(err), len(self._alive))
 
-    def _lost(self, flight: dict[int, tuple[Any, int, int]]) -> list[int]:
+    def _lost(self, flight: dict[int, tuple[Any, int]]) -> list[int]:
         """Positions of the calls in flight whose actor died (their answer is an actor error); those actors
         leave the pool when Ray says they are dead for good."""
         ray = import_ray()
-        refs = {ref: pos for pos, (ref, _, _) in flight.items()}
+        refs = {ref: pos for pos, (ref, _) in flight.items()}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
         lost = []
         for ref in ready:
@@ -256,7 +258,7 @@ class RayExecutor(_Executor):
                 ray.get(ref)
             except ray.exceptions.RayActorError as err:
                 pos = refs[ref]
-                _, a, _ = flight.pop(pos)
+                _, a = flight.pop(pos)
                 if isinstance(err, ray.exceptions.ActorDiedError):
                     self._leave(a, err)
                 lost.append(pos)
@@ -267,18 +269,20 @@ class RayExecutor(_Executor):
     def _map(self, method: str, calls: Sequence[tuple[tuple, dict]]) -> Iterator[tuple[int, Any, int, bool]]:
         """Yield (position, answer, actor, re-run) for each call `Worker.<method>(*args, **kwargs)` as it
         finishes, spread over the pool by Ray's ActorPool. "re-run": Ray restarted the actor and ran the call
-        again. A call whose actor died for good goes to another actor; none left: ExecutorError."""
+        again: the first answer from the actor's new process (one call is in flight per actor, so the next call,
+        which the pool may send before that answer is read here, ran once). A call whose actor died for good goes
+        to another actor; none left: ExecutorError."""
         ray = import_ray()
         from ray.util import ActorPool
 
         pool = ActorPool([self._actors[a] for a in self._alive])
         index = {self._actors[a]: a for a in self._alive}
-        flight: dict[int, tuple[Any, int, int]] = {}  # position -> (ref, actor, its pid when the call was sent)
+        flight: dict[int, tuple[Any, int]] = {}  # position -> (ref, actor)
 
         def send(actor: Any, pos: int) -> Any:
             args, kwargs = calls[pos]
             ref = actor.serve.remote(pos, method, args, kwargs)
-            flight[pos] = (ref, index[actor], self._pids[index[actor]])
+            flight[pos] = (ref, index[actor])
             return ref
 
         for pos in range(len(calls)):
@@ -297,10 +301,9 @@ class RayExecutor(_Executor):
                 continue
             except ray.exceptions.RayTaskError as err:  # the call itself raised (e.g. a bad problem): the user's error
                 raise err.as_instanceof_cause() from None
-            _, a, sent_pid = flight.pop(pos)
-            self._moved(a, worker)
+            _, a = flight.pop(pos)
             left -= 1
-            yield pos, answer, a, self._pids[a] != sent_pid
+            yield pos, answer, a, self._moved(a, worker)
 
     # -- running ----------------------------------------------------------------------------
     @property
