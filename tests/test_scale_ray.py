@@ -30,22 +30,33 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # -- Ray ---------------------------------------------------------------------------------------------
 
+def _claim(path: str) -> bool:
+    """Create `path` holding this process's id; False when another process made it first (O_EXCL)."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
+
+
 class SleepOnce(core.BaseOnly):
-    """BaseOnly (same record, same keys) that, the first time any worker runs it, writes its pid to
-    `marker` and sleeps: the test kills that process mid-batch. Only one worker can create the marker (two that
-    reach step 2 at once would both sleep otherwise)."""
+    """BaseOnly (same record, same keys) that stops two workers at step 2: the first to get there writes its
+    pid to `marker` and sleeps (the test kills that process mid-batch); the next waits while `hold` exists, so
+    that a batch is still waiting for a worker when the killed batch's re-run comes back (the pool sends it to
+    the restarted worker). Each is claimed by one process only."""
 
     marker = ""
+    hold = ""
 
     def takeover(self, step):
         if step.t == 2 and self.marker:
-            try:
-                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                return super().takeover(step)
-            os.write(fd, str(os.getpid()).encode())
-            os.close(fd)
-            time.sleep(120)
+            if _claim(self.marker):
+                time.sleep(120)
+            elif self.hold and _claim(self.hold + ".taken"):
+                while os.path.exists(self.hold):
+                    time.sleep(0.05)
         return super().takeover(step)
 
 
@@ -188,7 +199,8 @@ def test_more_workers_than_exist_is_a_message_within_the_timeout(ray_executor, d
 
 @pytest.mark.slow
 def test_killed_worker_batch_is_retried(ray_executor, demo, problems, tmp_path):
-    SleepOnce.marker = str(tmp_path / "victim.pid")
+    SleepOnce.marker, SleepOnce.hold = str(tmp_path / "victim.pid"), str(tmp_path / "hold")
+    Path(SleepOnce.hold).touch()
     ref = reference(demo, problems, core.BaseOnly(), 2, max_new_tokens=10)
     store = core.TraceStore(tmp_path / "s")
     box = {}
@@ -209,12 +221,16 @@ def test_killed_worker_batch_is_retried(ray_executor, demo, problems, tmp_path):
     victim = int(Path(SleepOnce.marker).read_text())
     assert victim in ray_executor.pids()
     os.kill(victim, signal.SIGKILL)
+    while len(store.keys()) < 2:  # the re-run batch is stored: the pool has sent the last batch to its worker
+        assert time.time() < deadline + 120 and thread.is_alive(), box.get("error")
+        time.sleep(0.2)
+    Path(SleepOnce.hold).unlink()
     thread.join(timeout=240)
     assert "error" not in box, box.get("error")
     out = box["out"]
     assert all(same(a, b) for a, b in zip(out, ref)) and len(out) == len(ref) == 6
     assert sorted(store.keys()) == sorted(t.key for t in ref)  # nothing lost, nothing doubled
-    assert ray_executor.summary()["retried"].sum() == 1
+    assert ray_executor.summary()["retried"].sum() == 1  # the batch sent to the restarted worker ran once
 
 
 @pytest.mark.slow
