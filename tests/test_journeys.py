@@ -348,6 +348,12 @@ def test_graph_columns_notes_and_search(server, page):
     form = page.locator('[data-testid="stForm"]').first
     form.locator("textarea").fill("look here ![i](http://example.invalid/x.png)")
     form.get_by_role("button", name="Add note").click()
+    # wait for the app's answer before the reload (it would drop a submission still on its way; a CI run once
+    # reloaded a page whose note had not been stored)
+    saved = page.get_by_text(re.compile(r"^Note saved on token")).first
+    saved.or_(page.locator(ERROR_BOXES).first).wait_for()
+    _no_error(page, "adding a note", log)
+    assert saved.is_visible()
     settle(page)
     page.reload()
     _wait_trace(page)
