@@ -103,3 +103,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Collect the heavy files first (stable within a file); see HEAVY_FIRST."""
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A browser test that fails leaves a screenshot of its page in test-output/failures/ (a flake in CI can then
+    be read from what the page showed, not guessed)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    args = getattr(item, "funcargs", {}).values()
+    pages = [v for arg in args for v in (arg if isinstance(arg, tuple) else (arg,)) if type(v).__name__ == "Page"]
+    for i, page in enumerate(pages):
+        out = Path(__file__).resolve().parents[1] / "test-output" / "failures"
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            page.screenshot(path=str(out / f"{item.name[:100]}-{i}.png"), full_page=True, timeout=10_000)
+        except Exception as exc:  # noqa: BLE001  a closed or hung page: the test's own failure is what counts
+            report.sections.append(("failure screenshot", f"not taken: {exc}"))

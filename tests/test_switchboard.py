@@ -183,6 +183,7 @@ def test_measured_effects_are_markers_on_the_token_view(app):
     page.get_by_text("Instruments: takeover effects").click()
     page.get_by_role("spinbutton", name="Samples per arm").fill("2")
     page.keyboard.press("Enter")
+    settle(page)  # the Enter's run first, as a reader waits for the page before the next click
     page.get_by_role("button", name="Measure effects").click()
     marker = page.locator(".fp-scroll [data-fx]").first
     marker.wait_for(timeout=120_000)
