@@ -127,12 +127,15 @@ def test_flip_a_takeover_on_and_off_again(app):
     assert page.evaluate("() => window.__fp.staleSidebar") == 0, "a switch reran the whole page"
 
     # b / f are the browser's Back / Forward (Streamlit reruns the page there); each waits until the page has
-    # followed the URL, as a reader would before the next key
+    # followed the URL and drawn that trace's view (it draws after the run ends), as a reader would before the
+    # next key
     for key, want, text in (("b", root, original), ("f", child, flipped)):
         page.locator("body").press(key)
         page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=want)
         settle(page)
-        assert _key(page) == want and _text(page) == text
+        view = page.locator(f'.fp-scroll[data-key="{want}"] [data-pos]')
+        view.first.wait_for()
+        assert "".join(view.all_inner_texts()) == text
 
 
 def test_an_alternative_in_the_hover_card_is_forced_there(app):
