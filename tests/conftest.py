@@ -18,6 +18,18 @@ import core
 torch.set_num_threads(1)
 from core.demo.tiny import build_tiny_model, build_tiny_tokenizer
 
+
+@pytest.fixture(autouse=True)
+def _torch_stays_on_one_thread():
+    """Every test leaves torch on the one thread set above: a leaked count makes every later test of the worker
+    contend with the other worker for both cores (core.demo.train once left 2 behind)."""
+    yield
+    threads = torch.get_num_threads()
+    if threads != 1:
+        torch.set_num_threads(1)
+        pytest.fail(f"the test left torch on {threads} threads (something set it and did not restore it)")
+
+
 # Cheap on purpose: hidden 64, 2 layers; the tokenizer has 400 entries.
 TINY = {"hidden": 64, "layers": 2}
 LLAMA_PAD = 37  # rows of embedding padding past the tokenizer (real checkpoints pad to a multiple of 64/128)

@@ -155,8 +155,13 @@ def _take(it, n):
 # -- training round trip -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
+    import torch
+
     out = tmp_path_factory.mktemp("demo_tiny")
-    report = demo_train.train_demo_pair(out, size="tiny")
+    before = torch.get_num_threads()
+    report = demo_train.train_demo_pair(out, size="tiny", threads=before + 1)
+    # training's thread count is not left behind (it had been: every later test of the worker ran on 2 threads)
+    assert report["threads"] == before + 1 and torch.get_num_threads() == before
     return out, report
 
 
@@ -196,8 +201,8 @@ def test_tiny_pair_loads_through_load_pair(tiny_run):
 def test_training_is_reproducible(tiny_run, tmp_path):
     from safetensors.torch import load_file
 
-    out, _ = tiny_run
-    demo_train.train_demo_pair(tmp_path, size="tiny")
+    out, report = tiny_run
+    demo_train.train_demo_pair(tmp_path, size="tiny", threads=report["threads"])
     for side in ("base", "reason"):
         a, b = load_file(out / side / "model.safetensors"), load_file(tmp_path / side / "model.safetensors")
         assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)

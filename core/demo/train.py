@@ -238,18 +238,27 @@ def train_demo_pair(out_dir: str | Path, steps: int | None = None, size: str = "
     """Train the base and reasoning models into out_dir/{base,reason} (+ pair.json, train_log.json).
 
     `steps` overrides the base step count (the reasoner gets the configured share of it).
-    Returns the training log (config, losses, timings).
+    Returns the training log (config, losses, timings). `threads` applies during training only.
     """
-    from transformers import set_seed
-
     if size not in SIZES:
         raise InvalidInputError(f"Unknown demo size {size!r}; choose one of: {', '.join(SIZES)}")
     cfg = replace(SIZES[size], seed=seed, **overrides)
     if steps is not None:
         ratio = cfg.reason_steps / cfg.base_steps
         cfg = replace(cfg, base_steps=steps, reason_steps=max(1, round(steps * ratio)))
+    before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
+    try:
+        return _train(out_dir, cfg, size, progress)
+    finally:  # the thread count is the process's: a caller's setting is not ours to keep
+        torch.set_num_threads(before)
+
+
+def _train(out_dir: str | Path, cfg: DemoConfig, size: str, progress: StageProgress | None) -> dict:
+    """`train_demo_pair`'s work, with torch's thread count already set."""
+    from transformers import set_seed
+
     set_seed(cfg.seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
