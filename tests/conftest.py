@@ -91,18 +91,6 @@ def float64_models():
     return get
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """ONE local Ray (2 CPUs) for the whole test session: tests that need Ray share it (starting Ray costs
-    seconds); each test starts and stops only its own workers on it."""
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 # The heaviest test files, heaviest first (`pytest --durations=60` on 2 cores). With `--dist loadfile` each file
 # runs on one worker, in the order collected, so a heavy file collected late holds the whole run up at its end
 # while the other worker idles; collecting these first lets the light files fill in around them.

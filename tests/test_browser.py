@@ -192,7 +192,8 @@ def test_every_page_opens_from_its_url_in_a_fresh_browser(app_url, page):
 
 
 # JS (an init script): every frame, whether the shell's first paint (app/first_paint.py) and the live token view
-# (its tokens in the component's shadow root) are on screen, and the first paint's token texts when it is first seen
+# (its tokens in the component's shadow root) are on screen, and the first paint's token texts as last painted (a
+# frame can come while the parser is still inside the paint's element: its first frame may hold no token yet)
 PAINT_WATCH = """
 window.__fpPaint = { seen: false, texts: null, both: 0, liveSeen: false };
 const liveTokens = () => {
@@ -204,7 +205,7 @@ const liveTokens = () => {
 };
 const tick = () => {
   const w = window.__fpPaint, paint = document.getElementById('fp-first-paint'), live = liveTokens();
-  if (paint && !w.seen) { w.seen = true; w.texts = [...paint.querySelectorAll('[data-pos]')].map((e) => e.textContent); }
+  if (paint) { w.seen = true; w.texts = [...paint.querySelectorAll('[data-pos]')].map((e) => e.textContent); }
   if (live) w.liveSeen = true;
   if (paint && live) w.both += 1;
   requestAnimationFrame(tick);

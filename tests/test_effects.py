@@ -259,7 +259,7 @@ def test_cli_curve_prints_the_success_curve_and_its_pivotal_tokens(demo, tmp_pat
     assert text.exit_code == 0 and "pivotal token" in text.output
 
 
-# -- spread over an executor (the Ray test is in test_scale_ray.py, on the session's Ray) -----------
+# -- spread over an executor (the Ray test is in test_scale_ray.py, on that file's Ray) -----------
 
 
 def test_an_executor_gives_the_in_process_table_and_stores_the_same_continuations(demo, tmp_path) -> None:

@@ -1,7 +1,6 @@
 """core.scale on Ray: the RayExecutor gives the traces one process gives, skips what is stored, loses and doubles
-nothing. The tests share the session's one local Ray (2 CPUs, `ray_cluster` in conftest.py) and 2 CPU workers on
-the demo pair; they compare every result with the in-process run, and kill workers mid-batch, between stages
-(through the CLI) and for good.
+nothing. The tests share one local Ray (2 CPUs, `ray_cluster`) and 2 CPU workers on the demo pair; they compare
+every result with the in-process run, and kill workers mid-batch, between stages (through the CLI) and for good.
 
 Order: the tests that use the module's 2 workers as they are come first, then those that kill or close them
 (each start of a worker loads the pair in a fresh process: seconds), then those that start pools of their own.
@@ -61,8 +60,21 @@ class SleepOnce(core.BaseOnly):
 
 
 @pytest.fixture(scope="module")
+def ray_cluster():
+    """ONE local Ray (2 CPUs) for this file's tests (starting Ray costs seconds); each test starts and stops only
+    its own workers on it, and Ray stops with the file (its daemons would otherwise idle on a shared core
+    through the rest of the worker's tests)."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
 def ray_executor(ray_cluster):
-    """2 CPU workers on the session's Ray (max_restarts=1: a second kill of one worker is for good)."""
+    """2 CPU workers on the module's Ray (max_restarts=1: a second kill of one worker is for good)."""
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need SleepOnce's code
     ex = core.scale.RayExecutor(workers=2, max_restarts=1)
     yield ex
