@@ -184,6 +184,7 @@ URL_KEY = "_url_written"  # the query parameters this session last wrote (or ado
 DATASET_TAB_KEY = "ds_tab"  # the Dataset page's open analysis tab (its label; lazy tabs: only it runs)
 INSTRUMENTS_TAB_KEY = "ds_instruments_tab"  # the Dataset page's open instruments tab (its label)
 GO_KEY = "sw_go"  # a pending move through the browser's history ({"step": -1 | 1, "id": n}, the token view makes it)
+CHARTS_KEY = "charts_ok"  # the token view has drawn in this session: the Trace page's Plotly charts may draw
 
 
 def write_query_params() -> None:

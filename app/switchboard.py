@@ -47,10 +47,16 @@ def rerun_after(before: tuple[str | None, int | None], after: tuple[str | None, 
 def on_click() -> None:
     """A click in the token view: select the token, flip its switch (switchboard mode), force a top-k
     alternative (a click in the hover card), or move through the switch history (keys b / f outside the app);
-    then rerun only the fragments whose data changed."""
+    then rerun only the fragments whose data changed. The view's first draw in a session says so once
+    (`{"drawn": true}`): then the charts (app/trace_panels.charts_ready)."""
     ss = st.session_state
+    event = ss[VIEW_KEY].click
+    if isinstance(event, dict) and event.get("drawn"):  # the session's first view is on screen: now the charts
+        ss[state.CHARTS_KEY] = True
+        st.rerun([PLOT, GRAPH])
+        return
     before = (ss.get("trace_key"), ss.get("sel_pos"))
-    _apply_click(ss[VIEW_KEY].click)
+    _apply_click(event)
     # a queued switch (the rerun path, without the live route) changes the open trace in the view's run
     keys = list(FRAGMENTS) if ss.get("switch_job") else rerun_after(before, (ss.get("trace_key"), ss.get("sel_pos")))
     st.rerun(keys)

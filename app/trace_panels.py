@@ -78,6 +78,7 @@ def header(trace: Trace, rule_text: str) -> None:
 
 
 PLOT_KEY = "score_plot"  # one chart for every open trace: a new trace updates it in place, never remounts it
+PLOT_HEIGHT = 260  # px: the score plot, and the room kept for it before it draws
 
 
 def _on_plot() -> None:
@@ -147,12 +148,16 @@ def _open_trace(ctx: Context) -> Trace | None:
 
 @st.fragment(key=PLOT)
 def plot_panel() -> None:
-    """The open trace's score plot (its data: the trace and the score; a click on a point selects the token)."""
+    """The open trace's score plot (its data: the trace and the score; a click on a point selects the token).
+    Not before the session's token view has drawn (`charts_ready`): its room is kept."""
     ctx = get_context()
     trace = _open_trace(ctx)
     if trace is None:
         return
-    st.plotly_chart(trace_figure(trace, ctx.settings.score), key=PLOT_KEY, on_select=_on_plot,
+    if not charts_ready():
+        st.container(height=PLOT_HEIGHT, border=False)
+        return
+    st.plotly_chart(trace_figure(trace, ctx.settings.score, PLOT_HEIGHT), key=PLOT_KEY, on_select=_on_plot,
                     selection_mode="points", config={"displayModeBar": False})
 
 
@@ -161,8 +166,15 @@ def graph_fragment() -> None:
     """The branch graph of the open trace's tree (its data: the tree and which node is open)."""
     ctx = get_context()
     trace = _open_trace(ctx)
-    if trace is not None:
+    if trace is not None and charts_ready():
         graph_panel(ctx, trace)
+
+
+def charts_ready() -> bool:
+    """Whether this session's token view has drawn (it says so once, app/switchboard.py). Until then the page
+    sends no Plotly chart: in a fresh browser, Plotly's 4.8 MB bundle, fetched and compiled for the first chart,
+    held the token view's own script back by 1.5-2.7 s (benchmarks/RESULTS.md, "Switchboard")."""
+    return bool(st.session_state.get(state.CHARTS_KEY))
 
 
 @st.fragment(key=EXTRAS)
@@ -217,6 +229,7 @@ def view_panel(rule_text: str, top, side) -> None:
     data["go"] = ss.get(state.GO_KEY)
     data["history"] = True  # the app: b / f move the browser's history (the URL follows, app/state.py)
     data["note"] = ss.pop("sw_same", None)
+    data["charts_waiting"] = not charts_ready()  # the view says when it has drawn: the charts follow
     live_ok = mode in ("flip", "edit") and (start, end) == (0, len(trace))
     if live_ok:
         resources.warm_up()  # what the first switch's grading loads, loaded while the user reads

@@ -23,12 +23,19 @@ def tiny_argv(tiny_dirs: dict[str, Path], store: Path, problems: Path) -> list[s
             "--problems", str(problems), "--max-new-tokens", "12", "--device", "cpu", "--dtype", "float32"]
 
 
-def start_app(monkeypatch, args: list[str]):
-    """An AppTest of app/main.py (not yet run) with `args` as its command line (sys.argv is what the app parses)."""
+def start_app(monkeypatch, args: list[str], drawn: bool = True):
+    """An AppTest of app/main.py (not yet run) with `args` as its command line (sys.argv is what the app parses).
+    `drawn`: the session's token view has said it is on screen, as it does in a browser (AppTest runs no front
+    end), so the Trace page draws its charts (app/trace_panels.charts_ready)."""
     from streamlit.testing.v1 import AppTest
 
+    from app.state import CHARTS_KEY
+
     monkeypatch.setattr(sys, "argv", [str(MAIN), *args])
-    return AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
+    at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
+    if drawn:
+        at.session_state[CHARTS_KEY] = True
+    return at
 
 
 def tiny_app(tiny_dirs: dict[str, Path], tmp_path: Path, monkeypatch, problems: list[dict] = ONE_PROBLEM):

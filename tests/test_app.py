@@ -98,6 +98,24 @@ def test_first_view_writes_nothing_and_generate_opens_a_trace(env):
     assert again.session_state["trace_key"] == key and TraceStore(env.store).keys() == [key]
 
 
+def test_a_new_session_sends_its_charts_once_its_token_view_has_drawn(env, monkeypatch):
+    """Until the session's token view says it is on screen (a browser's view does, tests/test_browser.py), the
+    Trace page sends no Plotly chart, keeps the score plot's room, and asks the view to say so; after it, both."""
+    from app.state import CHARTS_KEY
+
+    at = start_app(monkeypatch, env.argv, drawn=False).run()
+    at.button(key="first_generate").click().run()
+    _ok(at)
+    view = next(c for c in at.get("bidi_component") if c.proto.component_name == "forkpoint_token_view")
+    assert json.loads(view.proto.json)["charts_waiting"] is True and len(at.get("plotly_chart")) == 0
+    at.session_state[CHARTS_KEY] = True  # what the view's {"drawn": true} sets (app/switchboard.on_click)
+    at.run()
+    _ok(at)
+    view = next(c for c in at.get("bidi_component") if c.proto.component_name == "forkpoint_token_view")
+    assert json.loads(view.proto.json)["charts_waiting"] is False
+    assert [c.proto.id.endswith("score_plot") for c in at.get("plotly_chart")] == [True]
+
+
 def test_select_token_take_over_and_see_the_branch(env):
     at = env.open()
     parent = at.session_state["trace_key"]

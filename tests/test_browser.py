@@ -236,6 +236,45 @@ def test_a_shared_trace_link_shows_its_text_before_the_live_view_and_never_both(
         fresh.close()
 
 
+# JS (an init script): in the first frame that shows the live token view, how many Plotly charts the page has
+CHART_WATCH = """
+window.__fpCharts = null;
+const tick = () => {
+  const live = [...document.querySelectorAll("[data-testid^='stBidiComponent'], [data-testid^='stBidiComponent'] *")]
+    .some((h) => h.shadowRoot && h.shadowRoot.querySelector('.fp-scroll [data-pos]'));
+  if (live) { window.__fpCharts = document.querySelectorAll('[data-testid="stPlotlyChart"], .js-plotly-plot').length; return; }
+  requestAnimationFrame(tick);
+};
+requestAnimationFrame(tick);
+"""
+
+
+def test_a_fresh_session_draws_its_charts_after_the_text(app_url, page):
+    """A new session's Trace page sends no Plotly chart until its token view has drawn and said so (in a fresh
+    browser, Plotly's bundle held the token view's script back by seconds); then the score plot follows. The
+    token view's own script is held back 1.5 s here, so a chart sent with the text would be on screen first."""
+    import time
+
+    url, store_dir = app_url
+    trace = _stored_trace(store_dir)
+    fresh = page.context.new_page()  # a new tab: a new Streamlit session
+
+    def late(route):
+        time.sleep(1.5)
+        route.continue_()
+
+    try:
+        fresh.route("**/BidiComponent*.js", late)
+        fresh.add_init_script(CHART_WATCH)
+        fresh.goto(f"{url}?trace={trace.key}")
+        fresh.locator(f'.fp-scroll[data-key="{trace.key}"] [data-pos]').first.wait_for()
+        fresh.wait_for_function("() => window.__fpCharts !== null")
+        assert fresh.evaluate("window.__fpCharts") == 0  # no chart before the text
+        fresh.locator('[class*="st-key-score_plot"] .js-plotly-plot').wait_for()  # the score plot follows
+    finally:
+        fresh.close()
+
+
 def _stored_trace(store_dir):
     from core.io.store import TraceStore
 

@@ -524,5 +524,9 @@ export default function (component) {
   const wanted = data.selected === undefined ? null : data.selected;
   if (wanted !== s.sel) s.mark(wanted, true);
   s.scroller.dataset.selected = wanted === null ? "" : String(wanted);
+  if (data.charts_waiting && s.saidDrawn !== data) { // the app holds its charts back until the text is on screen
+    s.saidDrawn = data;
+    requestAnimationFrame(() => s.setTrigger("click", { drawn: true }));
+  }
   return s.cleanup;
 }
