@@ -100,7 +100,8 @@ def test_first_view_writes_nothing_and_generate_opens_a_trace(env):
 
 def test_a_new_session_sends_its_charts_once_its_token_view_has_drawn(env, monkeypatch):
     """Until the session's token view says it is on screen (a browser's view does, tests/test_browser.py), the
-    Trace page sends no Plotly chart, keeps the score plot's room, and asks the view to say so; after it, both."""
+    Trace page sends no Plotly chart and asks the view to say so; after it, the score plot (the graph needs a
+    tree of two traces)."""
     from app.state import CHARTS_KEY
 
     at = start_app(monkeypatch, env.argv, drawn=False).run()

@@ -9,6 +9,7 @@ test-output/browser/.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -253,8 +254,6 @@ def test_a_fresh_session_draws_its_charts_after_the_text(app_url, page):
     """A new session's Trace page sends no Plotly chart until its token view has drawn and said so (in a fresh
     browser, Plotly's bundle held the token view's script back by seconds); then the score plot follows. The
     token view's own script is held back 1.5 s here, so a chart sent with the text would be on screen first."""
-    import time
-
     url, store_dir = app_url
     trace = _stored_trace(store_dir)
     fresh = page.context.new_page()  # a new tab: a new Streamlit session
