@@ -29,7 +29,7 @@ def start_app(monkeypatch, args: list[str], drawn: bool = True):
     end), so the Trace page draws its charts (app/trace_panels.charts_ready)."""
     from streamlit.testing.v1 import AppTest
 
-    from app.state import CHARTS_KEY
+    from app.state import CHARTS_KEY  # deferred with AppTest: app.state imports streamlit
 
     monkeypatch.setattr(sys, "argv", [str(MAIN), *args])
     at = AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)

@@ -14,7 +14,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.downloads import export_file_bytes
-from app.state import DATASET_TAB_KEY
+from app.state import CHARTS_KEY, DATASET_TAB_KEY
 from core.io.store import TraceStore
 from core.views.exports import annotated, read_jsonl
 from tests.apptest import start_app, tiny_argv, write_problems
@@ -102,8 +102,6 @@ def test_a_new_session_sends_its_charts_once_its_token_view_has_drawn(env, monke
     """Until the session's token view says it is on screen (a browser's view does, tests/test_browser.py), the
     Trace page sends no Plotly chart and asks the view to say so; after it, the score plot (the graph needs a
     tree of two traces)."""
-    from app.state import CHARTS_KEY
-
     at = start_app(monkeypatch, env.argv, drawn=False).run()
     at.button(key="first_generate").click().run()
     _ok(at)

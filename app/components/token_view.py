@@ -2,7 +2,8 @@
 
 Python sends the token view's payload (`core.views.token_payload.view_payload`, the notebook widget's too:
 escaped heatmap HTML with one `data-pos` span per token, plus compact hover data); the browser draws hover cards with textContent (never as HTML),
-marks the selected token, and sends clicks and next/previous-spike keys back as `{"pos": i}`.
+marks the selected token, and sends clicks and next/previous-spike keys back as `{"pos": i}` (and, once, `{"drawn": true}`
+when the app holds its charts until the text is on screen: `data["charts_waiting"]`).
 The HTML does not depend on the selection, so a click re-sends only the small `selected` field.
 """
 
