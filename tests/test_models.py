@@ -7,6 +7,8 @@ import dataclasses
 import json
 import subprocess
 import sys
+import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ import torch
 import core
 from core.demo.tiny import build_tiny_model, build_tiny_tokenizer
 from core.pair import loading as load
-from core.pair.forward import head
+from core.pair.forward import TRANSFORMERS_MIN, check_transformers, head
 from core.pair.loading import (
     DEFAULT_BASE_FORMAT,
     PromptFormat,
@@ -64,6 +66,25 @@ def test_missing_path_is_a_clear_error(tmp_path) -> None:
     message = str(err.value)
     assert str(missing) in message and "does not exist" in message
     assert "\n" not in message and "Traceback" not in message
+
+
+def test_an_older_transformers_is_refused_with_the_fix(monkeypatch, tiny_dirs) -> None:
+    """transformers before 5.24 ignores the decoder's `cache` argument (a GPU run under 5.17 failed deep inside a
+    forward): loading says which release is needed, and the bound is the one pyproject.toml declares."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = next(Requirement(r) for r in project["project"]["dependencies"] if r.startswith("transformers"))
+    assert [Version(s.version) for s in declared.specifier if s.operator == ">="] == [Version(TRANSFORMERS_MIN)]
+    check_transformers(TRANSFORMERS_MIN)  # the bound itself passes
+    with pytest.raises(core.ModelLoadError, match=r"transformers >= 5\.24 \(found 5\.17\.0\)"):
+        check_transformers("5.17.0")
+    monkeypatch.setattr("core.pair.forward.metadata", types.SimpleNamespace(version=lambda name: "5.23.0"))
+    with pytest.raises(core.ModelLoadError, match="pip install 'transformers>=5.24,<6'"):
+        core.load_pair(str(tiny_dirs["llama_base"]), str(tiny_dirs["llama_reason"]), device="cpu")
 
 
 def test_directory_without_a_model_is_a_load_error(tmp_path) -> None:

@@ -116,7 +116,7 @@ def _eligible(signals: Sequence[np.ndarray], skip_first: int) -> tuple[np.ndarra
 def gate_signal(policy: Policy, trace: Trace, pair: ModelPair | None = None) -> np.ndarray:
     """(T,) the value `policy`'s gate compares with its knob along `trace` (the router's: its probability of the
     base's features there, which needs `pair`)."""
-    if getattr(policy, "reads_base_state", False):
+    if policy.reads_base_state:
         if pair is None:
             raise InvalidInputError(f"{policy.label}'s signal along a trace needs the pair (a forward of its base)")
         policy.check_pair(pair)

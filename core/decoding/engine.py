@@ -33,6 +33,7 @@ from core.decoding.state import ModelState
 from core.errors import GenerationCancelled, InvalidInputError
 from core.settings import Progress
 from core.pair.loading import SIDES, ModelPair
+from core.pair.placement import to_host
 from core.scoring.metrics import (
     EMITTED,
     LogProbs,
@@ -44,9 +45,21 @@ from core.scoring.registry import score_values
 from core.scoring.teacher_forced import empty_metrics, metrics_from_hidden
 
 MAX_LOOKAHEAD = 32  # the adaptive block size never exceeds this
-LOGIT_BYTES = 512 << 20  # at most this many bytes of logits and log-probs (both models) per block
+LOGIT_BYTES = 512 << 20  # on a CPU: at most this many bytes of logits and log-probs (both models) per block
 LAZY_FLUSH = 512  # lazy policies: fill metrics at least every this many positions
-DEFERRED_BYTES = 128 << 20  # lazy policies: ... and at least every this many bytes of kept base logits
+DEFERRED_BYTES = 128 << 20  # lazy policies: ... and at least every this many bytes of kept base logits (CPU)
+CARD_SHARE = 1 / 32  # on CUDA both bounds are this share of the card's memory (the deferred one a quarter of it)
+
+
+def logit_budget(device: torch.device) -> tuple[int, int]:
+    """(bytes of a verify-ahead block's logits, bytes of a lazy run's kept logits) on `device`. On a CUDA card a
+    share of its total memory: at batch 32 and a 151,936-token vocabulary the CPU's bounds cut blocks to 3
+    positions and flushed every 6 (an H200 run, benchmarks/RESULTS.md). Total, not free, memory: block sizes,
+    and so bf16 rounding, must not change with what else the card holds."""
+    if device.type != "cuda":
+        return LOGIT_BYTES, DEFERRED_BYTES
+    total = torch.cuda.get_device_properties(device).total_memory
+    return max(LOGIT_BYTES, int(CARD_SHARE * total)), max(DEFERRED_BYTES, int(CARD_SHARE * total / 4))
 RATE_WINDOW = 256  # positions over which the change rate that sizes blocks is measured
 
 
@@ -146,9 +159,10 @@ class Decoder:
         self.fed = np.zeros((len(rows), 64), dtype=np.int64)  # emitted ids (pads for finished rows), column p - start
         self.sizer = BlockSizer(timed=torch.device(pair.device).type == "cpu")  # see BlockSizer: reproducible on GPUs
         # lazy: p -> the base's (B, V) logits its token was drawn from (kept: no second head pass), and the
-        # reasoner's (B, d) hidden states; flushed every LAZY_FLUSH positions or DEFERRED_BYTES of logits
+        # reasoner's (B, d) hidden states; flushed every LAZY_FLUSH positions or `logit_budget`'s bytes of logits
         self.deferred: dict[str, dict[int, torch.Tensor]] = {s: {} for s in SIDES}
-        self.flush_every = max(1, min(LAZY_FLUSH, DEFERRED_BYTES // (4 * len(rows) * pair.vocab_size)))
+        self.logit_bytes, deferred_bytes = logit_budget(torch.device(pair.device))
+        self.flush_every = max(1, min(LAZY_FLUSH, deferred_bytes // (4 * len(rows) * pair.vocab_size)))
         # BaseOnly reads nothing of a step (no gate, no forced token): with an adaptive lookahead the reasoner
         # need not follow the base at all, so it reads the response once, after the run (or every LAZY_FLUSH
         # positions), as a teacher-forced pass; lookahead=1 keeps the documented lock-step reads
@@ -207,7 +221,7 @@ class Decoder:
         # (rows, V) float32 arrays alive per position while a block is scored: both models' logits, and
         # metrics.step_metrics' six work arrays (log-probs and probabilities of each, two scratch)
         per_position = 8 * len(self.rows) * self.pair.vocab_size * 4
-        return max(1, min(n, self.limit - self.t, LOGIT_BYTES // per_position))
+        return max(1, min(n, self.limit - self.t, self.logit_bytes // per_position))
 
     def _block(self) -> None:
         """Draft n base tokens, score them with the reasoner in one forward, commit up to the first change."""
@@ -223,7 +237,7 @@ class Decoder:
         # the scoring path's maths (core.scoring.metrics), rows i * n + j; emitted-token metrics of the drafts
         metrics, logprobs = step_metrics(logits_a.reshape(b * n, v), logits_b.reshape(b * n, v), k=self.k)
         metrics.update(emitted_metrics(logprobs, drafts.reshape(-1)))
-        metrics = {name: x.cpu().numpy().reshape((b, n) + x.shape[1:]) for name, x in metrics.items()}
+        metrics = {name: x.reshape((b, n) + x.shape[1:]) for name, x in to_host(metrics).items()}
         self.sizer.observe(n, (t1 - t0) / n, time.perf_counter() - t1)
         for j in range(n):
             changed = self._verify_position(j, logprobs.rows(slice(j, None, n)), logits_b[:, j], drafts[:, j],
@@ -271,7 +285,7 @@ class Decoder:
         tokens, sources = self._choose(p, draft.numpy(), b, fire, self.policy.forced_token(p), live)
         changed = bool((live & (tokens != draft.numpy())).any())
         if changed:  # the emitted-token metrics of this position are those of the new tokens
-            metrics = {**metrics, **_numpy(emitted_metrics(logprobs, torch.from_numpy(tokens)))}
+            metrics = {**metrics, **to_host(emitted_metrics(logprobs, torch.from_numpy(tokens)))}
         self._commit(p, tokens, sources, live, score_values(metrics, self.policy.score), metrics)
         return changed
 
@@ -283,10 +297,12 @@ class Decoder:
         p, live = self.t, self._live()
         a = self.base.logits()
         h, top2 = entropy_and_top2(a)
-        h_base = h.cpu().numpy()
+        # what the gate reads, in one copy from the device (the base's hidden state only for a gate that reads it)
+        state = {"hidden": self.base.last_hidden.float()} if self.policy.reads_base_state else {}
+        read = to_host({"h": h, "top2": top2, **state})
+        h_base = read["h"]
         step = Step(t=p, score=None, entropy_base=h_base, history=[r.history for r in self.rows], taken=self.taken,
-                    limit=self.limit, rows=self.identities, top2=top2.cpu().numpy(),
-                    hidden_base=self.base.last_hidden.float().cpu().numpy())
+                    limit=self.limit, rows=self.identities, top2=read["top2"], hidden_base=read.get("hidden"))
         fire = np.asarray(self.policy.takeover(step), dtype=bool) & live & ~self._replaying(p)
         forced = self.policy.forced_token(p)
         b = None
@@ -327,11 +343,12 @@ class Decoder:
         self._log_reason(self._read(self.reason, stop=positions[-1]))  # the last emitted token is never read
         logits = torch.stack([self.deferred["base"][p] for p in positions], dim=1)  # (B, M, V)
         hidden = torch.stack([self.deferred["reason"][p] for p in positions], dim=1)  # (B, M, d)
-        targets = self._ids(positions[0], positions[-1] + 1)
-        for i in range(len(self.rows)):
-            arrays = metrics_from_hidden(self.pair, {"reason": hidden[i]}, targets[i], k=self.k,
-                                         logits={"base": logits[i]})
-            self.record.write_row(i, positions[0], arrays)
+        targets = self._ids(positions[0], positions[-1] + 1)  # (B, M)
+        b, m = targets.shape
+        # every row's positions in one pass (per position, the same maths as row by row; B times fewer launches)
+        arrays = metrics_from_hidden(self.pair, {"reason": hidden.reshape(b * m, -1)}, targets.reshape(-1), k=self.k,
+                                     logits={"base": logits.reshape(b * m, -1)})
+        self.record.write_block(positions[0], {name: v.reshape((b, m) + v.shape[1:]) for name, v in arrays.items()})
         self.deferred = {s: {} for s in SIDES}
 
     # -- shared by both -----------------------------------------------------------------------
@@ -402,7 +419,3 @@ class Decoder:
         """Whether a stop string ends the text (only the last few tokens are decoded: O(1) per step)."""
         tail = self.pair.decode(tokens[-(self.stop_chars + 8):])
         return any(s in tail for s in self.sampling.stop)
-
-
-def _numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    return {name: v.cpu().numpy() for name, v in tensors.items()}

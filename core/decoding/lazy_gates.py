@@ -191,7 +191,7 @@ class RouterGate(Policy):
         return fires & (step.t >= self.skip_first) & within_budget(step.taken, step.limit, self.budget,
                                                                    self.max_takeovers)
 
-    reads_base_state: ClassVar[bool] = True  # its signal: `prob` of the base's features along a trace
+    reads_base_state: ClassVar[bool] = True  # its signal along a trace: `prob` of the base's features there
 
     def prob(self, features: np.ndarray) -> np.ndarray:
         """(N,) the router's probabilities from (N, F) features (core/decoding/router_features.py along a trace)."""

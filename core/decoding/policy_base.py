@@ -63,6 +63,7 @@ class Policy:
     label: ClassVar[str] = "Policy"
     help: ClassVar[str] = ""
     lazy: ClassVar[bool] = False
+    reads_base_state: ClassVar[bool] = False  # its gate reads the base's last hidden state (Step.hidden_base)
     calibration: ClassVar[tuple[str, ...]] = ()  # settings a calibration step reads before building
     internal: ClassVar[bool] = False
     # The one parameter equal-ρ calibration (core.decoding.calibration.equal_rho) sets from base rollouts, and

@@ -62,7 +62,8 @@ class ModelState:
             mask[row, width - len(p):] = 1
         # no row padded: no mask at all (the model's causal mask is the same, and a 2D mask costs a 4D one per forward)
         self._mask = _Grow(mask.to(pair.device)) if bool((mask == 0).any()) else None
-        self.next_pos = mask.sum(-1) - ids.shape[1]  # position of the first prompt column, per row (≤ 0 when padded)
+        # position of the first prompt column, per row (≤ 0 when padded); on the device, as are the positions fed
+        self.next_pos = (mask.sum(-1) - ids.shape[1]).to(pair.device)
         self.cache = growing_cache(self.model.config)
         self.fed = 0
         hidden = self._forward(ids)
@@ -80,7 +81,7 @@ class ModelState:
         self._head, self._decoder = pair.runner(side)
         length = cache.get_seq_length()
         self._mask = None  # one row, nothing padded
-        self.next_pos = torch.tensor([length], dtype=torch.long)
+        self.next_pos = torch.tensor([length], dtype=torch.long, device=pair.device)
         self._states = _Grow(states.unsqueeze(0).clone())
         self.last_hidden = states[-1:]
         self.fed = fed - (last_token is not None)
@@ -90,14 +91,15 @@ class ModelState:
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Run the backbone on (B, n) new ids after the cache; returns (B, n, d) final hidden states."""
-        dev = self.pair.device
         n = ids.shape[1]
         # left padding shifts positions
-        positions = (self.next_pos.unsqueeze(1) + torch.arange(n) if n != 1 else self.next_pos.unsqueeze(1)).clamp_min(0)
+        positions = (self.next_pos.unsqueeze(1) + torch.arange(n, device=self.next_pos.device) if n != 1
+                     else self.next_pos.unsqueeze(1)).clamp_min(0)
         self.next_pos = self.next_pos + n
         mask = None if self._mask is None else self._mask.view()
-        hidden, self.cache = backbone(self.model, ids.to(dev), cache=self.cache, attention_mask=mask,
-                                      position_ids=positions.to(dev), decoder=self._decoder)
+        # host ids are copied without waiting for the device (a pageable source is staged before the call returns)
+        hidden, self.cache = backbone(self.model, ids.to(self.pair.device, non_blocking=True), cache=self.cache,
+                                      attention_mask=mask, position_ids=positions, decoder=self._decoder)
         return hidden
 
     def feed(self, ids: torch.Tensor) -> torch.Tensor:

@@ -60,6 +60,7 @@ class SwitchPolicy(Policy):
     def __post_init__(self) -> None:
         self.score = self.then.score
         self.lazy = self.then.lazy  # type: ignore[misc]
+        self.reads_base_state = self.then.reads_base_state  # type: ignore[misc]
 
     @property
     def ats(self) -> list[dict[int, Switch]]:

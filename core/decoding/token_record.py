@@ -37,13 +37,13 @@ class TokenRecord:
         for name, v in values.items():
             self.arrays[name][:, col] = v
 
-    def write_row(self, row: int, first: int, values: dict[str, np.ndarray]) -> None:
-        """Positions first .. first + M - 1 of one row: values name -> (M, ...)."""
+    def write_block(self, first: int, values: dict[str, np.ndarray]) -> None:
+        """Positions first .. first + M - 1 of every row: values name -> (B, M, ...)."""
         col = first - self.start
-        m = len(next(iter(values.values())))
-        self._fit(col + m, values)
+        m = next(iter(values.values())).shape[1]
+        self._fit(col + m, {name: v[:, 0] for name, v in values.items()})
         for name, v in values.items():
-            self.arrays[name][row, col : col + m] = v
+            self.arrays[name][:, col : col + m] = v
 
     def row(self, i: int, stop: int, empty: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Row i's arrays for positions start .. stop - 1 (copies); `empty` when there are none."""

@@ -9,9 +9,29 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import torch
+from packaging.version import Version
+
+from core.errors import ModelLoadError
+
+# transformers 5.24 renamed the decoder's `past_key_values` (argument and output) to `cache`, which `backbone`
+# passes and reads; older releases ignore the argument. pyproject.toml states the same bound (tests/test_models.py).
+TRANSFORMERS_MIN = "5.24"
+
+
+def check_transformers(version: str | None = None) -> None:
+    """Refuse, with the fix, a transformers release (default: the installed one) older than the one whose forward
+    API `backbone` uses."""
+    try:
+        version = version or metadata.version("transformers")
+    except metadata.PackageNotFoundError:  # importable without package metadata (vendored): nothing to read
+        return
+    if Version(version) < Version(TRANSFORMERS_MIN):
+        raise ModelLoadError(f"forkpoint needs transformers >= {TRANSFORMERS_MIN} (found {version}): "
+                             f"pip install 'transformers>={TRANSFORMERS_MIN},<6'")
 
 
 @torch.inference_mode()

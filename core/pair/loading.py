@@ -18,7 +18,7 @@ import torch
 from core import settings
 from core.errors import InvalidInputError, ModelLoadError, VocabularyMismatchError
 from core.pair.attention import use_block_attention
-from core.pair.forward import head_fn
+from core.pair.forward import check_transformers, head_fn
 from core.pair.gguf_reads import one_parse
 from core.pair.formats import (  # noqa: F401  (re-exported: the pair API names them)
     CHAT_MODES,
@@ -69,6 +69,7 @@ class ModelPair:
     _runners: dict[str, tuple[Any, Any, Any]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        check_transformers()
         for model in (self.base, self.reason):  # blocks after a long cache must not copy it (core.pair.attention)
             use_block_attention(model)
 
@@ -318,6 +319,7 @@ def load_pair(
     Special tokens renamed or added on one side are tolerated and listed in `pair.vocab_notes`.
     `device_map="auto"`: each model spread over every GPU this process sees (a pair larger than one GPU).
     """
+    check_transformers()  # before any weights load (ModelPair checks again, for pairs built by hand)
     spread = 0
     if device_map is not None:
         if device_map != "auto":

@@ -128,7 +128,7 @@ def emitted_metrics(logprobs: LogProbs, targets: torch.Tensor | None,
         minus = torch.full((c,), -1, dtype=torch.long, device=la.device)
         return {"logp_base": nan, "logp_reason": nan.clone(), "delta_logp": nan.clone(),
                 "rank_base": minus, "rank_reason": minus.clone()}
-    y = torch.as_tensor(targets).reshape(-1, 1).to(device=la.device, dtype=torch.long)
+    y = torch.as_tensor(targets).reshape(-1, 1).to(device=la.device, dtype=torch.long, non_blocking=True)
     if y.shape[0] != c:
         raise InvalidInputError(f"{y.shape[0]} targets for {c} positions")
     lpb, lpr = la.gather(-1, y), lb.gather(-1, y)

@@ -18,6 +18,7 @@ from core import settings
 from core.errors import InvalidInputError
 from core.pair.forward import backbone
 from core.pair.loading import SIDES, ModelPair
+from core.pair.placement import to_host
 from core.record.assembly import assemble  # noqa: F401  (assemble, make_meta, problem_record, versions: old home)
 from core.record.meta import make_meta, versions  # noqa: F401
 from core.record.problems import problem_record
@@ -83,8 +84,8 @@ def metrics_from_hidden(pair: ModelPair, hidden: dict[str, torch.Tensor], target
     if not parts:
         return empty_metrics(k)
     if len(parts) == 1:  # one chunk (most responses): its tensors are this call's own, no concatenated copy
-        return {name: x.cpu().numpy() for name, x in parts[0].items()}
-    return {name: torch.cat([p[name] for p in parts]).cpu().numpy() for name in parts[0]}
+        return to_host(parts[0])
+    return to_host({name: torch.cat([p[name] for p in parts]) for name in parts[0]})
 
 
 def empty_metrics(k: int) -> dict[str, np.ndarray]:
