@@ -50,8 +50,9 @@ class HostReads(TorchFunctionMode):
             kwargs.get("device", args[1] if len(args) > 1 else None), (torch.device, str))
         if name in self.READS or moves:
             caller = sys._getframe(1)
-            if f"{os.sep}core{os.sep}" in caller.f_code.co_filename:
-                self.sites[f"{caller.f_code.co_filename.rsplit(os.sep + 'core' + os.sep)[-1]}:{caller.f_lineno} {name}"] += 1
+            where = caller.f_code.co_filename.rsplit(f"{os.sep}core{os.sep}", 1)
+            if len(where) == 2:
+                self.sites[f"{where[1]}:{caller.f_lineno} {name}"] += 1
         return func(*args, **kwargs)
 
     @property

@@ -156,11 +156,13 @@ def test_decoding_waits_for_the_device_about_once_a_token(monkeypatch, tmp_path)
     lazy gate's inputs come in one copy per dtype."""
     sys.path.insert(0, str(ROOT))
     import core.decoding.engine as engine
+    import core.scoring.teacher_forced as teacher_forced
     from benchmarks import gpu_check
     from core.pair.placement import to_host
 
     as_from_a_gpu = lambda tensors: to_host(tensors, group=True)  # noqa: E731
-    monkeypatch.setattr(engine, "to_host", as_from_a_gpu, raising=False)
+    for module in (engine, teacher_forced):
+        monkeypatch.setattr(module, "to_host", as_from_a_gpu, raising=False)
     torch.manual_seed(0)
     pair = gpu_check.make_pair(gpu_check.SHAPES["tiny-qwen3"], gpu_check.TINY_REASON, torch.device("cpu"),
                                torch.float32)

@@ -49,18 +49,18 @@ LOGIT_BYTES = 512 << 20  # on a CPU: at most this many bytes of logits and log-p
 LAZY_FLUSH = 512  # lazy policies: fill metrics at least every this many positions
 DEFERRED_BYTES = 128 << 20  # lazy policies: ... and at least every this many bytes of kept base logits (CPU)
 CARD_SHARE = 1 / 32  # on CUDA both bounds are this share of the card's memory (the deferred one a quarter of it)
+RATE_WINDOW = 256  # positions over which the change rate that sizes blocks is measured
 
 
 def logit_budget(device: torch.device) -> tuple[int, int]:
     """(bytes of a verify-ahead block's logits, bytes of a lazy run's kept logits) on `device`. On a CUDA card a
-    share of its total memory: at batch 32 and a 151,936-token vocabulary the CPU's bounds cut blocks to 3
-    positions and flushed every 6 (an H200 run, benchmarks/RESULTS.md). Total, not free, memory: block sizes,
+    share of its total memory: at batch 32 and a 151,936-token vocabulary the CPU's bounds allow blocks of 3
+    positions and a flush every 6 (an H200 run, benchmarks/RESULTS.md). Total, not free, memory: block sizes,
     and so bf16 rounding, must not change with what else the card holds."""
     if device.type != "cuda":
         return LOGIT_BYTES, DEFERRED_BYTES
     total = torch.cuda.get_device_properties(device).total_memory
     return max(LOGIT_BYTES, int(CARD_SHARE * total)), max(DEFERRED_BYTES, int(CARD_SHARE * total / 4))
-RATE_WINDOW = 256  # positions over which the change rate that sizes blocks is measured
 
 
 @dataclass

@@ -30,8 +30,9 @@ class Step:
     scores; base entropies for lazy policies). taken: (B,) takeovers so far. limit: max_new_tokens.
     rows: (B,) each row's identity (from its prompt and sample index, see `row_identity`): the same in
     any batch, order or branch of it, so per-row random draws do not depend on how rows are batched.
-    top2: (B, 2) the base's two largest probabilities at t; hidden_base: (B, d) the base's last hidden
-    state (the one predicting t). Lazy policies get both (gates on the base alone read them); None otherwise.
+    top2: (B, 2) the base's two largest probabilities at t (lazy policies get it; None otherwise);
+    hidden_base: (B, d) the base's last hidden state (the one predicting t), for a lazy policy that declares
+    `reads_base_state` (the router); None otherwise.
     """
 
     t: int
