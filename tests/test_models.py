@@ -7,12 +7,15 @@ import dataclasses
 import json
 import subprocess
 import sys
+import tomllib
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 import core
 from core.demo.tiny import build_tiny_model, build_tiny_tokenizer
@@ -71,11 +74,6 @@ def test_missing_path_is_a_clear_error(tmp_path) -> None:
 def test_an_older_transformers_is_refused_with_the_fix(monkeypatch, tiny_dirs) -> None:
     """transformers before 5.24 ignores the decoder's `cache` argument (a GPU run under 5.17 failed deep inside a
     forward): loading says which release is needed, and the bound is the one pyproject.toml declares."""
-    import tomllib
-
-    from packaging.requirements import Requirement
-    from packaging.version import Version
-
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
     declared = next(Requirement(r) for r in project["project"]["dependencies"] if r.startswith("transformers"))
     assert [Version(s.version) for s in declared.specifier if s.operator == ">="] == [Version(TRANSFORMERS_MIN)]

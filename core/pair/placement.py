@@ -1,6 +1,6 @@
 """Where a model's weights go: the device ("auto": CUDA when present), the dtype ("auto": bfloat16 on CUDA,
 float32 on a CPU), and a device map that spreads one model over several GPUs (`spread_plan`); and how results
-come back from the device (`to_host`: one copy, one wait, per dtype)."""
+come back from the device (`to_host`: one copy, one wait, per device and dtype)."""
 
 from __future__ import annotations
 
@@ -84,13 +84,14 @@ def spread_plan(config: Any, gpus: int, dtype: torch.dtype, trust_remote_code: b
 
 
 def to_host(tensors: Mapping[str, torch.Tensor], group: bool | None = None) -> dict[str, np.ndarray]:
-    """numpy arrays of `tensors`, in their order. From an accelerator they come in one copy per dtype (each copy
-    waits for the device: one wait, not one per tensor); `group` (default: off a CPU) forces that path or not."""
+    """numpy arrays of `tensors`, in their order. From an accelerator they come in one copy per device and dtype
+    (each copy waits for the device: one wait, not one per tensor); `group` (default: off a CPU) forces that path
+    or not."""
     out: dict[str, np.ndarray] = {}
-    groups: dict[torch.dtype, list[str]] = {}
+    groups: dict[tuple[torch.device, torch.dtype], list[str]] = {}
     for name, x in tensors.items():
         if group or (group is None and x.device.type != "cpu"):
-            groups.setdefault(x.dtype, []).append(name)
+            groups.setdefault((x.device, x.dtype), []).append(name)
         else:
             out[name] = x.cpu().numpy()
     for names in groups.values():
