@@ -18,9 +18,10 @@ tokenizer of Qwen3's 151,936 tokens; no hub), and for each:
   syncs      host-device synchronisations per token of each gate and of `generate` (torch's sync debug mode);
   branch     `core.branch` latency (call to return, 32 new tokens) at position 40 and at 4,000 of a 4,096-token
              parent: cold (its first branch reads the prefix) and held (`warm_caches`).
-Every section is written as soon as it ends, so a run stopped at a time limit keeps what it measured;
-`--budget S` skips the decoding runs that would start after S seconds. Results: OUT/gpu_check.json and
-OUT/gpu_check.md (the markdown goes into benchmarks/RESULTS.md).
+Every section is written as soon as it ends (decoding: each batch), so a run stopped at a time limit keeps what it
+measured; `--budget S` skips the decoding runs that would start after S seconds, `--sections` and `--batches`
+choose what runs, `--decode-repeats N` runs each decoder N times, alternating, and reports the median.
+Results: OUT/gpu_check.json and OUT/gpu_check.md (the markdown goes into benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ TINY_REASON = Shape("qwen3", 3, 96, 192, 4, 2, 24, 2000)  # "8x" the tiny base, 
 GATES = ("base_only", "guided", "entropy_gated", "router")  # the gates timed, in this order
 FULL = {"base": "qwen3-0.6b", "reason": "qwen3-8b", "score_T": (512, 2048), "new": 512, "batches": (1, 8, 32),
         "calib_rows": 8, "calib": 256, "rho": 0.05, "lockstep_new": 256, "sync_tokens": 64, "prefix": 4096,
-        "branch_pos": 40, "branch_new": 32, "repeats": 3}
+        "branch_pos": 40, "branch_new": 32, "repeats": 3, "decode_repeats": 1}
 TINY = {"base": "tiny-qwen3", "reason": None, "score_T": (48,), "new": 12, "batches": (1, 3),
         "calib_rows": 4, "calib": 32, "rho": 0.1, "lockstep_new": 12, "sync_tokens": 8, "prefix": 64,
-        "branch_pos": 8, "branch_new": 4, "repeats": 1}
+        "branch_pos": 8, "branch_new": 4, "repeats": 1, "decode_repeats": 2}
 
 
 def problems(n: int) -> list[str]:
@@ -183,31 +184,45 @@ def gates(pair: ModelPair, plan: dict, workdir: Path) -> tuple[dict[str, core.Po
 
 def decoding(pair: ModelPair, policies: dict[str, core.Policy], plan: dict, deadline: float,
              on_row: Callable[[dict], None]) -> None:
-    """tokens/s of every gate and of transformers' `generate` per batch, each a row passed to `on_row`."""
-    new, dev = plan["new"], pair.device
+    """tokens/s of every gate and of transformers' `generate` per batch, each a row passed to `on_row` once the
+    batch is measured: `plan["decode_repeats"]` runs of each, alternating decoders (the order reversed every
+    repeat), the median's row with the spread beside it; a run that would start after `deadline` is skipped."""
+    new, dev, repeats = plan["new"], pair.device, plan["decode_repeats"]
+    decoders = ("transformers", *GATES)  # the reference first: its ratio is what each row reads
     for batch in plan["batches"]:
         prompts = problems(batch)
         core.generate(pair, prompts, core.BaseOnly(), max_new_tokens=4)  # warm-up at this batch
-        for name in ("transformers", *GATES):  # the reference first: its ratio is what each row reads
+        hf_generate(pair, prompts, 4)  # and of transformers' own path
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in decoders}
+        for rep in range(repeats):
+            for name in decoders if rep % 2 == 0 else decoders[::-1]:
+                if time.perf_counter() > deadline:
+                    continue
+                before = peak_reset(dev)
+                if name == "transformers":
+                    seconds, out = wall(lambda prompts=prompts: hf_generate(pair, prompts, new), dev)
+                    run = {"tokens": int(out.numel()), "taken": 0}
+                else:
+                    with count_forwards(pair.reason) as reason:
+                        seconds, traces = wall(lambda prompts=prompts, name=name: core.generate(
+                            pair, prompts, policies[name], max_new_tokens=new), dev)
+                    run = {"tokens": sum(len(t) for t in traces),
+                           "taken": int(sum((t.source == "reason").sum() for t in traces)),
+                           "calls": reason.calls, "rows": reason.rows}
+                runs[name].append({**run, "seconds": seconds, "peak_mib": peak_mib(dev, before)})
+        for name in decoders:
             row: dict[str, Any] = {"batch": batch, "policy": name, "new_tokens": new}
-            if time.perf_counter() > deadline:
+            if not runs[name]:
                 on_row({**row, "skipped": "time budget"})
                 continue
-            before = peak_reset(dev)
-            if name == "transformers":
-                hf_generate(pair, prompts, 4)  # warm-up of its own path
-                seconds, out = wall(lambda prompts=prompts: hf_generate(pair, prompts, new), dev)
-                tokens, taken, reason = int(out.numel()), 0, None
-            else:
-                with count_forwards(pair.reason) as reason:
-                    seconds, traces = wall(lambda prompts=prompts, name=name: core.generate(
-                        pair, prompts, policies[name], max_new_tokens=new), dev)
-                tokens = sum(len(t) for t in traces)
-                taken = int(sum((t.source == "reason").sum() for t in traces))
-            row.update(tokens=tokens, seconds=seconds, tok_s=tokens / seconds, ms_per_step=1000 * seconds / new,
-                       rho=taken / tokens, peak_mib=peak_mib(dev, before))
-            if reason is not None:
-                row.update(reason_calls_per_step=reason.calls / new, reason_rows_per_token=reason.rows / tokens)
+            done = sorted(runs[name], key=lambda r: r["seconds"])
+            mid = done[(len(done) - 1) // 2]  # the median run (the lower one of an even count)
+            row.update(tokens=mid["tokens"], seconds=mid["seconds"], tok_s=mid["tokens"] / mid["seconds"],
+                       ms_per_step=1000 * mid["seconds"] / new, rho=mid["taken"] / mid["tokens"],
+                       peak_mib=mid["peak_mib"], runs=len(done),
+                       ms_per_step_range=[1000 * done[0]["seconds"] / new, 1000 * done[-1]["seconds"] / new])
+            if "calls" in mid:
+                row.update(reason_calls_per_step=mid["calls"] / new, reason_rows_per_token=mid["rows"] / mid["tokens"])
             on_row(row)
 
 
@@ -301,7 +316,7 @@ def markdown(result: dict) -> str:
                        f"{fmt(g['router_held_out_auroc'])}): " +
                        "; ".join(f"{n} {json.dumps(k)}" for n, k in g["knobs"].items() if k) + ".")]
     if result.get("decoding"):
-        lines += ["", "| batch | decoder | tokens/s | ms / step | vs transformers | ρ | reasoner calls / step | "
+        lines += ["", "| batch | decoder | tokens/s | ms / step (range) | vs transformers | ρ | reasoner calls / step | "
                       "reasoner rows / token | peak MiB |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
         ref = {r["batch"]: r["tok_s"] for r in result["decoding"] if r["policy"] == "transformers" and "tok_s" in r}
         for r in result["decoding"]:
@@ -309,7 +324,9 @@ def markdown(result: dict) -> str:
                 lines.append(f"| {r['batch']} | {r['policy']} | skipped ({r['skipped']}) | | | | | | |")
                 continue
             vs = r["tok_s"] / ref[r["batch"]] if r["batch"] in ref else None
-            lines.append(f"| {r['batch']} | {r['policy']} | {r['tok_s']:.1f} | {r['ms_per_step']:.1f} | "
+            spread = (f" ({r['ms_per_step_range'][0]:.1f}-{r['ms_per_step_range'][1]:.1f})"
+                      if r.get("runs", 1) > 1 else "")
+            lines.append(f"| {r['batch']} | {r['policy']} | {r['tok_s']:.1f} | {r['ms_per_step']:.1f}{spread} | "
                          f"{fmt(vs, '.2f')}× | {r['rho']:.3f} | {fmt(r.get('reason_calls_per_step'))} | "
                          f"{fmt(r.get('reason_rows_per_token'))} | {fmt(r.get('peak_mib'), '.0f')} |")
     if result.get("lockstep"):
@@ -341,14 +358,19 @@ SECTIONS = ("scoring", "exactness", "decoding", "lockstep", "syncs", "branch")
 
 
 def run(out: Path, device: str = "cuda", tiny: bool = False, dtype: str | None = None,
-        budget: float | None = None, sections: tuple[str, ...] = SECTIONS, batches: tuple[int, ...] | None = None) -> dict:
-    """Run the checks in `sections` (all by default; decoding at `batches`, default the plan's) and write
-    OUT/gpu_check.json and OUT/gpu_check.md after each one; returns the result."""
+        budget: float | None = None, sections: tuple[str, ...] = SECTIONS, **overrides: Any) -> dict:
+    """Run the checks in `sections` (all by default) under the plan (FULL, or TINY with `tiny`) with `overrides`
+    of its entries (e.g. batches=(32,), decode_repeats=3), writing OUT/gpu_check.json and OUT/gpu_check.md after
+    each one; returns the result."""
     import transformers
 
     t0 = time.perf_counter()
     deadline = t0 + (budget if budget is not None else float("inf"))
-    plan = dict(TINY if tiny else FULL, **({"batches": tuple(batches)} if batches else {}))
+    plan = TINY if tiny else FULL
+    unknown = set(overrides) - set(plan)
+    if unknown:
+        raise ValueError(f"not entries of the plan: {', '.join(sorted(unknown))}")
+    plan = {**plan, **overrides}
     dev = torch.device(device)
     dt = getattr(torch, dtype) if dtype else (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     base_shape = SHAPES[plan["base"]]
@@ -418,19 +440,25 @@ def main() -> None:
                         help="seconds after which no further decoding run starts (the other sections still run)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated sections to run, in "
                         f"their fixed order (default all: {','.join(SECTIONS)})")
+    parser.add_argument("--decode-repeats", type=int, default=None,
+                        help="runs of each decoder per batch, alternating (median reported; default: the plan's)")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes of the decoding section, in "
                         "the order run (default: the plan's)")
     args = parser.parse_args()
     sections = tuple(x for x in args.sections.split(",") if x)
     if set(sections) - set(SECTIONS):
         parser.error(f"--sections: unknown {', '.join(sorted(set(sections) - set(SECTIONS)))}")
-    batches = tuple(int(x) for x in args.batches.split(",")) if args.batches else None
+    overrides: dict[str, Any] = {}
+    if args.batches:
+        overrides["batches"] = tuple(int(x) for x in args.batches.split(","))
+    if args.decode_repeats:
+        overrides["decode_repeats"] = args.decode_repeats
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("no CUDA device here; use --tiny --device cpu to check the script")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    result = run(args.out, args.device, args.tiny, args.dtype, args.budget, sections, batches)
+    result = run(args.out, args.device, args.tiny, args.dtype, args.budget, sections, **overrides)
     print(markdown(result))
 
 

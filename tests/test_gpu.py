@@ -192,6 +192,8 @@ def test_gpu_check_script_runs_on_cpu_with_tiny_shapes(tmp_path) -> None:
     assert [(r["batch"], r["policy"]) for r in saved["decoding"]] == [(b, d) for b in (1, 3) for d in decoders]
     for row in saved["decoding"]:
         assert row["tokens"] == row["batch"] * row["new_tokens"] and row["tok_s"] > 0, row
+        low, high = row["ms_per_step_range"]
+        assert row["runs"] == 2 and low <= row["ms_per_step"] <= high, row  # TINY: two alternating runs, the median's
         assert row["rho"] == 0 or row["policy"] in gpu_check.GATES[1:], row  # base_only and transformers: none
         if row["policy"] == "base_only":  # the reasoner reads each block once after the base: fewer than one a step
             assert 0 < row["reason_calls_per_step"] < 1, row
