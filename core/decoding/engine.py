@@ -298,8 +298,8 @@ class Decoder:
         a = self.base.logits()
         h, top2 = entropy_and_top2(a)
         # what the gate reads, in one copy from the device (the base's hidden state only for a gate that reads it)
-        state = {"hidden": self.base.last_hidden.float()} if self.policy.reads_base_state else {}
-        read = to_host({"h": h, "top2": top2, **state})
+        hidden = {"hidden": self.base.last_hidden.float()} if self.policy.reads_base_state else {}
+        read = to_host({"h": h, "top2": top2, **hidden})
         h_base = read["h"]
         step = Step(t=p, score=None, entropy_base=h_base, history=[r.history for r in self.rows], taken=self.taken,
                     limit=self.limit, rows=self.identities, top2=read["top2"], hidden_base=read.get("hidden"))
