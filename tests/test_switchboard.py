@@ -66,9 +66,14 @@ def app(tmp_path_factory):
 
 
 def _open(page, url: str) -> None:
+    """Open `url` and wait until the page is as a reader finds it before a click: the live view drawn, then the
+    charts a new session sends once that view has drawn (their fragments' run: a click during it saw that run's
+    stale elements, not the switch's, in one CI run), and Streamlit's runs over."""
     page.goto(url)
     page.locator(LIVE_TOKENS).first.wait_for()  # the live view, not the shell's first paint
     page.wait_for_function("() => window.location.search.includes('trace=')")
+    page.locator(".js-plotly-plot .main-svg").first.wait_for()
+    settle(page)
 
 
 def _key(page) -> str:
