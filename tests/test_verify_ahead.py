@@ -19,7 +19,7 @@ from spies import FeedLog
 
 import core
 from core.decoding import CACHES
-from core.decoding.engine import MAX_LOOKAHEAD, RATE_WINDOW, BlockSizer
+from core.decoding.engine import MAX_LOOKAHEAD, RATE_WINDOW, SIZERS, BlockSizer, SizerMemory
 from core.scoring.registry import INT_METRICS, METRICS
 
 PROMPTS = ["What is 2+3?", "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?", "x"]
@@ -223,6 +223,53 @@ def test_an_untimed_block_size_follows_the_outputs_alone() -> None:
             sizer.observe(n=8, base_step_s=0.01, verify_s=0.08)
     assert untimed.block() == before and untimed.cost() == (1.0, 0.0)
     assert timed.block() != before
+
+
+def test_a_later_run_starts_with_what_verify_ahead_learned(long_pair, monkeypatch) -> None:
+    """On a CPU the block sizer outlives its run (`SIZERS`, per pair, policy and batch size): a second short run
+    starts with the blocks the first one settled at, so it makes fewer reasoner passes, with the same trace."""
+    log = FeedLog(long_pair, monkeypatch)
+    policy = core.Forced({})  # never changes a draft: blocks grow as far as the sizer lets them
+    first = core.generate(long_pair, PROMPTS[0], policy, max_new_tokens=48)
+    one = log.sizes("reason")
+    log.calls.clear()
+    CACHES.clear()
+    again = core.generate(long_pair, PROMPTS[0], policy, max_new_tokens=48)
+    two = log.sizes("reason")
+    assert_same(again, first)
+    assert one[1] < 8 <= two[1]  # the first block: the prior's size, then what 48 unchanged positions taught
+    assert len(two) < len(one) and sum(one[1:]) == sum(two[1:]) == 47
+    batch = core.generate(long_pair, PROMPTS[:2], policy, max_new_tokens=8)  # another batch size: its own sizer
+    assert [len(t) for t in batch] == [8, 8]
+    kept = SIZERS.start(long_pair, policy, 1, timed=True)
+    assert len(kept.flags) == 2 * 48 and kept.changes == 0  # both runs of one row
+    assert len(SIZERS.start(long_pair, core.Guided(), 1, timed=True).flags) == 0  # another policy: a fresh one
+
+
+def test_the_sizer_memory_keeps_only_timed_sizers_boundedly_while_the_pair_lives(qwen_pair) -> None:
+    """Untimed sizers (GPUs: block sizes must follow the run's outputs alone) are never kept; each pair keeps at
+    most MAX_KEPT, the most recent; a pair's entries go when the pair does."""
+    memory, policy = SizerMemory(), core.BaseOnly()
+    pair = dataclasses.replace(qwen_pair)
+    untimed = BlockSizer(timed=False)
+    untimed.add(RATE_WINDOW, False)
+    memory.keep(pair, policy, 1, untimed)
+    assert len(memory.start(pair, policy, 1, timed=False).flags) == 0
+    for rows in range(1, SizerMemory.MAX_KEPT + 3):
+        sizer = BlockSizer()
+        sizer.add(rows, False)
+        memory.keep(pair, policy, rows, sizer)
+    assert len(memory.start(pair, policy, 1, timed=True).flags) == 0  # the oldest two went
+    assert len(memory.start(pair, policy, 3, timed=True).flags) == 3
+    copy = memory.start(pair, policy, 3, timed=True)
+    copy.add(5, True)  # a run's sizer is a copy: the kept one changes only when the run ends
+    assert memory.start(pair, policy, 3, timed=True).changes == 0
+    assert memory.start(qwen_pair, policy, 3, timed=True).changes == 0 and len(memory._kept) == 1
+    del pair, sizer, copy
+    import gc
+
+    gc.collect()
+    assert memory._kept == {}
 
 
 def test_base_only_reads_the_reasoner_after_the_run(long_pair, monkeypatch) -> None:

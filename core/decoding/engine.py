@@ -17,8 +17,11 @@ unknown position on, so children that leave one parent at different positions sh
 
 from __future__ import annotations
 
+import copy
+import threading
 import time
-from collections import deque
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +129,64 @@ class BlockSizer:
         return 1 + min(range(MAX_LOOKAHEAD), key=per_token.__getitem__)
 
 
+class SizerMemory:
+    """What verify-ahead learned between runs on a CPU: per pair, policy (as recorded: a switch set counts as the
+    policy it switches) and batch size, the last run's `BlockSizer` (its change rate and the reasoner pass's cost).
+    A short response, e.g. a switch's continuation, then starts with the blocks a long run settles at instead of
+    the prior's (5-7 positions where 15-25 pay: benchmarks/RESULTS.md, "Peer"). Untimed sizers (GPUs) are never
+    kept: their block sizes, and so bf16 rounding, must follow the run's own outputs alone. The explicit
+    process-wide cache is `SIZERS`, at most `MAX_KEPT` sizers a pair; a pair's entries go with the pair."""
+
+    MAX_KEPT = 32
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # a pair's weakref callback may run inside (garbage collection)
+        self._kept: dict[int, tuple[weakref.ref, OrderedDict[tuple[str, int], BlockSizer]]] = {}
+
+    @staticmethod
+    def _key(policy: Policy, rows: int) -> tuple[str, int]:
+        return str(policy.record()["name"]), rows
+
+    def start(self, pair: ModelPair, policy: Policy, rows: int, timed: bool) -> BlockSizer:
+        """A sizer for a run: a copy of the kept one (timed only), else a fresh one."""
+        if timed:
+            with self._lock:
+                ref, kept = self._kept.get(id(pair), (None, OrderedDict()))
+                sizer = kept.get(self._key(policy, rows)) if ref is not None and ref() is pair else None
+                if sizer is not None:
+                    return copy.deepcopy(sizer)
+        return BlockSizer(timed=timed)
+
+    def keep(self, pair: ModelPair, policy: Policy, rows: int, sizer: BlockSizer) -> None:
+        """Remember a finished run's sizer (timed only; the last run wins)."""
+        if not sizer.timed:
+            return
+        with self._lock:
+            ref, kept = self._kept.get(id(pair), (None, OrderedDict()))
+            if ref is None or ref() is not pair:
+                key = id(pair)
+                ref, kept = weakref.ref(pair, lambda _, key=key: self._forget(key)), OrderedDict()
+                self._kept[key] = (ref, kept)
+            name = self._key(policy, rows)
+            kept.pop(name, None)
+            kept[name] = sizer
+            while len(kept) > self.MAX_KEPT:
+                kept.popitem(last=False)
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            entry = self._kept.get(key)
+            if entry is not None and entry[0]() is None:
+                del self._kept[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+
+SIZERS = SizerMemory()  # the explicit process-wide cache of what verify-ahead learned (see SizerMemory)
+
+
 def check_lookahead(lookahead: int | None) -> int | None:
     """None (adaptive) or an int ≥ 1, else raise."""
     if lookahead is not None and (isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1):
@@ -157,7 +218,7 @@ class Decoder:
         self.identities = np.array([r.identity for r in rows], dtype=np.uint64)
         self.record = TokenRecord(len(rows), start)
         self.fed = np.zeros((len(rows), 64), dtype=np.int64)  # emitted ids (pads for finished rows), column p - start
-        self.sizer = BlockSizer(timed=torch.device(pair.device).type == "cpu")  # see BlockSizer: reproducible on GPUs
+        self.sizer = SIZERS.start(pair, policy, len(rows), timed=torch.device(pair.device).type == "cpu")  # GPUs: see BlockSizer
         # lazy: p -> the base's (B, V) logits its token was drawn from (kept: no second head pass), and the
         # reasoner's (B, d) hidden states; flushed every LAZY_FLUSH positions or `logit_budget`'s bytes of logits
         self.deferred: dict[str, dict[int, torch.Tensor]] = {s: {} for s in SIDES}
@@ -185,6 +246,8 @@ class Decoder:
                 self._block()
         if self.lazy:
             self._flush()
+        elif self.lookahead is None:
+            SIZERS.keep(self.pair, self.policy, len(self.rows), self.sizer)
         for state in self.states.values():  # as lock-step leaves them: the last token is never read
             state.crop(self.t - 1)
         empty = empty_metrics(self.k)
