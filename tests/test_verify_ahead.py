@@ -10,6 +10,7 @@ left-padded rows, with EOS, stop strings and max_new_tokens.
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import numpy as np
 import pytest
@@ -266,8 +267,6 @@ def test_the_sizer_memory_keeps_only_timed_sizers_boundedly_while_the_pair_lives
     assert memory.start(pair, policy, 3, timed=True).changes == 0
     assert memory.start(qwen_pair, policy, 3, timed=True).changes == 0 and len(memory._kept) == 1
     del pair, sizer, copy
-    import gc
-
     gc.collect()
     assert memory._kept == {}
 
