@@ -1,5 +1,8 @@
 """A shared link's first paint: the page's shell (Streamlit's index.html) carries the open trace's token view as
-plain HTML, so a fresh browser shows the text before it has fetched and run Streamlit's ~120 script files.
+plain HTML, so a fresh browser shows the text before it has fetched and run Streamlit's ~120 script files. A Dataset
+link's shell carries its first chart: the figure the page's first tab draws (app/dataset_panels.py), drawn by the
+plotly.js inside Streamlit's own Plotly chunk, which the shell loads at once instead of when Streamlit's first chart
+asks for it (so plotly.js is loaded and run once, and Streamlit's chart finds it ready).
 
 `FirstPaint` is ASGI middleware (app/serve.py puts it in `st.App`'s middleware): a GET of the Trace page with
 `?trace=KEY` gets the shell with the trace's token view built by the live view's own builder
@@ -18,16 +21,23 @@ import json
 import logging
 import sys
 from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+import streamlit
 from streamlit import config
 
 log = logging.getLogger(__name__)
 
 PAINT_ID = "fp-first-paint"
 TRACE_PAGES = ("", "home", "trace")  # url paths of the Trace page (main.py: the default page and its alias)
+DATASET_PAGE = "dataset"
+STATIC_JS = Path(streamlit.__file__).parent / "static" / "static" / "js"  # Streamlit's frontend, as it serves it
 BUILD_TIMEOUT_S = 3.0  # past this the plain shell is served (the live view draws the text as before)
+DATASET_TIMEOUT_S = 1.0  # a Dataset shell waits at most this for its chart (the analysis grows with the store; it goes
+                         # on in the background and the page's own run finds its tables cached)
 # JS: remove the first paint once the live token view (a v2 component: its tokens in a shadow root) has drawn its
 # tokens, an error or warning shows (an info box is no reason), or the user has gone to another page; it also marks
 # where a flip changes the text (`data-matters`, as token_view.js does on the live view). Checked once per mutation
@@ -62,6 +72,41 @@ PAINT_CSS = ("#%(id)s { position: absolute; z-index: 999990; top: 5.5rem; left: 
              " padding: 0 5rem; max-width: 1400px; box-sizing: border-box; pointer-events: none; }"
              " #%(id)s .fp-view { width: 58%%; background: #fff; }"
              " @media (max-width: 900px) { #%(id)s { padding: 0 1rem; } #%(id)s .fp-view { width: 100%%; } }")
+
+# JS: remove a Dataset link's first chart once Streamlit's own chart is drawn in the page (inside stMain: the paint is
+# outside React's root), an error, warning or info box shows there, the user presses a key or the pointer (the
+# widgets beside the paint are live), or another page opens
+DATASET_REMOVE_JS = """(() => {
+  const paint = document.getElementById("%(id)s");
+  if (!paint) return;
+  const path = location.pathname;
+  let gone = false;
+  const observer = new MutationObserver(() => check());
+  const drop = (why) => {
+    if (gone) return;
+    gone = true; observer.disconnect(); paint.remove(); window.__fpFirstPaintGone = why;
+  };
+  const check = () => {
+    if (location.pathname !== path) return drop("page");
+    if (document.querySelector('[data-testid="stMain"] .js-plotly-plot .main-svg')) return drop("live");
+    if (document.querySelector('[data-testid="stMain"] [data-testid="stAlertContainer"], [data-testid="stException"]')) drop("alert");
+  };
+  observer.observe(document.body, { childList: true, subtree: true });
+  for (const kind of ["pointerdown", "keydown"]) window.addEventListener(kind, () => drop("input"), { capture: true, once: true });
+})();"""
+# JS (a module): load Streamlit's Plotly chunk now (its plotly.js sets window.Plotly) and draw the figure with it
+DATASET_DRAW_JS = """const fig = %(figure)s;
+import("./static/js/%(chunk)s").then(() => {
+  const el = document.querySelector("#%(id)s .fp-chart");
+  if (el && window.Plotly) window.Plotly.newPlot(el, fig.data, fig.layout, { staticPlot: true, responsive: true });
+}).catch(() => {});"""
+# where Streamlit draws the page's first chart in a fresh session: beside the open sidebar (300 px), under the title,
+# the filters, the tabs and the analysis's caption, 5 rem padding (1 rem on a narrow window), as high as the figure
+DATASET_CSS = ("#%(id)s { position: absolute; z-index: 999990; top: 447px; left: 300px; right: 0;"
+               " padding: 0 5rem; box-sizing: border-box; pointer-events: none; }"
+               " #%(id)s .fp-chart { height: %(height)spx; background: #fff; }"
+               " @media (max-width: 900px) { #%(id)s { top: 469px; padding: 0 1rem; } }"
+               " @media (max-width: 767px) { #%(id)s { left: 0; } }")
 
 
 def _query(scope: Mapping[str, Any]) -> dict[str, str]:
@@ -145,10 +190,54 @@ def trace_paint(path: str, key: str, query: Mapping[str, str]) -> str | None:
             f"<script>{REMOVE_JS % {'id': PAINT_ID}}</script>")
 
 
+@cache
+def plotly_chunk() -> str | None:
+    """The file name of Streamlit's Plotly chunk (named by its content hash), or None when there is not exactly one."""
+    found = sorted(p.name for p in STATIC_JS.glob("PlotlyChart.*.js"))
+    return found[0] if len(found) == 1 else None
+
+
+def dataset_paint(path: str, query: Mapping[str, str]) -> str | None:
+    """The Dataset page's first chart as a fresh session draws it (the first tab's figure over the traces a fresh
+    page selects, with the URL's metric and spike share); None when the page would show something else first (an
+    empty selection, a calibrated gate, an analysis without a figure) or Streamlit's Plotly chunk is not found."""
+    # deferred, as in trace_paint
+    from app import resources, state
+    from app.dataset_panels import analysis_figure, analysis_tables, filter_choices, selected_keys
+    from app.view import with_policy_labels
+    from core.analysis.registry import list_analyses
+    from core.scoring.registry import SCORES
+
+    score = query.get("metric") or state.DEFAULTS["score"]
+    rule = state.parse_spike(query["spikes"]) if query.get("spikes") else {"spike_kind": "top"}
+    chunk = plotly_chunk()
+    if chunk is None or score not in SCORES or rule is None or rule["spike_kind"] != "top":
+        return None
+    pct = rule.get("spike_top_pct", state.DEFAULTS["spike_top_pct"])
+    if not state.TOP_PCT_RANGE[0] <= pct <= state.TOP_PCT_RANGE[1]:
+        pct = state.DEFAULTS["spike_top_pct"]
+    summaries = resources.get_store(path).summaries()
+    if summaries.empty:
+        return None
+    summaries = with_policy_labels(summaries)
+    keys, _ = selected_keys(summaries, [default for _, default in filter_choices(summaries).values()])
+    spec = list_analyses()[0]
+    if not keys or not spec.figure:
+        return None
+    tables = analysis_tables(spec.name, path, keys, score, float(pct) / 100.0, None)
+    figure = analysis_figure(spec, tables, {name: values[0] for name, values in spec.options.items()})
+    data = figure.to_json().replace("<", "\\u003c")  # inside a script element: nothing in it can end it early
+    draw = DATASET_DRAW_JS % {"figure": data, "chunk": chunk, "id": PAINT_ID}
+    height = int(figure.layout.height or 450)  # plotly's default
+    return (f"<style>{DATASET_CSS % {'id': PAINT_ID, 'height': height}}</style>"
+            f"<div id='{PAINT_ID}' data-page='dataset' aria-hidden='true'><div class='fp-chart'></div></div>"
+            f"<script type='module' async>{draw}</script><script>{DATASET_REMOVE_JS % {'id': PAINT_ID}}</script>")
+
+
 def warm() -> None:
     """Import what `trace_paint` needs (the Trace page's modules, core's views), so the first shell served after
     the server starts is not the one that waits for them (1.2 s at load 6)."""
-    from app import trace_panels  # noqa: F401 - imported for its side effect: the modules are loaded
+    from app import dataset_panels, trace_panels  # noqa: F401 - imported for their side effect: the modules are loaded
     from core.views import token_payload  # noqa: F401
 
 
@@ -156,6 +245,8 @@ def paint_for(path: str, query: Mapping[str, str]) -> str | None:
     """The first paint for a page request (`path`: the app's url path), or None (the plain shell)."""
     if path in TRACE_PAGES and query.get("trace"):
         return trace_paint(store_path(), str(query["trace"]), query)
+    if path == DATASET_PAGE:
+        return dataset_paint(store_path(), query)
     return None
 
 
@@ -185,10 +276,11 @@ class FirstPaint:
             return await self.app(scope, receive, send)
         path = page_path(scope.get("path", ""))
         query = _query(scope) if path is not None else {}
-        if path is None or not (path in TRACE_PAGES and query.get("trace")):
+        if path is None or not ((path in TRACE_PAGES and query.get("trace")) or path == DATASET_PAGE):
             return await self.app(scope, receive, send)
         try:
-            paint = await asyncio.wait_for(asyncio.to_thread(paint_for, path, query), BUILD_TIMEOUT_S)
+            limit = DATASET_TIMEOUT_S if path == DATASET_PAGE else BUILD_TIMEOUT_S
+            paint = await asyncio.wait_for(asyncio.to_thread(paint_for, path, query), limit)
         except Exception as err:  # noqa: BLE001 - a first paint is an extra: the shell without it is the page
             log.info("first paint skipped: %r", err)
             paint = None

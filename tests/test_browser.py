@@ -237,6 +237,45 @@ def test_a_shared_trace_link_shows_its_text_before_the_live_view_and_never_both(
         fresh.close()
 
 
+# JS (an init script): every frame, whether a Dataset link's first chart (app/first_paint.py) and Streamlit's own chart
+# are on screen, and where each was last drawn
+DATASET_WATCH = """
+window.__fpDataset = { paint: null, live: null, both: 0 };
+const box = (e) => { const r = e.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; };
+const tick = () => {
+  const w = window.__fpDataset;
+  const paint = document.querySelector('#fp-first-paint .main-svg');
+  const live = document.querySelector('[data-testid="stMain"] .js-plotly-plot .main-svg');
+  if (paint) w.paint = box(paint);
+  if (live) w.live = box(live);
+  if (paint && live) w.both += 1;
+  requestAnimationFrame(tick);
+};
+requestAnimationFrame(tick);
+"""
+
+
+def test_a_dataset_link_draws_its_first_chart_before_streamlit_and_never_both(app_url, page):
+    """Issue 31: a Dataset link's shell draws the first tab's chart with the plotly.js of Streamlit's own Plotly
+    chunk (app/first_paint.py), where Streamlit will draw it; Streamlit's chart replaces it, never both on screen."""
+    url, store_dir = app_url
+    _stored_trace(store_dir)
+    fresh = page.context.new_page()
+    try:
+        fresh.add_init_script(DATASET_WATCH)
+        fresh.goto(f"{url}dataset")
+        fresh.locator('[data-testid="stMain"] .js-plotly-plot .main-svg').first.wait_for()
+        fresh.wait_for_timeout(500)
+        watched = fresh.evaluate("window.__fpDataset")
+        assert watched["paint"] is not None and watched["live"] is not None
+        assert watched["both"] == 0  # never two charts
+        assert fresh.locator("#fp-first-paint").count() == 0
+        assert fresh.evaluate("window.__fpFirstPaintGone") == "live"  # because Streamlit's chart drew
+        assert all(abs(a - b) <= 4 for a, b in zip(watched["paint"], watched["live"])), watched  # in its place
+    finally:
+        fresh.close()
+
+
 # JS (an init script): in the first frame that shows the live token view, how many Plotly charts the page has
 CHART_WATCH = """
 window.__fpCharts = null;

@@ -1,18 +1,22 @@
 """app/first_paint.py: a shared trace link's shell carries the trace's token view (the live view's own HTML,
-model text escaped), uncompressed and never cached; other requests pass untouched. In a browser:
-tests/test_browser.py (the first paint goes once the live view draws; never both on screen)."""
+model text escaped), a Dataset link's its first chart (the page's own figure, for the plotly.js in Streamlit's
+Plotly chunk), uncompressed and never cached; other requests pass untouched. In a browser: tests/test_browser.py
+(the first paint goes once the live view or Streamlit's chart draws; never both on screen)."""
 
 from __future__ import annotations
 
 import asyncio
 import html
+import json
 import re
 
 import pytest
 from fakes import make_trace
 
 from app import first_paint, resources
-from app.first_paint import PAINT_ID, FirstPaint
+from app import state
+from app.dataset_panels import analysis_figure, analysis_tables
+from app.first_paint import PAINT_ID, STATIC_JS, FirstPaint, plotly_chunk
 from app.view import SpikeRule
 from core.io.store import TraceStore
 from core.scoring.registry import DEFAULT_SCORE, score_values
@@ -108,7 +112,8 @@ def test_the_url_view_settings_colour_the_first_paint_as_the_live_view(stored):
     ("/static/js/index.js", "trace={key}", "GET"),  # Streamlit's own files
     ("/_stcore/health", "trace={key}", "GET"),
     ("/", "", "GET"),  # no trace named
-    ("/dataset", "trace={key}", "GET"),  # another page
+    ("/export", "trace={key}", "GET"),  # another page
+    ("/dataset", "spikes=gate:0.05:16", "GET"),  # a calibrated gate needs the pair
     ("/", "trace=0123456789abcdef", "GET"),  # not in the store
     ("/", "trace=<script>alert(1)</script>", "GET"),
     ("/", "trace={key}&compare=abc@3", "GET"),  # colours shared with another trace: the live view's business
@@ -131,4 +136,37 @@ def test_a_failing_build_serves_the_plain_shell(stored, monkeypatch):
 
     monkeypatch.setattr(first_paint, "trace_paint", broken)
     _, sent = _get("/", f"trace={trace.key}")
+    assert _body(sent) == SHELL.decode()
+
+
+def _figure_json(body: str) -> dict:
+    """The figure a Dataset shell hands plotly.js (the object literal its module script draws)."""
+    start = body.index("const fig = ") + len("const fig = ")
+    return json.JSONDecoder().raw_decode(body[start:])[0]
+
+
+def test_a_dataset_link_gets_the_pages_first_chart_in_the_shell(stored):
+    """The first tab's figure over what a fresh page selects (here the stored trace), with the URL's metric and
+    spike share, as the page draws it (app/dataset_panels.py), for the plotly.js of Streamlit's own Plotly chunk;
+    the hostile trace's text cannot end the script early."""
+    from core.analysis.registry import list_analyses
+
+    path, trace = stored
+    spec = list_analyses()[0]
+    default_top = state.DEFAULTS["spike_top_pct"] / 100.0
+    for query, score, top in (("", DEFAULT_SCORE, default_top), ("metric=entropy_base&spikes=top:5", "entropy_base", 0.05)):
+        _, sent = _get("/dataset", query)
+        body = _body(sent)
+        assert body.count(f"id='{PAINT_ID}'") == 1 and body.index('<div id="root"></div>') < body.index(PAINT_ID)
+        want = analysis_figure(spec, analysis_tables(spec.name, path, (trace.key,), score, top, None), {})
+        assert _figure_json(body) == json.loads(want.to_json()), query
+        script = body[body.index("const fig = "):body.index("</script>", body.index("const fig = "))]
+        assert "<" not in script and f'import("./static/js/{plotly_chunk()}")' in script
+        assert _headers(sent)[b"cache-control"] == b"no-store"
+    assert (STATIC_JS / plotly_chunk()).is_file()  # the chunk Streamlit's own charts load
+
+
+def test_a_dataset_link_without_traces_gets_the_plain_shell(tmp_path, monkeypatch):
+    monkeypatch.setattr(first_paint, "store_path", lambda: str(tmp_path))
+    _, sent = _get("/dataset")
     assert _body(sent) == SHELL.decode()

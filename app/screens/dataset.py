@@ -2,36 +2,20 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from app import resources, state
 from app.compare_panels import rank_shift_tab, reasoner_tables, reasoners_tab
 from app.context import get_context
+from app.dataset_panels import FILTERS, MAX_TRACES, analysis_figure, analysis_tables, filter_choices, selected_keys
 from app.instruments_panels import dataset_instruments
-from app.view import select_rows, with_policy_labels
+from app.view import with_policy_labels
 from core import settings
-from core.reports import gates_report
-from core.reports import report as R
-from core.analysis import tables as A
-from core.analysis.registry import (
-    Analysis,
-    figure_table_names,
-    list_analyses,
-    run_analysis,
-)
+from core.analysis.registry import Analysis, list_analyses
 from core.errors import ForkpointError
+from core.reports import gates_report
 from core.reports.gates import read_gates
 from core.scoring.registry import score_label
-
-MAX_TRACES = 2000
-
-
-@st.cache_data(show_spinner=False, max_entries=32)
-def _analysis(name: str, path: str, keys: tuple[str, ...], score: str, top: float,
-              segment: str | None) -> dict[str, pd.DataFrame]:
-    """The tables of one registered analysis over the stored traces `keys` (cached by keys and settings)."""
-    return run_analysis(name, [resources.load_trace(path, k) for k in keys], score, top, segment)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -45,18 +29,12 @@ def _select(ctx) -> tuple[str, ...]:
     if df.empty:
         return ()
     df = with_policy_labels(df)
-    c1, c2, c3 = st.columns(3)
-    pairs = sorted(df["pair"].dropna().unique())
-    pick_pairs = c1.multiselect("Pair", pairs, default=pairs, key="ds_pair")
-    policies = sorted(df["policy"].dropna().unique())
-    pick_pol = c2.multiselect("Policy", policies, default=policies, key="ds_policy")
-    kinds = sorted(df["kind"].dropna().unique())
-    pick_kind = c3.multiselect("Kind", kinds, default=[k for k in kinds if k != "branch"] or kinds, key="ds_kind")
-    rows = select_rows(df, pick_pairs, pick_pol, pick_kind)
-    if len(rows) > MAX_TRACES:
-        st.caption(f"Using the newest {MAX_TRACES} of {len(rows)} traces.")
-        rows = rows.tail(MAX_TRACES)
-    return tuple(rows["key"].astype(str))
+    picks = [column.multiselect(FILTERS[name], options, default=default, key=f"ds_{name}")
+             for column, (name, (options, default)) in zip(st.columns(len(FILTERS)), filter_choices(df).items())]
+    keys, total = selected_keys(df, picks)
+    if total > MAX_TRACES:
+        st.caption(f"Using the newest {MAX_TRACES} of {total} traces.")
+    return keys
 
 
 def _show(spec: Analysis, path: str, keys, score, top, segment) -> None:
@@ -65,7 +43,7 @@ def _show(spec: Analysis, path: str, keys, score, top, segment) -> None:
         st.caption(spec.help)
     choice = {k: st.radio(k, values, horizontal=True, key=f"ds_{spec.name}_{k}") for k, values in spec.options.items()}
     try:
-        tables = _analysis(spec.name, path, keys, score, top, segment)
+        tables = analysis_tables(spec.name, path, keys, score, top, segment)
     except ForkpointError as err:
         st.warning(str(err))
         return
@@ -73,33 +51,13 @@ def _show(spec: Analysis, path: str, keys, score, top, segment) -> None:
         rank_shift_tab(tables["rank_shift"], tables["rank_shift_per_trace"], score, top)  # app/compare_panels.py
         return
     if spec.figure:
-        fig = getattr(R, spec.figure)(*[tables[n] for n in figure_table_names(spec, **choice)])
-        _tidy(spec.name, fig)
-        st.plotly_chart(fig, width="stretch", key=f"ds_fig_{spec.name}")
+        st.plotly_chart(analysis_figure(spec, tables, choice), width="stretch", key=f"ds_fig_{spec.name}")
     if spec.name == "enrichment":
         st.caption("“all planning” pools every planning category (plan, reflect, verify, conclude): the paper's "
                    "single planning share; the other bars are the categories themselves.")
     if spec.detail:
         with st.expander(spec.detail.replace("_", " "), expanded=spec.figure is None):
             st.dataframe(tables[spec.detail], hide_index=True, width="stretch")
-
-
-def _tidy(name: str, fig) -> None:
-    """Display fixes: one legend entry for the faint per-trace Lorenz curves, a named pooled planning
-    category, readable log-axis ticks."""
-    if name == "lorenz":
-        first = True
-        for tr in fig.data:
-            if tr.name not in ("equality", A.POOLED):
-                tr.update(legendgroup="traces", name="per trace (a few)", showlegend=first, hovertemplate=None)
-                first = False
-    elif name == "enrichment":
-        for tr in fig.data:
-            tr.x = ["all planning" if str(x) == "planning" else x for x in tr.x]
-    elif name == "entropy_iou":
-        fig.update_xaxes(tickvals=[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0],
-                         ticktext=["0.1%", "0.2%", "0.5%", "1%", "2%", "5%", "10%", "20%", "50%", "100%"],
-                         minor={"showgrid": False})
 
 
 def _gates_tab() -> None:
