@@ -74,8 +74,8 @@ PAINT_CSS = ("#%(id)s { position: absolute; z-index: 999990; top: 5.5rem; left: 
              " @media (max-width: 900px) { #%(id)s { padding: 0 1rem; } #%(id)s .fp-view { width: 100%%; } }")
 
 # JS: remove a Dataset link's first chart once Streamlit's own chart is drawn in the page (inside stMain: the paint is
-# outside React's root), an error, warning or info box shows there, the user presses a key or the pointer (the
-# widgets beside the paint are live), or another page opens
+# outside React's root), an error, warning or info box shows there, the user presses a key or the pointer or scrolls
+# (the widgets beside the paint are live, and Streamlit scrolls its own container, not the paint), or another page opens
 DATASET_REMOVE_JS = """(() => {
   const paint = document.getElementById("%(id)s");
   if (!paint) return;
@@ -92,7 +92,9 @@ DATASET_REMOVE_JS = """(() => {
     if (document.querySelector('[data-testid="stMain"] [data-testid="stAlertContainer"], [data-testid="stException"]')) drop("alert");
   };
   observer.observe(document.body, { childList: true, subtree: true });
-  for (const kind of ["pointerdown", "keydown"]) window.addEventListener(kind, () => drop("input"), { capture: true, once: true });
+  for (const kind of ["pointerdown", "keydown", "wheel", "touchstart"]) {
+    window.addEventListener(kind, () => drop("input"), { capture: true, once: true, passive: true });
+  }
 })();"""
 # JS (a module): load Streamlit's Plotly chunk now (its plotly.js sets window.Plotly) and draw the figure with it
 DATASET_DRAW_JS = """const fig = %(figure)s;
