@@ -96,12 +96,17 @@ DATASET_REMOVE_JS = """(() => {
     window.addEventListener(kind, () => drop("input"), { capture: true, once: true, passive: true });
   }
 })();"""
-# JS (a module): load Streamlit's Plotly chunk now (its plotly.js sets window.Plotly) and draw the figure with it
+# JS (a module): load Streamlit's Plotly chunk now, from where Streamlit's own main script comes (its plotly.js sets
+# window.Plotly), and draw the figure with it; the paint goes if that fails
 DATASET_DRAW_JS = """const fig = %(figure)s;
-import("./static/js/%(chunk)s").then(() => {
-  const el = document.querySelector("#%(id)s .fp-chart");
-  if (el && window.Plotly) window.Plotly.newPlot(el, fig.data, fig.layout, { staticPlot: true, responsive: true });
-}).catch(() => {});"""
+const paint = document.getElementById("%(id)s");
+const main = document.querySelector('script[type="module"][src*="/static/js/"]');
+const chunk = new URL("%(chunk)s", main ? main.src : new URL("./static/js/", location.href));
+import(chunk.href).then(() => {
+  const el = paint && paint.isConnected && paint.querySelector(".fp-chart");
+  if (el && window.Plotly) return window.Plotly.newPlot(el, fig.data, fig.layout, { staticPlot: true, responsive: true });
+  if (paint) paint.remove();
+}).catch(() => { if (paint) paint.remove(); });"""
 # where Streamlit draws the page's first chart in a fresh session: beside the open sidebar (300 px), under the title,
 # the filters, the tabs and the analysis's caption, 5 rem padding (1 rem on a narrow window), as high as the figure
 DATASET_CSS = ("#%(id)s { position: absolute; z-index: 999990; top: 447px; left: 300px; right: 0;"

@@ -237,20 +237,21 @@ def test_a_shared_trace_link_shows_its_text_before_the_live_view_and_never_both(
         fresh.close()
 
 
-# JS (an init script): every frame, whether a Dataset link's first chart (app/first_paint.py) and Streamlit's own chart
-# are on screen, and where each was last drawn
+# JS (an init script): where a Dataset link's first chart (app/first_paint.py) and Streamlit's own chart were drawn (seen
+# by a mutation observer: the paint may go before a frame shows it), and in how many frames both were on screen
 DATASET_WATCH = """
 window.__fpDataset = { paint: null, live: null, both: 0 };
 const box = (e) => { const r = e.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; };
-const tick = () => {
+const look = () => {
   const w = window.__fpDataset;
   const paint = document.querySelector('#fp-first-paint .main-svg');
   const live = document.querySelector('[data-testid="stMain"] .js-plotly-plot .main-svg');
   if (paint) w.paint = box(paint);
   if (live) w.live = box(live);
-  if (paint && live) w.both += 1;
-  requestAnimationFrame(tick);
+  return paint && live;
 };
+new MutationObserver(look).observe(document, { childList: true, subtree: true });
+const tick = () => { if (look()) window.__fpDataset.both += 1; requestAnimationFrame(tick); };
 requestAnimationFrame(tick);
 """
 
