@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from app.first_paint import PAINT_ID
 from tests.browser import (LIVE_TOKENS, ROOT, chromium_page, drawn, layout_problems, pair_args, require_chromium,
                            run_app, settle)
 
@@ -261,6 +263,14 @@ def test_a_dataset_link_draws_its_first_chart_before_streamlit_and_never_both(ap
     chunk (app/first_paint.py), where Streamlit will draw it; Streamlit's chart replaces it, never both on screen."""
     url, store_dir = app_url
     _stored_trace(store_dir)
+    # a shell whose chart takes over DATASET_TIMEOUT_S to build comes plain (the build goes on and caches the
+    # analysis): ask until one comes with it, so that a loaded machine does not decide what this test sees
+    for _ in range(10):
+        if f"id='{PAINT_ID}'" in urllib.request.urlopen(f"{url}dataset", timeout=60).read().decode():
+            break
+        time.sleep(1)
+    else:
+        pytest.fail("no Dataset shell came with its first chart in 10 tries")
     fresh = page.context.new_page()
     try:
         fresh.add_init_script(DATASET_WATCH)
