@@ -13,8 +13,7 @@ import re
 import pytest
 from fakes import make_trace
 
-from app import first_paint, resources
-from app import state
+from app import first_paint, resources, state
 from app.dataset_panels import analysis_figure, analysis_tables
 from app.first_paint import PAINT_ID, STATIC_JS, FirstPaint, plotly_chunk
 from app.view import SpikeRule
