@@ -107,13 +107,16 @@ import(chunk.href).then(() => {
   if (el && window.Plotly) return window.Plotly.newPlot(el, fig.data, fig.layout, { staticPlot: true, responsive: true });
   if (paint) paint.remove();
 }).catch(() => { if (paint) paint.remove(); });"""
-# where Streamlit draws the page's first chart in a fresh session: beside the open sidebar (300 px), under the title,
-# the filters, the tabs and the analysis's caption, 5 rem padding (1 rem on a narrow window), as high as the figure
+# where Streamlit draws the page's first chart in a fresh session (measured in Chromium from 700 to 1,920 px wide):
+# beside the open sidebar (300 px; none below 768 px), under the title, the filters, the tabs and the analysis's
+# caption (one line lower below 1,200 px, where the caption wraps), 5 rem padding (1 rem on a narrow window), as high
+# as the figure; a few pixels off is fine: Streamlit's own chart replaces it
 DATASET_CSS = ("#%(id)s { position: absolute; z-index: 999990; top: 447px; left: 300px; right: 0;"
                " padding: 0 5rem; box-sizing: border-box; pointer-events: none; }"
                " #%(id)s .fp-chart { height: %(height)spx; background: #fff; }"
-               " @media (max-width: 900px) { #%(id)s { top: 469px; padding: 0 1rem; } }"
-               " @media (max-width: 767px) { #%(id)s { left: 0; } }")
+               " @media (max-width: 1199px) { #%(id)s { top: 470px; } }"
+               " @media (max-width: 850px) { #%(id)s { padding: 0 1rem; } }"
+               " @media (max-width: 767px) { #%(id)s { left: 0; top: 447px; } }")
 
 
 def _query(scope: Mapping[str, Any]) -> dict[str, str]:
