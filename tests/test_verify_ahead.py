@@ -20,7 +20,7 @@ from spies import FeedLog
 
 import core
 from core.decoding import CACHES
-from core.decoding.engine import MAX_LOOKAHEAD, RATE_WINDOW, SIZERS, BlockSizer, SizerMemory
+from core.decoding.block_sizing import MAX_LOOKAHEAD, RATE_WINDOW, SIZERS, BlockSizer, SizerMemory
 from core.scoring.registry import INT_METRICS, METRICS
 
 PROMPTS = ["What is 2+3?", "Tom has 3 boxes of 4 apples. He gives away 2. How many apples are left?", "x"]
