@@ -147,13 +147,32 @@ def store_path() -> str:
     return resources.store_path(parse_args(script_args(sys.argv)).store)
 
 
+def _url_view(query: Mapping[str, str]) -> dict[str, str]:
+    """The view settings a fresh session adopts from the URL (app/state.py: metric, scale, range, ...)."""
+    from app import state  # deferred, as in trace_paint
+
+    return {name: query.get(param) or state.DEFAULTS[name] for param, name in state.VIEW_PARAMS.items()}
+
+
+def _top_pct(query: Mapping[str, str]) -> float | None:
+    """The URL's "top p%" spike share as a fresh session adopts it (out of range: the default); None for a
+    calibrated gate (it needs the pair) or an unreadable rule: no first paint then."""
+    from app import state  # deferred, as in trace_paint
+
+    rule = state.parse_spike(query["spikes"]) if query.get("spikes") else {"spike_kind": "top"}
+    if rule is None or rule["spike_kind"] != "top":
+        return None
+    pct = rule.get("spike_top_pct", state.DEFAULTS["spike_top_pct"])
+    return pct if state.TOP_PCT_RANGE[0] <= pct <= state.TOP_PCT_RANGE[1] else state.DEFAULTS["spike_top_pct"]
+
+
 def trace_paint(path: str, key: str, query: Mapping[str, str]) -> str | None:
     """The Trace page's token view of stored trace `key`, as a fresh session with the link's view settings draws it
     (the URL's metric, scale, range, spikes and pos: app/state.py), framed; None when the first paint would differ
     from the live view (a comparison, a calibrated gate) or the trace is not in the store."""
     # deferred: app.resources and the Trace page's modules pull in torch and the app's pages, which the server's
     # module import (app/serve.py) must not wait on
-    from app import resources, state
+    from app import resources
     from app.config import PairChoice
     from app.context import Context
     from app.sidebar import Settings
@@ -167,13 +186,10 @@ def trace_paint(path: str, key: str, query: Mapping[str, str]) -> str | None:
 
     if query.get("compare"):
         return None  # colours shared with the compared traces: the live view's business
-    view = {name: query.get(param) or state.DEFAULTS[name] for param, name in state.VIEW_PARAMS.items()}
-    rule = state.parse_spike(query["spikes"]) if query.get("spikes") else {"spike_kind": "top"}
-    if rule is None or rule["spike_kind"] != "top":
+    view = _url_view(query)
+    pct = _top_pct(query)
+    if pct is None:
         return None
-    pct = rule.get("spike_top_pct", state.DEFAULTS["spike_top_pct"])
-    if not state.TOP_PCT_RANGE[0] <= pct <= state.TOP_PCT_RANGE[1]:
-        pct = state.DEFAULTS["spike_top_pct"]
     if view["score"] not in SCORES or view["scale"] not in SCALES or view["crange"] not in RANGES:
         return None  # the app repairs these to its defaults (state._repair): so would this, the same way
     store = resources.get_store(path)
@@ -212,20 +228,15 @@ def dataset_paint(path: str, query: Mapping[str, str]) -> str | None:
     page selects, with the URL's metric and spike share); None when the page would show something else first (an
     empty selection, a calibrated gate, an analysis without a figure) or Streamlit's Plotly chunk is not found."""
     # deferred, as in trace_paint
-    from app import resources, state
+    from app import resources
     from app.dataset_panels import analysis_figure, analysis_tables, filter_choices, selected_keys
     from app.view import with_policy_labels
     from core.analysis.registry import list_analyses
     from core.scoring.registry import SCORES
 
-    score = query.get("metric") or state.DEFAULTS["score"]
-    rule = state.parse_spike(query["spikes"]) if query.get("spikes") else {"spike_kind": "top"}
-    chunk = plotly_chunk()
-    if chunk is None or score not in SCORES or rule is None or rule["spike_kind"] != "top":
+    score, pct, chunk = _url_view(query)["score"], _top_pct(query), plotly_chunk()
+    if chunk is None or score not in SCORES or pct is None:
         return None
-    pct = rule.get("spike_top_pct", state.DEFAULTS["spike_top_pct"])
-    if not state.TOP_PCT_RANGE[0] <= pct <= state.TOP_PCT_RANGE[1]:
-        pct = state.DEFAULTS["spike_top_pct"]
     summaries = resources.get_store(path).summaries()
     if summaries.empty:
         return None
