@@ -138,7 +138,7 @@ def test_logit_budgets_grow_with_the_card_and_only_with_its_total_memory(monkeyp
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: pytest.fail("free memory read"))
     block, deferred = engine.logit_budget(torch.device("cuda:0"))
     assert block == int((141 << 30) / 32) and deferred == block // 4
-    per_position = 8 * 32 * 151_936 * 4  # Decoder._block_size's bytes per block position at batch 32
+    per_position = 8 * 32 * 151_936 * 4  # Decoder._block_plan's bytes per block position at batch 32
     assert engine.LOGIT_BYTES // per_position == 3 and block // per_position >= 28
     card.total_memory = 8 << 30  # a small card: never below the CPU's bounds
     assert engine.logit_budget(torch.device("cuda:0")) == (engine.LOGIT_BYTES, engine.DEFERRED_BYTES)

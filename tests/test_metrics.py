@@ -23,6 +23,7 @@ from core.scoring.metrics import (
     log_probs,
     step_metrics,
     target_metrics,
+    top_probability,
 )
 from core.scoring.registry import (
     DEFAULT_SCORE,
@@ -210,6 +211,17 @@ def test_entropy_of_masked_logits_is_finite() -> None:
     x = torch.tensor([[0.0, 0.0, -float("inf")], [1.0, 2.0, 3.0]])
     expected = [math.log(2.0), float(-(torch.softmax(x[1].double(), -1) * torch.log_softmax(x[1].double(), -1)).sum())]
     np.testing.assert_allclose(entropy(x).numpy(), expected, atol=1e-6)
+
+
+@given(a=hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 30)),
+                   elements=st.floats(min_value=-40, max_value=40, allow_nan=False, width=32)))
+@settings(max_examples=60, deadline=None)
+def test_top_probability_is_the_largest_softmax_probability(a: np.ndarray) -> None:
+    """What ends a verify-ahead block early (core/decoding/block_sizing.py) is each row's largest probability."""
+    x = a.astype(np.float64)
+    p = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(top_probability(torch.from_numpy(a)).numpy(), (p / p.sum(-1, keepdims=True)).max(-1),
+                               rtol=1e-5, atol=1e-7)
 
 
 # -- identities (hypothesis) -----------------------------------------------------------------------

@@ -145,8 +145,11 @@ def test_k_sets_topk_width(qwen_pair) -> None:
     trace = core.score(qwen_pair, PROBLEM, RESPONSE, k=3)
     assert trace.topk["base"][0].shape == (len(trace), 3) == trace.topk["reason"][1].shape
     assert trace.k == 3
-    with pytest.raises(core.InvalidInputError, match="k must be at least 1"):
-        core.score(qwen_pair, PROBLEM, RESPONSE, k=0)
+    for bad in (0, 2.5):  # one rule for scoring and decoding (the "k" setting): a clear message, not an IndexError
+        with pytest.raises(core.InvalidInputError, match="k must be a whole number ≥ 1|k must be ≥ 1"):
+            core.score(qwen_pair, PROBLEM, RESPONSE, k=bad)
+        with pytest.raises(core.InvalidInputError, match="k must be a whole number ≥ 1|k must be ≥ 1"):
+            core.generate(qwen_pair, PROBLEM, core.Guided(tau=0.1), k=bad, max_new_tokens=4)
 
 
 # -- edge inputs ---------------------------------------------------------------------------------------

@@ -187,28 +187,74 @@ def test_property_any_lookahead_is_lock_step(qwen_pair, kind, lookahead, tempera
 
 def test_block_size_follows_the_change_rate_and_the_reasoners_cost() -> None:
     sizer = BlockSizer()
-    assert 1 < sizer.block() < 8  # nothing seen yet (q = 1/16) and the reasoner costs one base step
+    assert 1 < sizer.plan()[0] < 8  # nothing seen yet (q = 1/16) and the reasoner costs one base step
     sizer.add(RATE_WINDOW, False)
-    assert sizer.block() == MAX_LOOKAHEAD  # no change seen in a long while
+    assert sizer.plan()[0] >= MAX_LOOKAHEAD // 2  # no change seen in a long while: long blocks
     for _ in range(RATE_WINDOW // 50):
         sizer.add(50, True)  # one change every 50 positions
-    cheap = sizer.block()
+    cheap = sizer.plan()[0]
     assert 6 <= cheap < 16  # q = 1/50: n near sqrt(2 c / q) = 10
     for _ in range(40):
         for n in (4, 8, 16):
             sizer.observe(n=n, base_step_s=0.01, verify_s=0.08)  # a pass costs 8 base steps, whatever its length
-    assert sizer.block() > cheap
+    assert sizer.plan()[0] > cheap
     for _ in range(40):  # ... but it grows with its length: a wide batch, computing n positions x rows
         for n in (2, 4, 8):
             sizer.observe(n=n, base_step_s=0.01, verify_s=0.01 * (0.5 + 2 * n))
     c0, c1 = sizer.cost()
     assert abs(c0 - 0.5) < 1e-2 and abs(c1 - 2) < 1e-2  # the older points have decayed to ~1e-5 weight
-    assert sizer.block() < cheap
+    assert sizer.plan()[0] < cheap
     for _ in range(RATE_WINDOW):
         sizer.add(1, True)  # every position changes: lock-step
-    assert sizer.block() == 1
+    assert sizer.plan()[0] == 1
     with pytest.raises(core.InvalidInputError, match="lookahead"):
         core.generate(None, "x", lookahead=0)
+
+
+def test_blocks_end_where_the_base_is_unsure_when_changes_fall_there() -> None:
+    """Changes that fall only where the base's top-1 probability is low: blocks end at such drafts (the cut) and
+    grow as long as allowed elsewhere; changes anywhere (e.g. random takeovers): no cut, the rate alone."""
+    sizer, rng = BlockSizer(), np.random.default_rng(0)
+    for _ in range(RATE_WINDOW // 32):  # a change at an unsure position every 32 (1 in 64 positions unsure)
+        tops = rng.uniform(0.95, 1.0, 32)
+        tops[[7, 20]] = (0.85, 0.6)
+        sizer.add(8, True, tops[:8])
+        sizer.add(24, False, tops[8:])
+    n, cut = sizer.plan()
+    assert cut == 0.9 and n == MAX_LOOKAHEAD  # 0.9 ends a block at every change and at no sure position
+    blind = BlockSizer()
+    for block in range(RATE_WINDOW // 32):  # the same rate of changes, at sure positions
+        tops = rng.uniform(0.95, 1.0, 32)
+        tops[[7, 20]] = (0.85, 0.6)
+        blind.add(12, True, tops[:12])
+        blind.add(20, False, tops[12:])
+    n_blind, cut_blind = blind.plan()
+    assert cut_blind == 0.0 and n_blind < MAX_LOOKAHEAD  # ending at unsure drafts would only add passes
+    assert BlockSizer().plan()[1] == 0.0  # nothing seen: no cut
+
+
+def test_a_learned_cut_drafts_nothing_past_a_change_and_keeps_the_lock_step_output(long_pair, monkeypatch) -> None:
+    """Once the sizer has seen where takeovers change the text, blocks end at those drafts: the base drafts
+    nothing it must throw away, and the trace is still lock-step's."""
+    policy = core.Guided(tau=0.5, lam=1.0, window=4, max_takeovers=3)
+    lock = core.generate(long_pair, PROMPTS[1], policy, max_new_tokens=40, lookahead=1)
+    changed = [p for p in range(len(lock)) if lock.source[p] == "reason"
+               and int(lock.topk["base"][0][p][0]) != int(lock.token_ids[p])]
+    assert changed, "the test needs a takeover that changes the text"
+    sizer = BlockSizer()
+    tops = np.ones(RATE_WINDOW)
+    tops[[p % RATE_WINDOW for p in changed]] = 0.5  # seen before: the changes fall where the base is unsure
+    sizer.add(RATE_WINDOW, False, tops)
+    for p in changed:
+        sizer.flags[p] = True
+    sizer.changes = len(changed)
+    monkeypatch.setattr(SIZERS, "start", lambda *a, **k: sizer)
+    log = FeedLog(long_pair, monkeypatch)
+    ahead = core.generate(long_pair, PROMPTS[1], policy, max_new_tokens=40)
+    assert_same(ahead, lock)
+    unsure = [p for p in range(len(lock)) if float(lock.topk["base"][1][p][0]) < sizer.plan()[1]]
+    assert sum(log.sizes("base")[1:]) == len(ahead) - 1  # each response token read once: no draft thrown away
+    assert len(log.sizes("reason")) - 1 <= len(unsure) + 1 + len(ahead) // MAX_LOOKAHEAD
 
 
 def test_an_untimed_block_size_follows_the_outputs_alone() -> None:
@@ -217,13 +263,13 @@ def test_an_untimed_block_size_follows_the_outputs_alone() -> None:
     for sizer in (timed, untimed):
         for _ in range(RATE_WINDOW // 50):
             sizer.add(50, True)
-    before = untimed.block()
-    assert before == timed.block()
+    before = untimed.plan()[0]
+    assert before == timed.plan()[0]
     for _ in range(40):
         for sizer in (timed, untimed):
             sizer.observe(n=8, base_step_s=0.01, verify_s=0.08)
-    assert untimed.block() == before and untimed.cost() == (1.0, 0.0)
-    assert timed.block() != before
+    assert untimed.plan()[0] == before and untimed.cost() == (1.0, 0.0)
+    assert timed.plan()[0] != before
 
 
 def test_a_later_run_starts_with_what_verify_ahead_learned(long_pair, monkeypatch) -> None:

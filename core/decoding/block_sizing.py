@@ -8,14 +8,16 @@ import copy
 import threading
 import weakref
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 
 import numpy as np
 
 from core.decoding.policy_base import Policy
 from core.pair.loading import ModelPair
 
-MAX_LOOKAHEAD = 32  # the adaptive block size never exceeds this
+MAX_LOOKAHEAD = 64  # the adaptive block size never exceeds this
 RATE_WINDOW = 256  # positions over which the change rate that sizes blocks is measured
+CUTS = np.array([0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98])  # the base top-1 probabilities a block may end below
 
 
 class BlockSizer:
@@ -25,24 +27,35 @@ class BlockSizer:
     the weights; c1 grows with the rows x positions it computes). n minimises (n + c(n)) / E[positions
     committed per block], E = (1 - (1 - q)^n) / q.
 
-    The output depends on n only through float rounding (a block's matrix products are not one token's),
-    which in float32 on a CPU stays far below the 1e-5 the tests allow. In bf16 on a GPU it can flip a
-    near-tie, so there (`timed=False`) the cost line is fixed (c0 = 1, c1 = 0: one pass costs about one
-    base step) and n follows the outputs alone: a run repeats itself exactly, whatever the timings."""
+    A block may also end early, at a draft where the base is unsure of its own token (its top-1 probability
+    below a cut, in some live row): takeovers that change the text fall where the base is unsure (the paper's
+    decision tokens), and a block that ends there wastes no drafts past a change. The cut is chosen with n
+    from the recent positions' top-1 probabilities: a cut ending a share s of positions leaves a rate q(cut)
+    of changes unforeseen, and (n, cut) minimise ((1 - (1 - s)^n) / s · (1 + c1) + c0) / E, E at rate s + q
+    (drafting stops at an unsure position, or at n; a block commits up to its first stop or change). With no
+    unsure position before its changes (e.g. random takeovers) the cut stays 0: the blocks above.
+
+    The output depends on n and the cut only through float rounding (a block's matrix products are not one
+    token's), which in float32 on a CPU stays far below the 1e-5 the tests allow. In bf16 on a GPU it can flip
+    a near-tie, so there (`timed=False`) the cost line is fixed (c0 = 1, c1 = 0: one pass costs about one
+    base step) and (n, cut) follow the outputs alone: a run repeats itself exactly, whatever the timings."""
 
     def __init__(self, timed: bool = True) -> None:
         self.timed = timed
         self.flags: deque[bool] = deque(maxlen=RATE_WINDOW)
+        self.tops: deque[float] = deque(maxlen=RATE_WINDOW)  # the base's top-1 probability there (live rows' least)
         self.changes = 0
         self.moments = np.array([1.0, 1.0, 1.0, 1.0, 1.0])  # EMA of 1, n, n², y, n·y (y = pass cost / base step)
 
-    def add(self, positions: int, changed: bool) -> None:
-        """A block committed `positions` positions; `changed`: it stopped at a changed one."""
+    def add(self, positions: int, changed: bool, tops: Sequence[float] | None = None) -> None:
+        """A block committed `positions` positions; `changed`: it stopped at a changed one; `tops`: the base's
+        top-1 probability at each (its least over live rows; None: sure of every one)."""
         for j in range(positions):
             flag = changed and j == positions - 1
             if len(self.flags) == self.flags.maxlen:
                 self.changes -= self.flags[0]
             self.flags.append(flag)
+            self.tops.append(1.0 if tops is None else float(tops[j]))
             self.changes += flag
 
     def observe(self, n: int, base_step_s: float, verify_s: float) -> None:
@@ -58,11 +71,19 @@ class BlockSizer:
         c1 = max(0.0, (sny / w - sn * sy / w**2) / var) if var > 1e-6 else 0.0
         return max(0.0, sy / w - c1 * sn / w), c1
 
-    def block(self) -> int:
-        q = (self.changes + 0.25) / (len(self.flags) + 4)  # a mild prior (1/16) lets blocks grow after a few
+    def plan(self) -> tuple[int, float]:
+        """(n, cut): the next block's most positions, and the top-1 probability below which a draft ends it."""
+        tops, flags = np.fromiter(self.tops, float, len(self.tops)), np.fromiter(self.flags, bool, len(self.flags))
+        unsure = tops[None, :] < CUTS[:, None]  # (cuts, positions)
+        total = len(flags) + 4  # a mild prior (1/16 for q) lets blocks grow after a few positions
+        s = unsure.sum(1) / total
+        r = s + ((flags & ~unsure).sum(1) + 0.25) / total
         c0, c1 = self.cost()
-        per_token = [(n * (1 + c1) + c0) * q / (1 - (1 - q) ** n) for n in range(1, MAX_LOOKAHEAD + 1)]
-        return 1 + min(range(MAX_LOOKAHEAD), key=per_token.__getitem__)
+        n = np.arange(1, MAX_LOOKAHEAD + 1)
+        drafts = np.where(s[:, None] > 0, (1 - (1 - s[:, None]) ** n) / np.maximum(s[:, None], 1e-12), n)
+        per_token = (drafts * (1 + c1) + c0) * r[:, None] / (1 - (1 - r[:, None]) ** n)
+        cut, size = np.unravel_index(np.argmin(per_token), per_token.shape)  # ties: the lower cut, the shorter block
+        return int(size) + 1, float(CUTS[cut])
 
 
 class SizerMemory:

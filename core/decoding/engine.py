@@ -7,7 +7,8 @@ decoder's verifier does). The policy then sees each position of the block in ord
 `Step` it would see in lock-step; at the first position where the emitted token differs from the draft
 both caches are cropped back to it and the next block starts there. Draws are keyed by position, so the
 output is the lock-step output (up to float rounding, see `BlockSizer`). n adapts to the recent rate of
-such changes (`lookahead=1` is lock-step). Lazy policies (gating on base entropy alone) draft until they fire and let the reasoner
+such changes, and a block also ends at a draft the base is unsure of where that is where changes fall
+(`lookahead=1` is lock-step). Lazy policies (gating on base entropy alone) draft until they fire and let the reasoner
 catch up only then; their metrics are filled from logged hidden states in batched passes.
 
 Rows may join late: a row whose known tokens reach past the current position replays them (its own
@@ -39,6 +40,7 @@ from core.scoring.metrics import (
     LogProbs,
     emitted_metrics,
     entropy_and_top2,
+    top_probability,
     step_metrics,
 )
 from core.scoring.registry import score_values
@@ -169,19 +171,20 @@ class Decoder:
 
     # -- verify-ahead blocks ------------------------------------------------------------------
 
-    def _block_size(self) -> int:
-        n = self.lookahead if self.lookahead is not None else self.sizer.block()
+    def _block_plan(self) -> tuple[int, float]:
+        """(most positions of the next block, the base top-1 probability below which a draft ends it early)."""
+        n, cut = (self.lookahead, 0.0) if self.lookahead is not None else self.sizer.plan()
         # (rows, V) float32 arrays alive per position while a block is scored: both models' logits, and
         # metrics.step_metrics' six work arrays (log-probs and probabilities of each, two scratch)
         per_position = 8 * len(self.rows) * self.pair.vocab_size * 4
-        return max(1, min(n, self.limit - self.t, self.logit_bytes // per_position))
+        return max(1, min(n, self.limit - self.t, self.logit_bytes // per_position)), cut
 
     def _block(self) -> None:
-        """Draft n base tokens, score them with the reasoner in one forward, commit up to the first change."""
-        n = self._block_size()
+        """Draft up to n base tokens, score them with the reasoner in one forward, commit up to the first change."""
+        n, cut = self._block_plan()
         t0 = time.perf_counter()
         self._read(self.base)  # the token emitted last (at most one) is read now
-        logits_a, drafts = self._draft(n)  # (B, n, V), (B, n)
+        logits_a, drafts = self._draft(n, cut)  # (B, n, V), (B, n)
         n = drafts.shape[1]  # fewer when every row drafted its end
         t1 = time.perf_counter()
         hidden = self._read(self.reason, drafts[:, : n - 1])[:, -n:]  # (B, n, d): positions t .. t+n-1
@@ -192,20 +195,24 @@ class Decoder:
         metrics.update(emitted_metrics(logprobs, drafts.reshape(-1)))
         metrics = {name: x.reshape((b, n) + x.shape[1:]) for name, x in to_host(metrics).items()}
         self.sizer.observe(n, (t1 - t0) / n, time.perf_counter() - t1)
+        tops = []  # the base's top-1 probability at each committed position, its least over live rows
         for j in range(n):
+            live = self._live()
+            tops.append(metrics["topk_base_probs"][live, j, 0].min(initial=1.0))
             changed = self._verify_position(j, logprobs.rows(slice(j, None, n)), logits_b[:, j], drafts[:, j],
                                             {name: x[:, j] for name, x in metrics.items()})
             if changed or self.t >= self.limit or all(r.done for r in self.rows):
-                self.sizer.add(j + 1, changed)
+                self.sizer.add(j + 1, changed, tops)
                 for state in (self.base, self.reason):
                     state.crop(self.t - 1)  # drop the drafts after the changed position
                 return
-        self.sizer.add(n, False)
+        self.sizer.add(n, False, tops)
 
-    def _draft(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draft(self, n: int, cut: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
         """The base's next n tokens (pads for finished rows) and the logits they were drawn from; fewer
         when every row has drafted an end of sequence or reached its room (a draft after it is never
-        committed: the row ends there, or the block ends at the token that replaced it)."""
+        committed: the row ends there, or the block ends at the token that replaced it), or after a draft
+        where a live row's base top-1 probability is below `cut` (a takeover there may change it)."""
         live = self._live()
         room = np.array([np.iinfo(np.int64).max if r.room is None else r.room for r in self.rows])
         ended = ~live
@@ -218,10 +225,13 @@ class Decoder:
             logits.append(a)
             drafts.append(d)
             ended = ended | (self.t + j + 1 >= room)
-            if len(self.eos):  # a replaying row's draft is not its token
-                ended |= torch.isin(d, self.eos).numpy() & ~self._replaying(self.t + j)
+            open_rows = ~ended & ~self._replaying(self.t + j)  # a replaying row's draft is not its token
+            if len(self.eos):
+                ended |= torch.isin(d, self.eos).numpy() & open_rows
             if ended.all() or j == n - 1:  # the last draft is read with the next block, once it is known to stand
                 break
+            if cut > 0 and (top_probability(a).cpu().numpy()[open_rows] < cut).any():
+                break  # this draft is verified before the base drafts past it
             self.base.feed(d.unsqueeze(1))
         return torch.stack(logits, dim=1), torch.stack(drafts, dim=1)
 

@@ -27,6 +27,7 @@ from core.trace import RowSummary, Trace
 def make_rows(pair: ModelPair, problems: list[Any], samples: int, policy: Policy, sampling: Sampling, k: int,
               kind: str = "generate", extra_request: dict[str, Any] | None = None, first_sample: int = 0) -> list[Row]:
     """One `Row` per (problem, sample), problem-major, each with its request key and meta."""
+    settings.SETTINGS["k"].check(k, "k")
     rows = []
     for problem in problems:
         rec = problem_record(problem)

@@ -292,6 +292,11 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     return h
 
 
+def top_probability(logits: torch.Tensor) -> torch.Tensor:
+    """(C, V) logits -> (C,) the largest probability of each row (how sure a model is of its own best token)."""
+    return torch.exp(logits.max(-1).values - torch.logsumexp(logits, -1))
+
+
 def entropy_and_top2(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(C, V) logits -> ((C,) entropy in nats, (C, 2) the two largest probabilities): everything a gate on the
     base alone reads (entropy, Nudging's top-1 probability, the top-1/top-2 margin), from one softmax."""

@@ -114,8 +114,7 @@ def score_batch(pair: ModelPair, items: Sequence[tuple[Any, str | Sequence[int]]
     Gives the same numbers as one at a time (up to float rounding). `progress(done, total)` is called
     after each batch.
     """
-    if k < 1:
-        raise InvalidInputError(f"k must be at least 1, got {k}")
+    settings.SETTINGS["k"].check(k, "k")
     for name, value in (("chunk", chunk), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"{name} must be a whole number ≥ 1, got {value!r}")
