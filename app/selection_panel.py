@@ -15,6 +15,7 @@ from core.views.heatmap import grapheme_start
 from core.views.presentation import both_probs, fmt_num, fmt_prob, prob_at, takeover_choices
 
 VOCAB_MATCHES = 50  # most vocabulary matches offered by the force-a-token search
+BRANCH_TOOLS = "branch_tools"  # session key of the "Branch from here" toggle (flip and edit mode)
 
 
 def _topk_table(trace: Trace, sel: int, side: str, decode, mode: str) -> pd.DataFrame:
@@ -61,6 +62,12 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
     for side in SIDES:  # stacked: the right column is too narrow for two tables of three columns
         st.dataframe(_topk_table(trace, sel, side, decode, mode), hide_index=True, width="stretch",
                      height=min(400, 35 * (trace.k + 1) + 3))
+    # the branch tools are many widgets: in flip and edit mode (a click switches) they are drawn only when asked
+    # for, so a switch's page update does not redraw them (benchmarks/RESULTS.md, "Switchboard")
+    if st.session_state.get("click_mode", "flip") in ("flip", "edit") and not st.toggle(
+            "Branch from here", key=BRANCH_TOOLS,
+            help="Take over, force a top-k, vocabulary or typed token, or sample n alternatives from this token."):
+        return
     disabled = ctx.pair is None
     limit_default = int((trace.meta.get("sampling") or {}).get("max_new_tokens") or max(len(trace) + 64, 64))
     max_new = st.number_input("Max tokens of the branch (prefix included)", min_value=sel + 1,

@@ -14,6 +14,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.downloads import export_file_bytes
+from app.selection_panel import BRANCH_TOOLS
 from app.state import CHARTS_KEY, DATASET_TAB_KEY
 from core.io.store import TraceStore
 from core.views.exports import annotated, read_jsonl
@@ -119,6 +120,7 @@ def test_select_token_take_over_and_see_the_branch(env):
     at = env.open()
     parent = at.session_state["trace_key"]
     at.session_state["sel_pos"] = 2
+    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
     at.run()
     _ok(at)
     assert any("Token #2" in t for t in _texts(at.markdown))
@@ -157,6 +159,7 @@ def test_force_a_token_from_the_top_k(env):
     at = env.open()
     parent = TraceStore(env.store).get(at.session_state["trace_key"])
     at.session_state["sel_pos"] = 3
+    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
     at.run()
     pick = next(s for s in at.selectbox if s.key and s.key.startswith("takeover_pick_"))
     assert "(emitted)" not in pick.options[pick.index]  # offered first: a token that changes the text
@@ -396,6 +399,7 @@ def test_the_url_holds_metric_scale_range_spikes_and_comparison(env):
     at.selectbox(key="crange").set_value("pair").run()
     at.slider(key="spike_top_pct").set_value(10.0).run()
     at.session_state["sel_pos"] = 2
+    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
     at.run()
     at.button(key="takeover_reason").click().run()
     _ok(at)
@@ -633,6 +637,7 @@ def test_force_any_vocabulary_token_and_a_typed_string(env):
     at = env.open()
     parent_key = at.session_state["trace_key"]
     at.session_state["sel_pos"] = 2
+    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
     at.run()
     at.text_input(key="vocab_query").input("e").run()
     pick = at.selectbox(key="vocab_pick")
@@ -649,6 +654,7 @@ def test_force_any_vocabulary_token_and_a_typed_string(env):
     child = TraceStore(env.store).get(at.session_state["compare"]["child"])
     assert int(child.token_ids[2]) == outside[0] and child.source[2] == "forced"
     at.session_state["sel_pos"] = 1
+    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
     at.run()
     at.text_input(key="typed_force").input(" seven apples").run()
     at.button(key="takeover_typed").click().run()
@@ -664,6 +670,7 @@ def test_force_any_vocabulary_token_and_a_typed_string(env):
 def test_branch_with_its_own_temperature_and_seed(env):
     at = env.open()
     at.session_state["sel_pos"] = 2
+    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
     at.run()
     at.number_input(key="branch_temperature").set_value(1.0).run()
     at.number_input(key="branch_seed").set_value(7).run()
@@ -727,6 +734,7 @@ def test_a_compare_link_is_checked_against_the_open_trace(env):
     assert any("is not a branch of the open trace" in t for t in _texts(bad.warning))
     assert not any("Branch at token" in t for t in _texts(bad.markdown)) and bad.session_state["compare"] is None
     at.session_state["sel_pos"] = 2
+    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
     at.run()
     at.button(key="takeover_reason").click().run()
     child = at.session_state["compare"]["child"]
@@ -767,6 +775,24 @@ def test_an_unknown_problem_in_the_url_reads_without_backslashes(env):
     assert not any("\\" in t for t in shown), shown
 
 
+def test_the_branch_tools_are_drawn_in_flip_mode_only_when_asked_for(env):
+    """In flip mode (a click switches) the selection panel draws the token's numbers and top-k but not its ~20
+    branch widgets, so a switch's page update does not redraw them; its toggle draws them; select mode has them open."""
+    at = env.open()
+    at.session_state["sel_pos"] = 2
+    at.run()
+    _ok(at)
+    keys = {b.key for b in at.button}
+    assert "takeover_reason" not in keys and "fan_go" not in keys
+    assert any("top-" in str(df.value.columns[0]) for df in at.dataframe)  # the numbers and top-k stay
+    at.toggle(key=BRANCH_TOOLS).set_value(True).run()
+    assert {"takeover_reason", "takeover_token", "fan_go"} <= {b.key for b in at.button}
+    at.toggle(key=BRANCH_TOOLS).set_value(False)
+    at.session_state["click_mode"] = "select"
+    at.run()
+    assert "takeover_reason" in {b.key for b in at.button} and not [t for t in at.toggle if t.key == BRANCH_TOOLS]
+
+
 def test_a_takeover_where_the_reasoner_already_wrote_says_nothing_changes(env):
     """Flip a token (the child opens), then "Reasoning model takes over here" at the same token: the branch is
     the open trace itself, so core gives it back; the page says nothing changes (no comparison of a trace with
@@ -782,6 +808,7 @@ def test_a_takeover_where_the_reasoner_already_wrote_says_nothing_changes(env):
     child = set_switches(pair, parent, flipped(parent, pos), store=store)
     store.put(child)
     at = _opened(env, trace=child.key, pos=str(pos))
+    at.toggle(key=BRANCH_TOOLS).set_value(True).run()
     before = sorted(store.keys())
     at.button(key="takeover_reason").click().run()
     _ok(at)
@@ -823,6 +850,7 @@ def test_a_fan_of_alternatives_is_stored_and_sits_side_by_side(env):
     at = env.open()
     parent = at.session_state["trace_key"]
     at.session_state["sel_pos"] = 2
+    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
     at.run()
     at.number_input(key="fan_n").set_value(2).run()
     at.button(key="fan_go").click().run()

@@ -88,11 +88,11 @@ class BlockSizer:
 
 class SizerMemory:
     """What verify-ahead learned between runs on a CPU: per pair, policy (as recorded: a switch set counts as the
-    policy it switches) and batch size, the last run's `BlockSizer` (its change rate and the reasoner pass's cost).
-    A short response, e.g. a switch's continuation, then starts with the blocks a long run settles at instead of
-    the prior's (5-7 positions where 15-25 pay: benchmarks/RESULTS.md, "Peer"). Untimed sizers (GPUs) are never
-    kept: their block sizes, and so bf16 rounding, must follow the run's own outputs alone. The explicit
-    process-wide cache is `SIZERS`, at most `MAX_KEPT` sizers a pair; a pair's entries go with the pair."""
+    policy it switches) and batch size, the last run's `BlockSizer` (its change rate, where the changes fell and the
+    reasoner pass's cost). A short response, e.g. a switch's continuation, then starts with the blocks a long run
+    settles at instead of the prior's (5-7 positions where 15-25 pay: benchmarks/RESULTS.md, "Peer"). Untimed sizers
+    (GPUs) are never kept: their block sizes, and so bf16 rounding, must follow the run's own outputs alone. The
+    explicit process-wide cache is `SIZERS`, at most `MAX_KEPT` sizers a pair; a pair's entries go with the pair."""
 
     MAX_KEPT = 32
 
