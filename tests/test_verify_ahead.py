@@ -215,7 +215,7 @@ def test_blocks_end_where_the_base_is_unsure_when_changes_fall_there() -> None:
     """Changes that fall only where the base's top-1 probability is low: blocks end at such drafts (the cut) and
     grow as long as allowed elsewhere; changes anywhere (e.g. random takeovers): no cut, the rate alone."""
     sizer, rng = BlockSizer(), np.random.default_rng(0)
-    for _ in range(RATE_WINDOW // 32):  # a change at an unsure position every 32 (1 in 64 positions unsure)
+    for _ in range(RATE_WINDOW // 32):  # in every 32 positions two unsure ones, one of them a change
         tops = rng.uniform(0.95, 1.0, 32)
         tops[[7, 20]] = (0.85, 0.6)
         sizer.add(8, True, tops[:8])
@@ -223,7 +223,7 @@ def test_blocks_end_where_the_base_is_unsure_when_changes_fall_there() -> None:
     n, cut = sizer.plan()
     assert cut == 0.9 and n == MAX_LOOKAHEAD  # 0.9 ends a block at every change and at no sure position
     blind = BlockSizer()
-    for block in range(RATE_WINDOW // 32):  # the same rate of changes, at sure positions
+    for _ in range(RATE_WINDOW // 32):  # the same rate of changes, at sure positions
         tops = rng.uniform(0.95, 1.0, 32)
         tops[[7, 20]] = (0.85, 0.6)
         blind.add(12, True, tops[:12])
