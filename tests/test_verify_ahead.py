@@ -89,7 +89,7 @@ def test_verify_ahead_equals_lock_step(pair, name: str, temperature: float, batc
     samples = 1 if batch == 1 else 2
     kw = {"max_new_tokens": 18, "temperature": temperature, "seed": 3, "samples": samples}
     lock = run(pair, prompts, POLICIES[name](), 1, **kw)
-    for lookahead in (None, 4):
+    for lookahead in (None, None, 4):  # the second adaptive run starts with what the first learned (length, cut)
         ahead = run(pair, prompts, POLICIES[name](), lookahead, **kw)
         assert len(ahead) == len(lock) == (1 if batch == 1 else 6)
         for got, want in zip(ahead, lock):
