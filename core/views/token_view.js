@@ -526,15 +526,7 @@ export default function (component) {
   s.scroller.dataset.selected = wanted === null ? "" : String(wanted);
   if (data.charts_waiting && s.saidDrawn !== data) { // the app holds its charts back until the text is on screen
     s.saidDrawn = data;
-    // the charts' run can be lost (asked for while the page's own run still goes on): ask again, a few times at
-    // most, while no chart is on the page and the view still says they wait
-    const say = (left) => {
-      s.setTrigger("click", { drawn: true });
-      if (left > 0) setTimeout(() => {
-        if (s.data && s.data.charts_waiting && !document.querySelector(".js-plotly-plot")) say(left - 1);
-      }, 3000);
-    };
-    requestAnimationFrame(() => say(5));
+    requestAnimationFrame(() => s.setTrigger("click", { drawn: true }));
   }
   return s.cleanup;
 }
