@@ -116,6 +116,10 @@ def chromium_page(profile: Path, viewport: dict[str, int], timeout_ms: int = STE
         try:
             context.add_init_script(RUN_WATCH)  # every page of the context (new tabs too): see settle()
             page = context.new_page()
+            # what the page said, for a failing test's artifacts (tests/conftest.py): a blank page names its error
+            page.console_log = []
+            page.on("console", lambda m: page.console_log.append(f"console.{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: page.console_log.append(f"pageerror: {e}"))
             page.set_default_timeout(timeout_ms)
             yield page
         finally:

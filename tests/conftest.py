@@ -119,6 +119,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         out = Path(__file__).resolve().parents[1] / "test-output" / "failures"
         out.mkdir(parents=True, exist_ok=True)
         try:
+            said = getattr(page, "console_log", [])  # tests/browser.py: the page's console and uncaught errors
+            (out / f"{item.name[:100]}-{i}.console.txt").write_text("\n".join(said[-200:]) + "\n", encoding="utf-8")
+            report.sections.append(("page console (last 40)", "\n".join(said[-40:]) or "(nothing)"))
             page.screenshot(path=str(out / f"{item.name[:100]}-{i}.png"), full_page=True, timeout=10_000)
         except Exception as exc:  # noqa: BLE001  a closed or hung page: the test's own failure is what counts
             report.sections.append(("failure screenshot", f"not taken: {exc}"))
