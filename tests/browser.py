@@ -126,6 +126,56 @@ def chromium_page(profile: Path, viewport: dict[str, int], timeout_ms: int = STE
             context.close()
 
 
+class SentElements(list):
+    """What Streamlit's server sends a page while `on`: one `"kind:element id"` per element (a widget's or chart's id
+    ends with its key: `plotly_chart:$$ID-…-score_plot`), decoded from the websocket's ForwardMsg protobufs. A message
+    the browser already holds is resent by reference (`ref_hash`): named from the first time it came. Unlike watching
+    the page for stale elements, this does not depend on how long a run takes. A context manager: enter it before the
+page opens its websocket (before `page.goto`)."""
+
+    def __init__(self, page) -> None:
+        super().__init__()
+        self.on = False
+        self._page = page
+        self._named: dict[str, str] = {}
+
+    def _socket(self, ws) -> None:
+        ws.on("framereceived", self._frame)
+
+    def __enter__(self) -> SentElements:
+        self._page.on("websocket", self._socket)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.on = False
+        self._page.remove_listener("websocket", self._socket)
+
+    def _frame(self, payload) -> None:
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        if isinstance(payload, str):
+            return
+        msg = ForwardMsg()
+        msg.ParseFromString(payload)
+        kind = msg.WhichOneof("type")
+        if kind == "ref_hash":
+            name = self._named.get(msg.ref_hash, "?")
+        elif kind == "delta" and msg.delta.WhichOneof("type") == "new_element":
+            element = msg.delta.new_element
+            what = element.WhichOneof("type")
+            name = f"{what}:{getattr(getattr(element, what), 'id', '')}"
+            if msg.hash:
+                self._named[msg.hash] = name
+        else:
+            return
+        if self.on:
+            self.append(name)
+
+    def with_key(self, kind: str, key: str) -> list[str]:
+        """The sent elements of `kind` whose id holds `key`."""
+        return [name for name in self if name.startswith(f"{kind}:") and key in name]
+
+
 # JS (an init script): what Streamlit's websocket carries, to tell when the app's runs are over (settle()).
 # Each message is a protobuf with one field that says its kind: a BackMsg `rerun_script` (11) asks for a run, a ForwardMsg
 # `script_finished` (6) ends one (its status 2, FINISHED_EARLY_FOR_RERUN, means another run follows).

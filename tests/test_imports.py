@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fakes import make_trace
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import core.io.atomic as atomic
@@ -545,6 +545,8 @@ _LINE = st.one_of(
 
 
 @given(st.lists(_LINE, max_size=12), st.sampled_from([b"\n", b"\r\n", b"\r"]), st.booleans())
+@example(lines=[b"PAR1"], sep=b"\n", bom=False)  # a text line that starts as Parquet does (hypothesis found it)
+@example(lines=[b"PAR1 x", b"PAR1"], sep=b"\n", bom=False)  # and ends as it does: shorter than Parquet's framing
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_fuzz_import_never_raises_and_accounts_for_every_line(tmp_path, lines, sep, bom):
     path = tmp_path / "fuzz.jsonl"

@@ -777,7 +777,7 @@ def test_import_refuses_a_device_and_a_parquet_file_read_as_text_before_any_mode
     pq_path = tmp_path / "x.parquet"
     pd.DataFrame({"id": ["a"], "prompt": ["p\x1b]0;T\x07"], "response": ["r"]}).to_parquet(pq_path)
     code, out = cli("import", str(pq_path), "--format", "csv", "--store", str(tmp_path / "s"))
-    assert code == 1 and "is a Parquet file (it starts with PAR1), not csv" in out
+    assert code == 1 and "is a Parquet file (it starts and ends with PAR1), not csv" in out
     assert all(ch in "\n\t" or " " <= ch < "\x7f" or ch > "\x9f" for ch in out), repr(out)
 
 

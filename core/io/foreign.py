@@ -350,7 +350,7 @@ def detect_format(path: str | os.PathLike[str], format: str | None = None) -> st
     """The import format: `format` if given, else from the suffix (.jsonl/.json/.ndjson, .csv, .parquet).
 
     An existing path must be a regular file (a device such as /dev/zero or a FIFO would be read forever),
-    and a Parquet file (it starts with PAR1) is never read as text."""
+    and a Parquet file is never read as text."""
     if format is None:
         suffix = Path(path).suffix.lower().lstrip(".")
         format = {"json": "jsonl", "ndjson": "jsonl", "pq": "parquet"}.get(suffix, suffix)
@@ -361,15 +361,23 @@ def detect_format(path: str | os.PathLike[str], format: str | None = None) -> st
         raise InvalidInputError(f"{path} is not a regular file (a folder, a device or a pipe): give a JSONL, CSV "
                                 "or Parquet file")
     if format != "parquet" and path.is_file():
-        try:
-            with open(path, "rb") as fh:
-                head = fh.read(4)
-        except OSError:
-            head = b""  # the reader says why it cannot open it
-        if head == b"PAR1":
-            raise InvalidInputError(f"{path} is a Parquet file (it starts with PAR1), not {format}: import it as "
-                                    "parquet")
+        if _is_parquet(path):
+            raise InvalidInputError(f"{path} is a Parquet file (it starts and ends with PAR1), not {format}: import "
+                                    "it as parquet")
     return format
+
+
+def _is_parquet(path: Path) -> bool:
+    """Parquet's framing: PAR1 at both ends of at least 12 bytes (a text line that happens to start with PAR1 is text)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+            if head != b"PAR1" or fh.seek(0, os.SEEK_END) < 12:
+                return False
+            fh.seek(-4, os.SEEK_END)
+            return fh.read(4) == b"PAR1"
+    except OSError:
+        return False  # the reader says why it cannot open it
 
 
 def iter_foreign(path: str | os.PathLike[str], format: str | None = None,
