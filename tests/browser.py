@@ -118,8 +118,11 @@ def chromium_page(profile: Path, viewport: dict[str, int], timeout_ms: int = STE
             page = context.new_page()
             # what the page said, for a failing test's artifacts (tests/conftest.py): a blank page names its error
             page.console_log = []
-            page.on("console", lambda m: page.console_log.append(f"console.{m.type}: {m.text}"))
+            page.on("console", lambda m: page.console_log.append(
+                f"console.{m.type}: {m.text}" + (f" ({m.location['url']})" if m.location.get("url") else "")))
             page.on("pageerror", lambda e: page.console_log.append(f"pageerror: {e}"))
+            page.on("requestfailed", lambda r: page.console_log.append(f"request failed: {r.method} {r.url}: {r.failure}"))
+            page.on("framenavigated", lambda f: f == page.main_frame and page.console_log.append(f"navigated: {f.url}"))
             page.set_default_timeout(timeout_ms)
             yield page
         finally:
