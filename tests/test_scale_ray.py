@@ -312,11 +312,11 @@ def test_cli_generate_and_import_with_ray(ray_executor, problems, tmp_path):
 
     from core.cli import main
 
-    ray_executor.close_actors()  # the commands start their own workers on this Ray
-    runner = CliRunner()
+    ray_executor.close_actors()  # the commands start their own workers on this Ray (one each: a worker's start
+    runner = CliRunner()          # costs ~4 s of CPU, and two workers are tested above)
     args = ["generate", "--limit", "3", "--max-new-tokens", "8", "--batch-size", "1"]
     local = runner.invoke(main, [*args, "--store", str(tmp_path / "a")])
-    remote = runner.invoke(main, [*args, "--store", str(tmp_path / "b"), "--ray"])
+    remote = runner.invoke(main, [*args, "--store", str(tmp_path / "b"), "--ray", "--workers", "1"])
     assert local.exit_code == 0 and remote.exit_code == 0, remote.output
     assert "per-worker throughput" in remote.output
     assert sorted(core.TraceStore(tmp_path / "a").keys()) == sorted(core.TraceStore(tmp_path / "b").keys())
@@ -324,7 +324,7 @@ def test_cli_generate_and_import_with_ray(ray_executor, problems, tmp_path):
     path.write_text("".join(json.dumps({"id": i, "prompt": p.prompt, "response": "The answer is 4."}) + "\n"
                             for i, p in enumerate(problems[:2])))
     imported = [runner.invoke(main, ["import", str(path), "--store", str(tmp_path / s), *extra])
-                for s, extra in (("c", []), ("d", ["--ray"]))]
+                for s, extra in (("c", []), ("d", ["--ray", "--workers", "1"]))]
     assert all(r.exit_code == 0 for r in imported), imported[1].output
     assert sorted(core.TraceStore(tmp_path / "c").keys()) == sorted(core.TraceStore(tmp_path / "d").keys())
     assert len(core.TraceStore(tmp_path / "d").keys()) == 2
