@@ -121,6 +121,7 @@ def chromium_page(profile: Path, viewport: dict[str, int], timeout_ms: int = STE
             page.on("console", lambda m: page.console_log.append(
                 f"console.{m.type}: {m.text}" + (f" ({m.location['url']})" if m.location.get("url") else "")))
             page.on("pageerror", lambda e: page.console_log.append(f"pageerror: {e}"))
+            page.on("crash", lambda _: page.console_log.append("the page's renderer crashed"))
             page.on("requestfailed", lambda r: page.console_log.append(f"request failed: {r.method} {r.url}: {r.failure}"))
             page.on("framenavigated", lambda f: f == page.main_frame and page.console_log.append(f"navigated: {f.url}"))
             page.set_default_timeout(timeout_ms)

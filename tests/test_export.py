@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from html.parser import HTMLParser
 
 import numpy as np
@@ -24,6 +22,7 @@ from core.views.exports import (
     read_jsonl,
     sidecar_path,
 )
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, require_chromium
 
 EVIL = "Sure <script>alert(1)</script> and <img src=x onerror=alert(1)> done\n</pre></details><b>x"
 
@@ -249,14 +248,10 @@ def test_html_is_self_contained_with_settings(tmp_path, traces):
 @pytest.mark.browser
 def test_html_tooltip_in_browser(tmp_path, traces):
     playwright = pytest.importorskip("playwright.sync_api")
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    if not os.path.exists(chromium):
-        pytest.skip("no chromium")
+    require_chromium()
     path = export(traces, tmp_path / "t.html", decode=fake_decode)
-    args = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"]  # fmt: skip
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=args)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1200, "height": 900})
         requests: list[str] = []
         dialogs: list[str] = []
