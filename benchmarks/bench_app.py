@@ -18,7 +18,6 @@ the first switch, so "first switch within 1.5x of later ones" compares like with
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from benchmarks.results import write_section  # noqa: E402
+from benchmarks.results import host, write_section  # noqa: E402
 from tests.browser import DEEP_JS, LIVE_TOKENS, chromium_page, run_app  # noqa: E402
 
 SECTION = "## Switchboard"
@@ -105,6 +104,7 @@ def measure(clicks: int) -> dict:
     from core.io.store import TraceStore
     from core.views.presentation import flip_changes
 
+    machine = host()  # its load before the run
     tmp = Path(tempfile.mkdtemp(prefix="bench_app_"))
     store_dir = tmp / "store"
     root_key = _seed(store_dir, 1)
@@ -165,7 +165,7 @@ def measure(clicks: int) -> dict:
         alone.append(time.perf_counter() - t0)
     return {"positions": positions, "first": first, "full": full, "page": page_done, "alone": alone,
             "n_tokens": len(root), "same": same, "link": link, "link_live": link_live, "dataset": dataset,
-            "dataset_live": dataset_live, "again": again}
+            "dataset_live": dataset_live, "again": again, "host": machine}
 
 
 def report(r: dict) -> str:
@@ -173,7 +173,7 @@ def report(r: dict) -> str:
     later = r["full"][1:] or r["full"]
     lines = [
         f"{len(r['positions'])} switches (a hover-card alternative forced) on a {r['n_tokens']}-token demo trace "
-        f"(positions {r['positions']}); {platform.processor() or platform.machine()}, {platform.python_version()}.",
+        f"(positions {r['positions']}); {r['host']}.",
         "",
         "| | median | max |",
         "|---|---|---|",

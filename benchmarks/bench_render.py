@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ from fakes import FAKE_VOCAB, make_trace  # noqa: E402
 
 from core.views.token_payload import view_payload as build_view  # noqa: E402
 from app.view import SpikeRule, annotate_view  # noqa: E402
-from benchmarks.results import write_section  # noqa: E402
+from benchmarks.results import host, write_section  # noqa: E402
 from core.views.presentation import PAGE_TOKENS
 
 LIMIT_S = 1.0  # the spec: a 4096-token trace renders in under a second server-side
@@ -109,7 +108,7 @@ def report(small: dict, large: dict) -> str:
         "",
         "`.venv/bin/python benchmarks/bench_render.py --write` — uncached server-side render of the Trace",
         "page's token view (`view_payload`: escaped heatmap HTML + hover data with both top-10 lists + legend),",
-        f"median of repeats; {platform.processor() or platform.machine()}, Python {platform.python_version()}.",
+        f"median of repeats; {host()}.",
         "",
         "The last column is a whole Trace page run through `streamlit.testing.v1.AppTest` with cold",
         "`st.cache_data` (store read, sidebar, header, spikes, tags, token view, plot, selection panel),",
