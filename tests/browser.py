@@ -135,7 +135,7 @@ class SentElements(list):
     ends with its key: `plotly_chart:$$ID-…-score_plot`), decoded from the websocket's ForwardMsg protobufs. A message
     the browser already holds is resent by reference (`ref_hash`): named from the first time it came. Unlike watching
     the page for stale elements, this does not depend on how long a run takes. A context manager: enter it before the
-page opens its websocket (before `page.goto`)."""
+    page opens its websocket (before `page.goto`)."""
 
     def __init__(self, page) -> None:
         super().__init__()
