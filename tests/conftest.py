@@ -105,10 +105,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+# JS: what a failing browser test's page holds, for the report (a blank page: is Streamlit's app there, empty, or gone?)
+PAGE_STATE_JS = """() => {
+  const n = (sel) => document.querySelectorAll(sel).length, body = document.body;
+  const text = body ? body.innerText.replace(/\\s+/g, " ").trim() : "";
+  return [`url ${location.href}`, `readyState ${document.readyState}, title ${JSON.stringify(document.title)}`,
+    `#root children ${n("#root > *")}, stApp ${n('[data-testid="stApp"]')}, stMain ${n('[data-testid="stMain"]')}, `
+      + `stSidebar ${n('[data-testid="stSidebar"]')}, elements ${n("*")}, stale ${n('[data-stale="true"]')}`,
+    `body text (${text.length} chars): ${text.slice(0, 300)}`].join("\\n");
+}"""
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """A browser test that fails leaves a screenshot of its page in test-output/failures/ (a flake in CI can then
-    be read from what the page showed, not guessed)."""
+    """A browser test that fails leaves a screenshot of its page and its console in test-output/failures/, and the
+    console's end and the page's state (PAGE_STATE_JS) in the report, which a CI log keeps: a flake in CI can then be
+    read from what the page showed, not guessed."""
     outcome = yield
     report = outcome.get_result()
     if report.when != "call" or not report.failed:
@@ -122,6 +134,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             said = getattr(page, "console_log", [])  # tests/browser.py: the page's console and uncaught errors
             (out / f"{item.name[:100]}-{i}.console.txt").write_text("\n".join(said[-200:]) + "\n", encoding="utf-8")
             report.sections.append(("page console (last 40)", "\n".join(said[-40:]) or "(nothing)"))
+            page.wait_for_function("() => true", timeout=5_000)  # a hung page raises here instead of hanging below
+            report.sections.append(("page state", page.evaluate(PAGE_STATE_JS)))
             page.screenshot(path=str(out / f"{item.name[:100]}-{i}.png"), full_page=True, timeout=10_000)
         except Exception as exc:  # noqa: BLE001  a closed or hung page: the test's own failure is what counts
             report.sections.append(("failure screenshot", f"not taken: {exc}"))
