@@ -155,7 +155,7 @@ class SentElements(list):
         self._page.remove_listener("websocket", self._socket)
 
     def _frame(self, payload) -> None:
-        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg  # deferred: only a test watching frames needs it
 
         if isinstance(payload, str):
             return

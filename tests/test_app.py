@@ -116,12 +116,17 @@ def test_a_new_session_sends_its_charts_once_its_token_view_has_drawn(env, monke
     assert [c.proto.id.endswith("score_plot") for c in at.get("plotly_chart")] == [True]
 
 
+def _branch_from(at: AppTest, pos: int) -> None:
+    """Select token `pos` with the selection panel's branch tools open (flip mode draws them when asked)."""
+    at.session_state["sel_pos"] = pos
+    at.session_state[BRANCH_TOOLS] = True
+    at.run()
+
+
 def test_select_token_take_over_and_see_the_branch(env):
     at = env.open()
     parent = at.session_state["trace_key"]
-    at.session_state["sel_pos"] = 2
-    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
-    at.run()
+    _branch_from(at, 2)
     _ok(at)
     assert any("Token #2" in t for t in _texts(at.markdown))
     assert at.query_params["pos"] == "2"
@@ -158,9 +163,7 @@ def test_select_token_take_over_and_see_the_branch(env):
 def test_force_a_token_from_the_top_k(env):
     at = env.open()
     parent = TraceStore(env.store).get(at.session_state["trace_key"])
-    at.session_state["sel_pos"] = 3
-    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
-    at.run()
+    _branch_from(at, 3)
     pick = next(s for s in at.selectbox if s.key and s.key.startswith("takeover_pick_"))
     assert "(emitted)" not in pick.options[pick.index]  # offered first: a token that changes the text
     pick.set_value(pick.options.index(pick.options[-1]) + 1).run()  # the last alternative (options are labels)
@@ -398,9 +401,7 @@ def test_the_url_holds_metric_scale_range_spikes_and_comparison(env):
     at.selectbox(key="scale").set_value("log").run()
     at.selectbox(key="crange").set_value("pair").run()
     at.slider(key="spike_top_pct").set_value(10.0).run()
-    at.session_state["sel_pos"] = 2
-    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
-    at.run()
+    _branch_from(at, 2)
     at.button(key="takeover_reason").click().run()
     _ok(at)
     child = at.session_state["compare"]["child"]
@@ -636,9 +637,7 @@ def test_a_long_trace_opens_on_the_page_of_the_linked_token(env):
 def test_force_any_vocabulary_token_and_a_typed_string(env):
     at = env.open()
     parent_key = at.session_state["trace_key"]
-    at.session_state["sel_pos"] = 2
-    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
-    at.run()
+    _branch_from(at, 2)
     at.text_input(key="vocab_query").input("e").run()
     pick = at.selectbox(key="vocab_pick")
     offered = TraceStore(env.store).get(parent_key)
@@ -653,9 +652,7 @@ def test_force_any_vocabulary_token_and_a_typed_string(env):
     _ok(at)
     child = TraceStore(env.store).get(at.session_state["compare"]["child"])
     assert int(child.token_ids[2]) == outside[0] and child.source[2] == "forced"
-    at.session_state["sel_pos"] = 1
-    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
-    at.run()
+    _branch_from(at, 1)
     at.text_input(key="typed_force").input(" seven apples").run()
     at.button(key="takeover_typed").click().run()
     _ok(at)
@@ -669,9 +666,7 @@ def test_force_any_vocabulary_token_and_a_typed_string(env):
 
 def test_branch_with_its_own_temperature_and_seed(env):
     at = env.open()
-    at.session_state["sel_pos"] = 2
-    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
-    at.run()
+    _branch_from(at, 2)
     at.number_input(key="branch_temperature").set_value(1.0).run()
     at.number_input(key="branch_seed").set_value(7).run()
     at.button(key="takeover_reason").click().run()
@@ -733,9 +728,7 @@ def test_a_compare_link_is_checked_against_the_open_trace(env):
     assert not bad.exception
     assert any("is not a branch of the open trace" in t for t in _texts(bad.warning))
     assert not any("Branch at token" in t for t in _texts(bad.markdown)) and bad.session_state["compare"] is None
-    at.session_state["sel_pos"] = 2
-    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
-    at.run()
+    _branch_from(at, 2)
     at.button(key="takeover_reason").click().run()
     child = at.session_state["compare"]["child"]
     far = _opened(env, trace=key, compare=f"{child}@999999")
@@ -849,9 +842,7 @@ def test_a_fan_of_alternatives_is_stored_and_sits_side_by_side(env):
 
     at = env.open()
     parent = at.session_state["trace_key"]
-    at.session_state["sel_pos"] = 2
-    at.session_state[BRANCH_TOOLS] = True  # flip mode draws the branch tools when asked
-    at.run()
+    _branch_from(at, 2)
     at.number_input(key="fan_n").set_value(2).run()
     at.button(key="fan_go").click().run()
     _ok(at)

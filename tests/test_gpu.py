@@ -159,7 +159,6 @@ def test_decoding_waits_for_the_device_about_once_a_token(monkeypatch, tmp_path)
     import core.decoding.engine as engine
     import core.scoring.teacher_forced as teacher_forced
     from benchmarks import gpu_check
-    from core.decoding.block_sizing import BlockSizer
     from core.pair.placement import to_host
 
     as_from_a_gpu = lambda tensors: to_host(tensors, group=True)  # noqa: E731
@@ -167,7 +166,7 @@ def test_decoding_waits_for_the_device_about_once_a_token(monkeypatch, tmp_path)
         monkeypatch.setattr(module, "to_host", as_from_a_gpu, raising=False)
     # and a GPU's block sizes: chosen from the outputs alone (a CPU's follow its timings, so its count of blocks,
     # and of reads, moved from run to run: 4.36 reads a token for guided in one CI run)
-    monkeypatch.setattr(block_sizing.SIZERS, "start", lambda pair, policy, rows, timed: BlockSizer(timed=False))
+    monkeypatch.setattr(block_sizing.SIZERS, "start", lambda pair, policy, rows, timed: block_sizing.BlockSizer(timed=False))
     torch.manual_seed(0)
     pair = gpu_check.make_pair(gpu_check.SHAPES["tiny-qwen3"], gpu_check.TINY_REASON, torch.device("cpu"),
                                torch.float32)
