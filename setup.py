@@ -1,5 +1,6 @@
 """Package data that lives outside the packages: the top-level assets/ (demo pair, problem sets, planning
-lexicon) go into the wheel as core/_assets/, where core/packaged.py finds them. Metadata: pyproject.toml."""
+lexicon) and the app's .streamlit/config.toml go into the wheel as core/_assets/, where core/packaged.py finds
+them. Metadata: pyproject.toml."""
 
 import shutil
 from pathlib import Path
@@ -9,6 +10,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 PACKAGED = ("demo", "problems", "planning_lexicon.json")  # = core.packaged.PACKAGED
+STREAMLIT_CONFIG = "streamlit_config.toml"  # = core.packaged.STREAMLIT_CONFIG: .streamlit/config.toml in the wheel
 
 
 class BuildWithAssets(build_py):
@@ -24,6 +26,8 @@ class BuildWithAssets(build_py):
             elif source.is_file():
                 target.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, target / name)
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / ".streamlit" / "config.toml", target / STREAMLIT_CONFIG)
 
 
 setup(cmdclass={"build_py": BuildWithAssets})

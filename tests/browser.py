@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -82,15 +81,17 @@ def pair_args(tmp_path_factory) -> list[str]:
 
 @contextmanager
 def run_app(app_args: list[str], log: Path, env: Mapping[str, str] | None = None) -> Iterator[str]:
-    """The app (app/main.py) with `app_args` on a free local port, served as `forkpoint app` serves it
-    (`streamlit run app/serve.py`: st.App with the Host check and the switchboard's live route), output to
+    """The app (app/main.py) with `app_args` on a free local port, served by `forkpoint app`'s command
+    (core.cli.app.streamlit_command: st.App with the Host check and the switchboard's live route, the app's
+    Streamlit settings as flags) and, as a user may start it, away from the checkout's root (in `log`'s folder, where
+    Streamlit finds no .streamlit/config.toml of its own); output to
     `log`; yields the app's URL once healthy, and stops the server on exit. `env` is added to the environment."""
+    from core.cli.app import streamlit_command
+
     port = free_port()
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "serve.py"), "--server.headless", "true",
-           "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-           "--", *app_args]
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(streamlit_command("127.0.0.1", port, app_args), cwd=log.parent, stdout=fh,
+                                stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     try:
         wait_healthy(port, proc, log)

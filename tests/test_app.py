@@ -486,6 +486,47 @@ def test_forkpoint_app_rejects_a_bad_port_with_a_message():
     assert "Traceback" not in result.output
 
 
+# Streamlit's own start, up to the server: the config it would serve with, as JSON (argv: the option names, then
+# `streamlit` CLI arguments)
+_CONFIG_PROBE = """import json, sys
+import streamlit.web.bootstrap as bootstrap
+import streamlit.web.cli as cli
+from streamlit import config
+def serve(main_script_path, app_import_string, args, flag_options):
+    print(json.dumps({name: config.get_option(name) for name in json.loads(sys.argv[1])}))
+    raise SystemExit(0)
+bootstrap.run_asgi_app = serve
+cli.check_credentials = lambda: None
+cli.main(sys.argv[2:])
+"""
+
+
+def test_forkpoint_app_keeps_its_streamlit_settings_from_any_working_directory(tmp_path):
+    """Streamlit reads .streamlit/config.toml only from the working directory; `forkpoint app` passes every option
+    as a flag, so started elsewhere (or from a wheel) it still hides tracebacks from the browser, watches no files
+    and keeps its theme, and the bind address alone decides the Hosts allowed (any, "*", on 0.0.0.0)."""
+    from core.cli.app import _config_options, streamlit_command
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(_CONFIG_PROBE)
+    wanted = _config_options()
+    assert wanted["client.showErrorDetails"] == "none" and wanted["server.fileWatcherType"] == "none"
+
+    def served(cmd: list[str]) -> dict:
+        assert cmd[1:4] == ["-m", "streamlit", "run"]
+        done = subprocess.run([sys.executable, str(probe), json.dumps(list(wanted)), *cmd[3:]], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    for address, hosts in (("127.0.0.1", ["127.0.0.1", "localhost", "::1"]), ("0.0.0.0", ["*"])):
+        seen = served(streamlit_command(address, 8600, ["--store", "st"]))
+        assert seen.pop("server.address") == address and seen.pop("server.allowedHosts") == hosts
+        assert seen == {name: value for name, value in wanted.items() if name in seen}, seen
+    bare = served(streamlit_command("127.0.0.1", 8600, [])[:5])  # the same start without the flags
+    assert bare["client.showErrorDetails"] != "none" and bare["server.fileWatcherType"] != "none"
+
+
 @pytest.mark.slow
 def test_forkpoint_app_takes_base_reason_and_sigterm_stops_streamlit(tiny_dirs, tmp_path):
     import os

@@ -15,7 +15,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from core.packaged import CHECKOUT_ASSETS, PACKAGED, assets_dir
+from core.packaged import CHECKOUT_ASSETS, PACKAGED, STREAMLIT_CONFIG, assets_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +36,8 @@ def test_a_wheel_install_has_the_demo_pair_problems_and_lexicon(tmp_path):
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("core", "app"):
         shutil.copytree(ROOT / name, src / name, ignore=skip)
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", ".streamlit/config.toml"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, src / name)
     for name in PACKAGED:
         (shutil.copytree if (ROOT / "assets" / name).is_dir() else shutil.copy2)(ROOT / "assets" / name,
@@ -57,17 +58,20 @@ def test_a_wheel_install_has_the_demo_pair_problems_and_lexicon(tmp_path):
 
     probe = (
         "import json, core\n"
-        "from core.packaged import assets_dir\n"
+        "from core.packaged import assets_dir, streamlit_config\n"
         "from core.annotate.planning import DEFAULT_LEXICON, load_lexicon\n"
         "pair = core.demo_pair()\n"
         "print(json.dumps({'core': core.__file__, 'assets': str(assets_dir()), 'problems': len(core.demo_problems()),\n"
         "                  'lexicon': str(DEFAULT_LEXICON), 'lexicon_ok': bool(load_lexicon()),\n"
-        "                  'vocab': len(pair.tokenizer)}))\n"
+        "                  'vocab': len(pair.tokenizer), 'streamlit_config': str(streamlit_config()),\n"
+        "                  'streamlit_text': streamlit_config().read_text()}))\n"
     )
     seen = json.loads(_run(str(python), "-c", probe, cwd=tmp_path, env=env).strip().splitlines()[-1])
     assert seen["core"].startswith(str(site)) and seen["assets"] == str(site / "core" / "_assets")
     assert seen["lexicon"].startswith(str(site)) and seen["lexicon_ok"]
     assert seen["problems"] == 500 and seen["vocab"] > 0
+    assert seen["streamlit_config"].startswith(str(site))  # `forkpoint app` passes it to Streamlit as flags
+    assert seen["streamlit_text"] == (ROOT / ".streamlit" / "config.toml").read_text()
 
 
 def test_setup_py_copies_exactly_what_packaged_names():
@@ -77,3 +81,6 @@ def test_setup_py_copies_exactly_what_packaged_names():
     value = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
                  and any(getattr(t, "id", None) == "PACKAGED" for t in node.targets))
     assert ast.literal_eval(value) == PACKAGED
+    config_name = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                       and any(getattr(t, "id", None) == "STREAMLIT_CONFIG" for t in node.targets))
+    assert ast.literal_eval(config_name) == STREAMLIT_CONFIG

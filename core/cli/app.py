@@ -73,14 +73,8 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
     app_args += (["--max-new-tokens", str(max_new_tokens)] if max_new_tokens is not None else []) + (
         ["--trust-remote-code"] if trust_remote_code else [])
     root = Path(__file__).resolve().parents[2]
-    # app/serve.py is an st.App around app/main.py: the live route, and a Host check on plain HTTP (Streamlit
-    # checks the WebSocket only)
-    cmd = [sys.executable, "-m", "streamlit", "run", str(root / "app" / "serve.py"), "--server.address", address,
-           "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-           "--server.enableXsrfProtection", "true", "--runner.postScriptGC", "false",  # as .streamlit/config.toml
-           *_allowed_hosts(address), "--", *app_args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    child = subprocess.Popen(cmd, env=env)
+    child = subprocess.Popen(streamlit_command(address, port, app_args), env=env)
 
     def stop(signum: int, _frame: object) -> None:  # SIGTERM/SIGINT to us stops Streamlit too
         child.send_signal(signal.SIGTERM)
@@ -95,6 +89,37 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
         for sig, handler in old.items():
             signal.signal(sig, handler)
     raise SystemExit(code)
+
+
+# Streamlit options `forkpoint app` sets from its own flags, not from the config file
+_FROM_FLAGS = ("server.address", "server.port", "server.allowedHosts")
+
+
+def streamlit_command(address: str, port: int, app_args: list[str]) -> list[str]:
+    """`streamlit run app/serve.py` as `forkpoint app` runs it (app/serve.py is an st.App around app/main.py: the
+    live route, and a Host check on plain HTTP). Every option of the app's Streamlit settings
+    (`core.packaged.streamlit_config()`, .streamlit/config.toml) goes as a flag, since Streamlit reads that file
+    only from the working directory: started anywhere else, or from a wheel, the app would show tracebacks in the
+    browser, watch its source files and lose its theme. Then the bind address, the port and the Hosts allowed."""
+    flags: list[str] = []
+    for name, value in _config_options().items():
+        if name not in _FROM_FLAGS:
+            for one in value if isinstance(value, list) else [value]:
+                flags += [f"--{name}", str(one).lower() if isinstance(one, bool) else str(one)]
+    serve = Path(__file__).resolve().parents[2] / "app" / "serve.py"
+    return [sys.executable, "-m", "streamlit", "run", str(serve), *flags, "--server.address", address,
+            "--server.port", str(port), *_allowed_hosts(address), "--", *app_args]
+
+
+def _config_options() -> dict[str, Any]:
+    """The app's Streamlit settings as {"section.option": value}."""
+    import tomllib
+
+    from core.packaged import streamlit_config
+
+    with open(streamlit_config(), "rb") as fh:
+        table = tomllib.load(fh)
+    return {f"{section}.{name}": value for section, options in table.items() for name, value in options.items()}
 
 
 def _check_address(address: str, ctx: click.Context | None = None, param: click.Parameter | None = None) -> str:
@@ -125,9 +150,9 @@ def _allowed_hosts(address: str) -> list[str]:
     """`--server.allowedHosts` flags: the WebSocket (Streamlit) and every plain HTTP request (app/host_guard.py's
     HostGuard) refuse any Host header but the bound address (and the loopback names when bound to
     loopback), which stops DNS rebinding (a page at attacker.example whose name re-resolves to 127.0.0.1).
-    Binding 0.0.0.0 / :: accepts any Host: then the network must protect."""
+    Binding 0.0.0.0 / :: accepts any Host ("*"): then the network must protect."""
     if address in ("0.0.0.0", "::", ""):
-        return []
+        return ["--server.allowedHosts", "*"]
     hosts = [address]
     if address in ("127.0.0.1", "localhost", "::1"):
         hosts += ["localhost", "127.0.0.1", "::1"]
