@@ -13,8 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pandas as pd
 import pytest
 from fakes import make_trace
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import core.io.store as store_mod
 from core.errors import InvalidInputError, StoreError
@@ -214,6 +217,55 @@ def test_truncated_garbage_and_schema_bump(tmp_path, monkeypatch):
     assert len(fresh.keys()) == 7  # nothing deleted
     with pytest.raises(StoreError, match="newer"):
         fresh.put(make_trace(5, meta={"schema": SCHEMA_VERSION + 1}))
+
+
+CHANGES = ("put", "delete", "truncate", "garbage", "drop_index", "nothing")
+
+
+@settings(max_examples=30, deadline=None)
+@given(changes=st.lists(st.tuples(st.sampled_from(CHANGES), st.integers(0, 5)), max_size=10))
+def test_a_kept_listing_is_what_a_fresh_store_lists_after_any_change(tmp_path_factory, changes):
+    """A store object keeps its last listing while no trace file and not the index changed; after puts, deletes,
+    files damaged in place, garbage under a trace's name or a lost index it lists what a new object lists."""
+    root = tmp_path_factory.mktemp("kept")
+    store = TraceStore(root)
+    for seed in range(3):
+        store.put(make_trace(20, seed=seed))
+    store.listing()
+    for change, i in changes:
+        keys = store.keys()
+        if change == "put":
+            store.put(make_trace(20, seed=10 + i))
+        elif change == "delete" and keys:
+            store.delete(keys[i % len(keys)])
+        elif change == "truncate" and keys:
+            path = store.traces_dir / f"{keys[i % len(keys)]}.parquet"
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        elif change == "garbage":
+            (store.traces_dir / f"garbage{i}.parquet").write_bytes(os.urandom(500 + i))
+        elif change == "drop_index":
+            store.index_path.unlink(missing_ok=True)
+        frame, bad = store.listing()
+        fresh_frame, fresh_bad = TraceStore(root).listing()
+        pd.testing.assert_frame_equal(frame, fresh_frame)
+        assert bad == fresh_bad
+        assert set(frame["key"]) | {p.name.removesuffix(".parquet") for p, _ in bad} == set(store.keys())
+
+
+def test_an_unchanged_store_is_listed_from_its_kept_listing(tmp_path, monkeypatch):
+    """The mechanism: a second listing reads no index line (the kept one, as copies), a put makes a new one."""
+    store = TraceStore(tmp_path)
+    keys = [store.put(make_trace(20, seed=s)) for s in range(3)]
+    calls = []
+    listed = store_mod.summary_rows
+    monkeypatch.setattr(store_mod, "summary_rows", lambda *a: calls.append(1) or listed(*a))
+    first = store.summaries()
+    assert store.children(keys[0]) == [] and store.tree(keys[1])["key"] == keys[1]
+    assert len(calls) == 1
+    store._summary_rows()[0][0]["key"] = "changed by a caller"  # rows handed out are copies
+    pd.testing.assert_frame_equal(store.summaries(), first)
+    store.put(make_trace(20, seed=9))
+    assert len(store.summaries()) == 4 and len(calls) == 2
 
 
 def test_kill_minus_nine_leaves_whole_traces(tmp_path):

@@ -36,23 +36,31 @@ def check_file(index: SummaryIndex, key: str, path: Path, ident: Identity) -> tu
     return verdict
 
 
-def summary_rows(index: SummaryIndex, files: Iterable[os.DirEntry[str]]
+def stat_files(files: Iterable[os.DirEntry[str]]) -> list[tuple[os.DirEntry[str], os.stat_result]]:
+    """Each file with its stat; a file deleted while listing is left out."""
+    out = []
+    for entry in files:
+        try:
+            out.append((entry, entry.stat()))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def summary_rows(index: SummaryIndex, files: Iterable[tuple[os.DirEntry[str], os.stat_result]]
                  ) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
-    """(summaries of the readable trace files among `files`, oldest first; [(path, reason)] for the rest): a file
-    the index describes as it is on disk is trusted, any other is read in full once and the index repaired."""
+    """(summaries of the readable trace files among `files` (`stat_files`), oldest first; [(path, reason)] for the
+    rest): a file the index describes as it is on disk is trusted, any other is read in full once and the index
+    repaired."""
     index.refresh()
     rows: list[dict[str, Any]] = []
     bad: list[tuple[Path, str]] = []
-    for entry in files:
+    for entry, st in files:
+        ident = identity(st)
         key = entry.name[: -len(".parquet")]
         if not KEY_RE.match(key):
             bad.append((Path(entry.path), f"file name {entry.name!r} is not a valid trace key"))
             continue
-        try:
-            st = entry.stat()
-        except FileNotFoundError:  # deleted while listing
-            continue
-        ident = identity(st)
         summary = index.get(key, ident)
         if summary is None:  # not written by put as it is now: believe nothing before a full read
             try:

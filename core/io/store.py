@@ -31,7 +31,7 @@ import pandas as pd
 from core.errors import InvalidInputError, StoreError, WriteError
 from core.io import branch_tree
 from core.io.atomic import clean_temp_files, fsync_dir, os_error_reason, write_atomic
-from core.io.listing import check_file, summary_rows, unreadable_files
+from core.io.listing import check_file, stat_files, summary_rows, unreadable_files
 from core.io.summary_index import Identity, SummaryIndex, identity, index_line
 from core.io.tracefile import (  # noqa: F401  (re-exported: the store's public names)
     KEY_RE,
@@ -76,6 +76,7 @@ class TraceStore:
         self.index = SummaryIndex(self.index_path)
         self._warned: set[tuple[Path, str]] = set()
         self._held: tuple[str, Identity, Trace] | None = None  # decoded by `in`, handed out once by get()
+        self._listed: tuple[Any, list[dict[str, Any]], list[tuple[Path, str]]] | None = None  # see _summary_rows
         self._lock = threading.Lock()
         self.n_written, self.last_written = 0, ""  # what this object stored (named when a later write fails)
         self.removed_temp_files: list[Path] = []
@@ -349,7 +350,20 @@ class TraceStore:
         return check_file(self.index, key, path, ident)
 
     def _summary_rows(self) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
-        return summary_rows(self.index, self._files())
+        """`summary_rows` of every trace file. The last listing is kept and given again (as copies) while the
+        folder holds the same files with the same identities and the index file is unchanged: a listing then
+        costs a stat per file, not an index lookup and a decode per file (the app lists the store several times
+        per click). It holds about what one listing returns (~1.4 KB a trace) for the life of this object."""
+        files = stat_files(self._files())
+        seen = (self.index.file_identity(), sorted((entry.name, identity(st)) for entry, st in files))
+        with self._lock:
+            kept = self._listed
+        if kept is None or kept[0] != seen:
+            rows, bad = summary_rows(self.index, files)
+            kept = (seen, rows, bad)
+            with self._lock:
+                self._listed = kept
+        return [dict(row) for row in kept[1]], list(kept[2])
 
     def summaries(self) -> pd.DataFrame:
         """One row per readable trace (SUMMARY_COLUMNS), from the index/footers, never token arrays."""

@@ -299,6 +299,13 @@ class SummaryIndex:
         with self._lock:
             self._cache().put("verdicts", [(key, _ident(ident), None if summary is None else _encode(summary), why)])
 
+    def file_identity(self) -> Identity | None:
+        """The index file's identity (None while there is none): a listing kept from before is stale when it moved."""
+        try:
+            return identity(self.path.stat())
+        except FileNotFoundError:
+            return None
+
     def append(self, key: str, st: os.stat_result, summary: dict[str, Any]) -> None:
         """Append one line for this file version (OSError / StoreError on failure; the file is whole)."""
         self.check_path()
