@@ -3,7 +3,7 @@
 in the token view, and (c) the rest of the page has caught up (header, switch list, branch graph, URL),
 beside the same switches timed through `core` alone (set_switches: what the click runs).
 
-    .venv/bin/python benchmarks/bench_app.py [--clicks 10] [--write]
+    .venv/bin/python benchmarks/bench_app.py [--clicks 10] [--more-traces N] [--write]
 
 Drives `forkpoint app`'s server (app/serve.py: the switchboard's live route) in Debian's Chromium
 (Playwright) on a store holding one greedy demo trace (what a user's first Generate makes). Each click forces a
@@ -77,6 +77,21 @@ def _seed(store_dir: Path, problem_index: int) -> str:
     return first_trace(pair, TraceStore(store_dir), problem, 154).key
 
 
+def _more_traces(store_dir: Path, n: int) -> None:
+    """`n` more traces in the store, as an evaluation leaves it: sampled answers of the demo problems by three
+    policies (the app lists the store on every click, so its size is part of what a click costs)."""
+    import core
+    from core.io.store import TraceStore
+
+    pair, problems, store = core.demo_pair(), core.demo_problems(), TraceStore(store_dir)
+    for i, policy in enumerate(("base_only", "reason_only", "entropy_gated") * (1 + n // (3 * len(problems)))):
+        left = n - len(store.keys()) + 1
+        if left <= 0:
+            break
+        core.generate(pair, problems[:min(len(problems), left)], core.make_policy(policy), max_new_tokens=96,
+                      store=store, temperature=0.7, seed=1 + i)
+
+
 def _alternative(root, pos: int) -> int:
     """The first token of the base's top-k at `pos` that is not the emitted one (the hover card's first row
     that forces another token)."""
@@ -98,7 +113,7 @@ def _fresh(tmp: Path, name: str, url: str, selector: str, then: str | None = Non
         return first, time.perf_counter() - t0
 
 
-def measure(clicks: int) -> dict:
+def measure(clicks: int, more: int = 0) -> dict:
     import core
     from core.decoding.takeover import set_switches, switches_in_force
     from core.io.store import TraceStore
@@ -108,6 +123,7 @@ def measure(clicks: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench_app_"))
     store_dir = tmp / "store"
     root_key = _seed(store_dir, 1)
+    _more_traces(store_dir, more)
     root = TraceStore(store_dir).get(root_key)
     first, full, page_done, alone, positions, same = [], [], [], [], [], []
     with run_app(["--store", str(store_dir)], tmp / "streamlit.log") as url:
@@ -165,7 +181,7 @@ def measure(clicks: int) -> dict:
         alone.append(time.perf_counter() - t0)
     return {"positions": positions, "first": first, "full": full, "page": page_done, "alone": alone,
             "n_tokens": len(root), "same": same, "link": link, "link_live": link_live, "dataset": dataset,
-            "dataset_live": dataset_live, "again": again, "host": machine}
+            "dataset_live": dataset_live, "again": again, "host": machine, "stored": len(TraceStore(store_dir).keys())}
 
 
 def report(r: dict) -> str:
@@ -173,7 +189,7 @@ def report(r: dict) -> str:
     later = r["full"][1:] or r["full"]
     lines = [
         f"{len(r['positions'])} switches (a hover-card alternative forced) on a {r['n_tokens']}-token demo trace "
-        f"(positions {r['positions']}); {r['host']}.",
+        f"(positions {r['positions']}) in a store of {r['stored']:,} trace(s); {r['host']}.",
         "",
         "| | median | max |",
         "|---|---|---|",
@@ -205,12 +221,15 @@ def report(r: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clicks", type=int, default=10)
+    parser.add_argument("--more-traces", type=int, default=0,
+                        help="this many more traces in the store (an evaluation's: the app lists the store per click)")
     parser.add_argument("--write", action="store_true", help="replace the section in benchmarks/RESULTS.md")
     args = parser.parse_args()
-    text = report(measure(args.clicks))
+    text = report(measure(args.clicks, args.more_traces))
     print(text)
     if args.write:
-        command = f"    .venv/bin/python benchmarks/bench_app.py --clicks {args.clicks} --write"
+        more = f" --more-traces {args.more_traces}" if args.more_traces else ""
+        command = f"    .venv/bin/python benchmarks/bench_app.py --clicks {args.clicks}{more} --write"
         write_section(SECTION, f"{SECTION}\n\n{command}\n\n{text}")
 
 
