@@ -118,6 +118,30 @@ def test_effect_is_positive_at_the_decision_token_and_absent_where_models_agree(
     assert rebuilt.set_index("pos").loc[decision, "reason_token"] == " divide"
 
 
+def test_stored_effects_reads_only_the_continuations_whole(demo, tmp_path) -> None:
+    """A trace explored on the switchboard has many children that are not continuations: their footers say so,
+    and only the continuations are read whole (the view of a trace rebuilds its effects on every new child)."""
+    pair, trace = demo
+    reads: list[str] = []
+
+    class Store(core.TraceStore):
+        def get(self, key):
+            reads.append(key)
+            return super().get(key)
+
+    store = Store(tmp_path / "store")
+    decision = _decision(trace)
+    frame = fx.takeover_effects(pair, trace, [decision], samples=2, store=store)
+    before = fx.stored_effects(store, trace)
+    for pos in (2, 5, 9):  # a user's switches: children of the trace that measure nothing
+        core.takeover(pair, trace, {pos: int(trace.topk["base"][0][pos][1])}, store=store)
+    assert len(store.children(trace.key)) == 4 + 3
+    reads.clear()
+    after = fx.stored_effects(store, trace)
+    assert after.equals(before) and list(after["pos"]) == list(frame["pos"]) == [decision]
+    assert sorted(reads) == sorted(" ".join(frame["keys_with"].tolist() + frame["keys_without"].tolist()).split())
+
+
 def test_each_continuation_is_stored_once_already_graded(demo, tmp_path) -> None:
     """The kernel grades a new continuation (on_trace) before its one store write: no ungraded copy first."""
     pair, trace = demo

@@ -268,6 +268,20 @@ def test_an_unchanged_store_is_listed_from_its_kept_listing(tmp_path, monkeypatc
     assert len(store.summaries()) == 4 and len(calls) == 2
 
 
+def test_meta_reads_the_footer_alone_and_names_what_is_wrong(tmp_path, monkeypatch):
+    store = TraceStore(tmp_path)
+    keys = [store.put(make_trace(30, seed=s, meta={"note": s})) for s in range(2)]
+    whole = [TraceStore(tmp_path).get(key).meta for key in keys]
+    monkeypatch.setattr(pq.ParquetFile, "read", lambda *a, **k: pytest.fail("a data page was read"))
+    assert [store.meta(key) for key in keys] == whole and whole[1]["note"] == 1
+    with pytest.raises(StoreError, match="No trace"):
+        store.meta("0" * 32)
+    path = store.traces_dir / f"{keys[0]}.parquet"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(StoreError, match="unreadable"):
+        store.meta(keys[0])
+
+
 def test_kill_minus_nine_leaves_whole_traces(tmp_path):
     rng = random.Random(1234)
     want = expected(range(300))

@@ -202,10 +202,11 @@ def stored_effects(store: Any, trace: Trace, *, score: str = settings.SCORE) -> 
     check_score(score)
     arms: dict[tuple[int, float], dict[str, list[Trace]]] = {}
     for key in store.children(trace.key):
-        kid = store.get(key)
-        switch = kid.meta.get("branch") or {}
-        if switch.get("who") not in ("reason", "base") or kid.meta.get("correct") is None:
+        meta = store.meta(key)  # the footer: a switchboard's children (most of them) are never read whole here
+        switch = meta.get("branch") or {}
+        if switch.get("who") not in ("reason", "base") or meta.get("correct") is None:
             continue  # a user's branch, or an ungraded one
+        kid = store.get(key)
         temp = float((kid.meta.get("sampling") or {}).get("temperature") or 0.0)
         arms.setdefault((int(switch["pos"]), temp), {"reason": [], "base": []})[switch["who"]].append(kid)
     values = np.asarray(score_values(trace.metrics, score), dtype=np.float64)
