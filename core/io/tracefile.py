@@ -238,9 +238,10 @@ def read_footer_checksum(path: str | os.PathLike[str]) -> tuple[dict[str, Any], 
     return record_from_footer(metadata, md.schema.to_arrow_schema(), md.num_rows), metadata.get(SUM_KEY, b"")
 
 
-def decode(table: pa.Table) -> Trace:
-    """Inverse of `encode` (checks the footer checksum)."""
-    record = record_from_footer(table.schema.metadata, table.schema, table.num_rows)
+def decode(table: pa.Table, record: dict[str, Any] | None = None) -> Trace:
+    """Inverse of `encode` (checks the footer checksum, unless given the `record_from_footer` of this table)."""
+    if record is None:
+        record = record_from_footer(table.schema.metadata, table.schema, table.num_rows)
     n = table.num_rows
 
     def column(name: str) -> pa.ChunkedArray:
@@ -279,9 +280,9 @@ def read_trace_record(path: Path, key: str) -> tuple[Trace, dict[str, Any], byte
     try:
         with pq.ParquetFile(path, page_checksum_verification=True) as pf:  # lighter than read_table
             table = pf.read(use_threads=False)
-        trace = decode(table)
         metadata = table.schema.metadata
-        record = json.loads(metadata[META_KEY].decode("utf-8"))
+        record = record_from_footer(metadata, table.schema, table.num_rows)
+        trace = decode(table, record)  # the record parsed once: its "meta" is the trace's
     except FileNotFoundError:  # gone (deleted or set aside meanwhile), not damaged: callers skip it
         raise
     except StoreError as exc:
