@@ -84,8 +84,8 @@ def run_app(app_args: list[str], log: Path, env: Mapping[str, str] | None = None
     """The app (app/main.py) with `app_args` on a free local port, served by `forkpoint app`'s command
     (core.cli.app.streamlit_command: st.App with the Host check and the switchboard's live route, the app's
     Streamlit settings as flags) and, as a user may start it, away from the checkout's root (in `log`'s folder, where
-    Streamlit finds no .streamlit/config.toml of its own); output to
-    `log`; yields the app's URL once healthy, and stops the server on exit. `env` is added to the environment."""
+    Streamlit finds no .streamlit/config.toml of its own); output to `log`; yields the app's URL once healthy, and
+    stops the server on exit. `env` is added to the environment."""
     from core.cli.app import streamlit_command
 
     port = free_port()

@@ -370,7 +370,7 @@ class TraceStore:
         """`summary_rows` of every trace file. The last listing is kept and given again (as copies) while the
         folder holds the same files with the same identities and the index file is unchanged: a listing then
         costs a stat per file, not an index lookup and a decode per file (the app lists the store several times
-        per click). It holds about what one listing returns (~1.4 KB a trace) for the life of this object."""
+        per click). It holds about what one listing returns (~2 KB a trace) for the life of this object."""
         files = stat_files(self._files())
         seen = (self.index.file_identity(), sorted((entry.name, identity(st)) for entry, st in files))
         with self._lock:
