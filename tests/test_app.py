@@ -527,6 +527,22 @@ def test_forkpoint_app_keeps_its_streamlit_settings_from_any_working_directory(t
     assert bare["client.showErrorDetails"] != "none" and bare["server.fileWatcherType"] != "none"
 
 
+def test_forkpoint_app_passes_nested_and_list_settings_as_streamlit_flags(tmp_path, monkeypatch):
+    import core.packaged
+    from core.cli.app import streamlit_command
+
+    toml = tmp_path / "config.toml"
+    toml.write_text('[server]\nallowedHosts = ["a", "b"]\nmaxUploadSize = 5\n[theme]\nfont = "sans serif"\n'
+                    '[theme.sidebar]\nbackgroundColor = "#ffffff"\n[runner]\npostScriptGC = false\n')
+    monkeypatch.setattr(core.packaged, "streamlit_config", lambda: toml)
+    cmd = streamlit_command("127.0.0.1", 8600, [])
+    flags = cmd[5:cmd.index("--")]
+    pairs = list(zip(flags[::2], flags[1::2]))
+    assert ("--theme.sidebar.backgroundColor", "#ffffff") in pairs and ("--theme.font", "sans serif") in pairs
+    assert ("--server.maxUploadSize", "5") in pairs and ("--runner.postScriptGC", "false") in pairs
+    assert [v for f, v in pairs if f == "--server.allowedHosts"] == ["127.0.0.1", "localhost", "::1"]  # the address's
+
+
 @pytest.mark.slow
 def test_forkpoint_app_takes_base_reason_and_sigterm_stops_streamlit(tiny_dirs, tmp_path):
     import os

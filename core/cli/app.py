@@ -112,14 +112,20 @@ def streamlit_command(address: str, port: int, app_args: list[str]) -> list[str]
 
 
 def _config_options() -> dict[str, Any]:
-    """The app's Streamlit settings as {"section.option": value}."""
+    """The app's Streamlit settings as {"section.option": value} (a nested table, e.g. [theme.sidebar], as
+    "theme.sidebar.option")."""
     import tomllib
 
     from core.packaged import streamlit_config
 
+    def flat(table: dict[str, Any], prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, value in table.items():
+            out.update(flat(value, f"{prefix}{name}.") if isinstance(value, dict) else {prefix + name: value})
+        return out
+
     with open(streamlit_config(), "rb") as fh:
-        table = tomllib.load(fh)
-    return {f"{section}.{name}": value for section, options in table.items() for name, value in options.items()}
+        return flat(tomllib.load(fh), "")
 
 
 def _check_address(address: str, ctx: click.Context | None = None, param: click.Parameter | None = None) -> str:
