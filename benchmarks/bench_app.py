@@ -84,8 +84,9 @@ def _more_traces(store_dir: Path, n: int) -> None:
     from core.io.store import TraceStore
 
     pair, problems, store = core.demo_pair(), core.demo_problems(), TraceStore(store_dir)
+    wanted = len(store.keys()) + n
     for i, policy in enumerate(("base_only", "reason_only", "entropy_gated") * (1 + n // (3 * len(problems)))):
-        left = n - len(store.keys()) + 1
+        left = wanted - len(store.keys())
         if left <= 0:
             break
         core.generate(pair, problems[:min(len(problems), left)], core.make_policy(policy), max_new_tokens=96,

@@ -19,6 +19,8 @@ from core.cli.common import (
 )
 from core.pair.options import PAIR_OPTIONS
 
+ROOT = Path(__file__).resolve().parents[2]  # holds app/ (a checkout, or site-packages for a wheel)
+
 
 @main.group()
 def demo() -> None:
@@ -72,8 +74,7 @@ def app(max_new_tokens: int, port: int, address: str, trust_remote_code: bool, *
             app_args += ["--" + name.removesuffix("_path").replace("_", "-"), str(opts[name])]
     app_args += (["--max-new-tokens", str(max_new_tokens)] if max_new_tokens is not None else []) + (
         ["--trust-remote-code"] if trust_remote_code else [])
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     child = subprocess.Popen(streamlit_command(address, port, app_args), env=env)
 
     def stop(signum: int, _frame: object) -> None:  # SIGTERM/SIGINT to us stops Streamlit too
@@ -106,8 +107,7 @@ def streamlit_command(address: str, port: int, app_args: list[str]) -> list[str]
         if name not in _FROM_FLAGS:
             for one in value if isinstance(value, list) else [value]:
                 flags += [f"--{name}", str(one).lower() if isinstance(one, bool) else str(one)]
-    serve = Path(__file__).resolve().parents[2] / "app" / "serve.py"
-    return [sys.executable, "-m", "streamlit", "run", str(serve), *flags, "--server.address", address,
+    return [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "serve.py"), *flags, "--server.address", address,
             "--server.port", str(port), *_allowed_hosts(address), "--", *app_args]
 
 

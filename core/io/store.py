@@ -44,6 +44,7 @@ from core.io.tracefile import (  # noqa: F401  (re-exported: the store's public 
     decode,
     encode,
     read_footer_checksum,
+    read_meta,
     read_trace,
     read_trace_record,
     reason,
@@ -349,19 +350,10 @@ class TraceStore:
     def meta(self, key: str) -> dict[str, Any]:
         """The meta of the trace under `key` from its file's footer alone (checked, no token data read): what a
         query over many traces asks before it reads the few it needs; StoreError if missing or unreadable."""
-        path = self._path(key)
         try:
-            record, _ = read_footer_checksum(path)
+            return read_meta(self._path(key), key)
         except FileNotFoundError:
             raise StoreError(f"No trace with key {key!r} in {self.path}") from None
-        except StoreError as exc:
-            raise StoreError(f"Trace {key} ({path}) is unreadable: {exc}") from exc
-        except READ_ERRORS as exc:
-            raise StoreError(f"Trace {key} ({path}) is unreadable: {reason(exc)}") from exc
-        meta = record.get("meta")
-        if not isinstance(meta, dict):
-            raise StoreError(f"Trace {key} ({path}) is unreadable: its footer has no meta")
-        return meta
 
     def _check_file(self, key: str, path: Path, ident: Identity) -> tuple[dict[str, Any] | None, str | None]:
         return check_file(self.index, key, path, ident)

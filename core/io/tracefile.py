@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -274,24 +276,47 @@ def read_trace(path: Path, key: str) -> Trace:
     return read_trace_record(path, key)[0]
 
 
-def read_trace_record(path: Path, key: str) -> tuple[Trace, dict[str, Any], bytes]:
-    """(trace, footer record, stored checksum or b"" for an older file) after a full, checked read.
-    StoreError when the file is damaged; FileNotFoundError when it is gone."""
+@contextmanager
+def _reading(path: Path, key: str) -> Iterator[None]:
+    """A read of trace `key` at `path`: FileNotFoundError passes (gone, deleted or set aside meanwhile, not damaged:
+    callers skip it); any other failure is a StoreError naming the file and why."""
     try:
-        with pq.ParquetFile(path, page_checksum_verification=True) as pf:  # lighter than read_table
-            table = pf.read(use_threads=False)
-        metadata = table.schema.metadata
-        record = record_from_footer(metadata, table.schema, table.num_rows)
-        trace = decode(table, record)  # the record parsed once: its "meta" is the trace's
-    except FileNotFoundError:  # gone (deleted or set aside meanwhile), not damaged: callers skip it
+        yield
+    except FileNotFoundError:
         raise
     except StoreError as exc:
         raise StoreError(f"Trace {key} ({path}) is unreadable: {exc}") from exc
     except READ_ERRORS as exc:
         raise StoreError(f"Trace {key} ({path}) is unreadable: {reason(exc)}") from exc
-    if trace.key != key:
-        raise StoreError(f"Trace file {path} holds key {trace.key!r}, not {key!r}")
+
+
+def _check_holds(path: Path, key: str, held: Any) -> None:
+    if held != key:
+        raise StoreError(f"Trace file {path} holds key {held!r}, not {key!r}")
+
+
+def read_trace_record(path: Path, key: str) -> tuple[Trace, dict[str, Any], bytes]:
+    """(trace, footer record, stored checksum or b"" for an older file) after a full, checked read.
+    StoreError when the file is damaged; FileNotFoundError when it is gone."""
+    with _reading(path, key):
+        with pq.ParquetFile(path, page_checksum_verification=True) as pf:  # lighter than read_table
+            table = pf.read(use_threads=False)
+        metadata = table.schema.metadata
+        record = record_from_footer(metadata, table.schema, table.num_rows)
+        trace = decode(table, record)  # the record parsed once: its "meta" is the trace's
+    _check_holds(path, key, trace.key)
     return trace, record, metadata.get(SUM_KEY, b"")
+
+
+def read_meta(path: Path, key: str) -> dict[str, Any]:
+    """The meta of trace `key` from its file's footer alone (checked; no data page read), with the errors of
+    `read_trace_record`."""
+    with _reading(path, key):
+        meta = read_footer_checksum(path)[0].get("meta")
+        if not isinstance(meta, dict):
+            raise StoreError("its footer has no meta")
+    _check_holds(path, key, meta.get("key"))
+    return meta
 
 
 def write_table(table: pa.Table, fh: Any) -> None:
