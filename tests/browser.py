@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from core.cli.app import streamlit_command
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("FORKPOINT_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -86,8 +88,6 @@ def run_app(app_args: list[str], log: Path, env: Mapping[str, str] | None = None
     Streamlit settings as flags) and, as a user may start it, away from the checkout's root (in `log`'s folder, where
     Streamlit finds no .streamlit/config.toml of its own); output to `log`; yields the app's URL once healthy, and
     stops the server on exit. `env` is added to the environment."""
-    from core.cli.app import streamlit_command
-
     port = free_port()
     with open(log, "w") as fh:
         proc = subprocess.Popen(streamlit_command("127.0.0.1", port, app_args), cwd=log.parent, stdout=fh,

@@ -528,13 +528,13 @@ def test_forkpoint_app_keeps_its_streamlit_settings_from_any_working_directory(t
 
 
 def test_forkpoint_app_passes_nested_and_list_settings_as_streamlit_flags(tmp_path, monkeypatch):
-    import core.packaged
+    import core.cli.app
     from core.cli.app import streamlit_command
 
     toml = tmp_path / "config.toml"
     toml.write_text('[server]\nallowedHosts = ["a", "b"]\nmaxUploadSize = 5\n[theme]\nfont = "sans serif"\n'
                     '[theme.sidebar]\nbackgroundColor = "#ffffff"\n[runner]\npostScriptGC = false\n')
-    monkeypatch.setattr(core.packaged, "streamlit_config", lambda: toml)
+    monkeypatch.setattr(core.cli.app, "streamlit_config", lambda: toml)
     cmd = streamlit_command("127.0.0.1", 8600, [])
     flags = cmd[5:cmd.index("--")]
     pairs = list(zip(flags[::2], flags[1::2]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from core.cli.common import (
     setting_option,
     store_option,
 )
+from core.packaged import streamlit_config
 from core.pair.options import PAIR_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]  # holds app/ (a checkout, or site-packages for a wheel)
@@ -114,9 +116,6 @@ def streamlit_command(address: str, port: int, app_args: list[str]) -> list[str]
 def _config_options() -> dict[str, Any]:
     """The app's Streamlit settings as {"section.option": value} (a nested table, e.g. [theme.sidebar], as
     "theme.sidebar.option")."""
-    import tomllib
-
-    from core.packaged import streamlit_config
 
     def flat(table: dict[str, Any], prefix: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
