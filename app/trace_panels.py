@@ -124,16 +124,25 @@ def trace_page(rule_text: str) -> None:
     """The Trace page below its notices: header and controls, the text (left) beside the switches and the
     selection (right), the score plot under the text, the branch graph and the extras (notes, instruments)
     below. Four fragments (app/switchboard.py names them), each rerun by key only when what it draws changed:
-    a switch redraws all of them, a selection the text and the extras, never the plot or the graph."""
+    a switch redraws all of them, a selection the text and the extras, never the plot or the graph.
+
+    Each fragment is the only thing in its own slot. A fragment run drops that fragment's deltas still queued on
+    the server (Streamlit's ForwardMsgQueue.clear), so a run right after a page's first one (the view's "drawn",
+    a click while the page loads) on a busy machine dropped the graph's container while the extras after it were
+    sent: the browser got a block at an index past its parent's end and blanked the page ("Bad delta path
+    index"). Alone in a slot, a dropped fragment leaves nothing after it to arrive out of place."""
     top = st.container()
     left, right = st.columns([3, 2], gap="medium")
     view_slot, plot_slot, side = left.container(), left.container(), right.container()
+    graph_slot, extras_slot = st.container(), st.container()
     with view_slot:
         view_panel(rule_text, top, side)
     with plot_slot:
         plot_panel()
-    graph_fragment()
-    extras_panel()
+    with graph_slot:
+        graph_fragment()
+    with extras_slot:
+        extras_panel()
 
 
 def _open_trace(ctx: Context) -> Trace | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from app.switchboard import CLICK_MODES
 from core.cli.app import streamlit_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,9 +184,17 @@ class SentElements(list):
 
 # JS (an init script): what Streamlit's websocket carries, to tell when the app's runs are over (settle()).
 # Each message is a protobuf with one field that says its kind: a BackMsg `rerun_script` (11) asks for a run, a ForwardMsg
-# `script_finished` (6) ends one (its status 2, FINISHED_EARLY_FOR_RERUN, means another run follows).
+# `new_session` (4) starts one (an app or fragment run), `script_finished` (6) ends one (its status 2,
+# FINISHED_EARLY_FOR_RERUN, means another run follows). A run asked for is answered by the first run that starts after
+# the ask and finishes: a run already going when the ask left (a fragment's, which a widget's ask does not cut short)
+# may finish first, and its end says nothing about the ask.
 RUN_WATCH = """(() => {
-  const w = window.__fpRuns = { asked: 0, answered: 0, finished: 0, last: performance.now() };
+  const w = window.__fpRuns = { asked: 0, pending: false, started: false, finished: 0, last: performance.now(),
+                                log: [] };  // the last 60 asks, starts and ends (a failing test's report shows them)
+  const note = (what) => {
+    w.log.push(`${(performance.now() / 1000).toFixed(2)} ${what}`);
+    w.log.splice(0, w.log.length - 60);
+  };
   const fields = (buf) => {  // a protobuf message's top-level fields: {number: varint value, or true}
     const b = new Uint8Array(buf), out = {}; let i = 0;
     const varint = () => { let v = 0, k = 0; while (i < b.length) { const c = b[i++]; v += (c & 127) * 2 ** k; k += 7;
@@ -207,8 +216,13 @@ RUN_WATCH = """(() => {
       this.addEventListener("message", (e) => {
         w.last = performance.now();
         if (!(e.data instanceof ArrayBuffer)) return;
-        const status = fields(e.data)[6];
-        if (status !== undefined && status !== 2) { w.finished += 1; w.answered = w.asked; }
+        const msg = fields(e.data), status = msg[6];
+        if (msg[4] !== undefined) { note("start"); if (w.pending) w.started = true; }
+        if (status !== undefined) note(`end ${status}`);
+        if (status !== undefined && status !== 2) {
+          w.finished += 1;
+          if (w.started) w.pending = w.started = false;
+        }
       });
     }
     send(data) {
@@ -216,7 +230,7 @@ RUN_WATCH = """(() => {
       try {
         const buf = data instanceof ArrayBuffer ? data : ArrayBuffer.isView(data) ? data.buffer.slice(
           data.byteOffset, data.byteOffset + data.byteLength) : null;
-        if (buf && fields(buf)[11] !== undefined) w.asked += 1;
+        if (buf && fields(buf)[11] !== undefined) { w.asked += 1; w.pending = true; w.started = false; note("ask"); }
       } catch (err) { /* not a protobuf: not a run */ }
       return super.send(data);
     }
@@ -229,7 +243,7 @@ RUN_WATCH = """(() => {
 QUIET_MS = 300
 SETTLED_JS = """(quiet) => {
   const w = window.__fpRuns;
-  return !!w && w.finished > 0 && w.answered === w.asked && performance.now() - w.last >= quiet
+  return !!w && w.finished > 0 && !w.pending && performance.now() - w.last >= quiet
     && !document.querySelector('[data-testid="stStatusWidget"], [data-stale="true"]')
     && ![...document.querySelectorAll('[data-testid="stToolbar"] button, header button')]
       .some((b) => /^(Stop|Running)/.test(b.innerText.trim()));
@@ -240,6 +254,15 @@ def settle(page, timeout_ms: int = STEP_TIMEOUT_MS) -> None:
     """Wait until Streamlit's runs are over (SETTLED_JS: every run the page asked for finished, nothing stale or
     running, the websocket quiet for QUIET_MS); for pages of chromium_page (its RUN_WATCH init script)."""
     page.wait_for_function(SETTLED_JS, arg=QUIET_MS, timeout=timeout_ms)
+
+
+def click_mode(page, mode: str) -> None:
+    """Choose what a click on a token does ("flip", "edit", "select": app/switchboard.py CLICK_MODES), then wait until
+    the token view has it (its data-mode, which its help line shows a reader) and the page is settled: a click on
+    a token before that does what the old mode says."""
+    page.get_by_text(CLICK_MODES[mode], exact=True).first.click()
+    page.locator(f'.fp-scroll[data-mode="{mode}"]').wait_for()
+    settle(page)
 
 
 # JS: the page is drawn for a picture: fonts loaded, no skeleton, every shown data grid's canvas and every Plotly

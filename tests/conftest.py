@@ -108,11 +108,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # JS: what a failing browser test's page holds, for the report (a blank page: is Streamlit's app there, empty, or gone?)
 PAGE_STATE_JS = """() => {
   const n = (sel) => document.querySelectorAll(sel).length, body = document.body;
-  const text = body ? body.innerText.replace(/\\s+/g, " ").trim() : "";
+  const flat = (el) => el ? el.innerText.replace(/\\s+/g, " ").trim() : "";
+  const text = flat(body), main = flat(document.querySelector('[data-testid="stMain"]'));
   return [`url ${location.href}`, `readyState ${document.readyState}, title ${JSON.stringify(document.title)}`,
     `#root children ${n("#root > *")}, stApp ${n('[data-testid="stApp"]')}, stMain ${n('[data-testid="stMain"]')}, `
       + `stSidebar ${n('[data-testid="stSidebar"]')}, elements ${n("*")}, stale ${n('[data-stale="true"]')}`,
-    `body text (${text.length} chars): ${text.slice(0, 300)}`].join("\\n");
+    `body text (${text.length} chars): ${text.slice(0, 300)}`,
+    `main text: ${main.slice(0, 2500)}`,
+    `runs (s: ask, start, end <status>): ${window.__fpRuns ? window.__fpRuns.log.join(" · ") : "not watched"}`].join("\\n");
 }"""
 
 

@@ -976,3 +976,43 @@ def test_a_click_reruns_only_the_fragments_whose_data_changed():
     assert rerun_after(("a", 3), ("a", 3)) == [VIEW]
     for before, after in [(("a", 1), ("a", 2)), (("a", 1), ("a", 1))]:
         assert PLOT not in rerun_after(before, after) and GRAPH not in rerun_after(before, after)
+
+
+def _applies_in_order(paths: list[tuple[int, ...]]) -> bool:
+    """Whether a browser applies these delta paths, in order, without "Bad delta path index": each lands on an
+    existing parent at an index no further than one past its last child (a new node at an old index replaces
+    that node and what was under it)."""
+    children: dict[tuple[int, ...], int] = {}
+    for path in paths:
+        parent, index = path[:-1], path[-1]
+        if len(parent) > 1 and parent not in children:
+            return False
+        if index > children.get(parent, 0):
+            return False
+        children[parent] = max(children.get(parent, 0), index + 1)
+        for under in [p for p in children if p[:len(path)] == path]:
+            del children[under]
+        children[path] = 0
+    return True
+
+
+def test_any_fragment_run_that_drops_the_first_runs_unsent_deltas_leaves_a_page_the_browser_can_draw(env, monkeypatch):
+    """A fragment run drops the deltas of those fragments still queued from the run before (Streamlit's
+    ForwardMsgQueue.clear); on a busy machine the first run's are often still queued. Whatever set of the Trace
+    page's fragments runs then, what is left must still apply in order: the graph's fragment followed by the extras
+    in one container blanked the page (app/trace_panels.trace_page)."""
+    from itertools import combinations
+
+    from streamlit.testing.v1.local_script_runner import LocalScriptRunner
+
+    sent: list = []
+    queued = LocalScriptRunner.forward_msgs
+    monkeypatch.setattr(LocalScriptRunner, "forward_msgs", lambda self: sent.append(list(queued(self))) or queued(self))
+    env.open().run()  # a full run of the Trace page with a trace open
+    deltas = [(tuple(m.metadata.delta_path), m.delta.fragment_id) for m in sent[-1] if m.WhichOneof("type") == "delta"]
+    fragments = sorted({f for _, f in deltas if f})
+    assert len(fragments) == 4  # view, plot, graph, extras (app/switchboard.py FRAGMENTS)
+    assert _applies_in_order([p for p, _ in deltas])
+    for n in range(1, len(fragments) + 1):
+        for dropped in combinations(fragments, n):
+            assert _applies_in_order([p for p, f in deltas if f not in dropped]), dropped

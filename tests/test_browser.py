@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from app.first_paint import PAINT_ID
-from tests.browser import (LIVE_TOKENS, ROOT, chromium_page, drawn, layout_problems, pair_args, require_chromium,
-                           run_app, settle)
+from tests.browser import (LIVE_TOKENS, ROOT, chromium_page, click_mode, drawn, layout_problems, pair_args,
+                           require_chromium, run_app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -69,8 +69,7 @@ def test_hover_click_take_over_and_export(app_url, page):
     page.get_by_role("button", name="Generate", exact=True).click()  # the empty store's first view: one action
     tokens = page.locator(".fp-scroll [data-pos]")
     tokens.first.wait_for()
-    page.get_by_text("selects it", exact=True).first.click()  # this walk selects; a flip opens a child (the switchboard)
-    settle(page)
+    click_mode(page, "select")  # this walk selects; a flip opens a child (the switchboard)
     n = tokens.count()
     assert n > 5
     assert page.locator(".fp-scroll [data-pos].spike").count() >= 1  # spikes are outlined on the first view

@@ -20,6 +20,7 @@ from tests.browser import (
     LIVE_TOKENS,
     ROOT,
     chromium_page,
+    click_mode,
     drawn,
     pair_args,
     require_chromium,
@@ -173,8 +174,7 @@ def test_take_over_force_and_branch_a_branch_with_one_colour_scale(server, page)
     url, store_dir, log = server
     page.goto(f"{url}?click=select&spikes=top:5")  # a click selects (the switchboard is tests/test_switchboard.py)
     _wait_trace(page)
-    page.get_by_text("selects it", exact=True).first.click()  # a click selects here (flip mode opens a child)
-    settle(page)
+    click_mode(page, "select")  # a click selects here (flip mode opens a child)
     parent = re.search(r"trace=([0-9a-f]+)", page.url).group(1)
     store = TraceStore(store_dir)
     trace = store.get(parent)
@@ -310,8 +310,7 @@ def test_graph_columns_notes_and_search(server, page):
             break
         page.goto(f"{url}?trace={parent}")
         _wait_trace(page)
-        page.get_by_text("selects it", exact=True).first.click()  # a click selects (flip mode opens a child)
-        settle(page)
+        click_mode(page, "select")  # a click selects (flip mode opens a child)
         _select(page, pos)
         page.get_by_role("button", name=button).click()  # an identical branch is the parent's existing child
         page.locator('.fp-compare[data-side="branch"]').wait_for()

@@ -16,7 +16,7 @@ import re
 import pytest
 
 from app.trace_panels import PLOT_KEY
-from tests.browser import (DEEP_JS, LIVE_TOKENS, ROOT, SentElements, chromium_page, drawn, layout_problems,
+from tests.browser import (DEEP_JS, LIVE_TOKENS, ROOT, SentElements, chromium_page, click_mode, drawn, layout_problems,
                            pair_args, require_chromium, run_app, settle)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -316,8 +316,7 @@ def test_edit_and_continue_opens_the_new_trace_with_the_typed_tokens_marked(app)
 
     _open(page, url)
     root = _key(page)
-    page.get_by_text("types there", exact=True).first.click()
-    settle(page)
+    click_mode(page, "edit")
     pos = 6
     page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
     box = page.locator(".fp-edit")
@@ -339,8 +338,7 @@ def test_edit_and_continue_opens_the_new_trace_with_the_typed_tokens_marked(app)
     page.screenshot(path=str(OUT / "edited.png"))
     page.locator("body").press("b")  # the parent is one step back
     page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=root)
-    page.get_by_text("flips the takeover", exact=True).first.click()
-    settle(page)
+    click_mode(page, "flip")
 
 
 def test_at_800px_no_control_is_cut(app):
@@ -376,8 +374,7 @@ def test_a_selection_reruns_neither_the_plot_nor_the_graph_and_a_switch_both(app
         points = flip_changes(TraceStore(store_dir).get(root))
         child = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{points[0]}"]'))  # a tree: the graph is drawn
         page.locator("[class*='st-key-tree_graph_'] .js-plotly-plot").first.wait_for()
-        page.get_by_text("selects it", exact=True).first.click()
-        settle(page)
+        click_mode(page, "select")
         sent.on = True
         for pos in (2, 5):  # two selections: the URL and the selection panel follow each
             page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
