@@ -16,8 +16,8 @@ import re
 import pytest
 
 from app.trace_panels import PLOT_KEY
-from tests.browser import (DEEP_JS, LIVE_TOKENS, ROOT, SentElements, chromium_page, click_mode, drawn, layout_problems,
-                           pair_args, require_chromium, run_app, settle)
+from tests.browser import (DEEP_JS, LIVE_TOKENS, ROOT, SentElements, chromium_page, click_mode, drawn,
+                           layout_problems, pair_args, require_chromium, run_app, settle)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
