@@ -39,6 +39,12 @@ HIST_STATS = {"n_tokens": "tokens", "max_score": "max score", "top100_mean": "to
 # -- figures (plain functions of frames) --------------------------------------------------------
 
 
+def rho_text(rho: float) -> str:
+    """A Spearman ρ for a caption: two decimals, or why there is none (core.instruments.intervals.spearman is NaN
+    below 3 finite pairs or with one side constant), never "nan"."""
+    return f"{rho:.2f}" if rho == rho else "none yet (it needs 3 or more positions whose values are not all equal)"
+
+
 def curve_figure(curve: pd.DataFrame) -> go.Figure:
     """P(correct | prefix) at the visited positions with its interval; pivotal tokens marked."""
     fig = go.Figure([
@@ -116,7 +122,8 @@ def _effects_panel(ctx: Context, trace: Trace) -> None:
     st.caption(f"Each measured token carries a bar over it in the view above (teal: the reasoner's token helps, "
                f"brown: it hurts; hover for the numbers). Effect = accuracy with the reasoner writing the token − "
                f"with the base writing it; 95% Newcombe interval (Wilson for each accuracy). Spearman ρ with "
-               f"{score_label(ctx.settings.score)}: {effect_correlation(frame):.2f} over {len(frame)} positions.")
+               f"{score_label(ctx.settings.score)}: {rho_text(effect_correlation(frame))} over {len(frame)} "
+               f"position(s).")
     cols = ["pos", "token", "base_token", "reason_token", "acc_with", "acc_without", "effect", "ci_low", "ci_high", "n"]
     st.dataframe(frame[cols], hide_index=True, width="stretch", key="fx_table")
     options = [(k, f"#{r.pos} {arm}") for r in frame.itertuples() for arm, keys in
@@ -147,7 +154,7 @@ def _curve_panel(ctx: Context, trace: Trace) -> None:
         return
     st.plotly_chart(curve_figure(curve), key="curve_fig", width="stretch")
     st.caption(f"{int(curve['pivotal'].sum())} pivotal token(s) of {len(trace)}; Spearman ρ of |jump| and "
-               f"{score_label(ctx.settings.score)}: {pivot_correlation(curve):.2f}.")
+               f"{score_label(ctx.settings.score)}: {rho_text(pivot_correlation(curve))}.")
 
 
 def _lens_panel(ctx: Context, trace: Trace) -> None:
@@ -231,7 +238,7 @@ def _effect_vs_score(ctx: Context, keys: tuple[str, ...]) -> None:
     fig.update_layout(height=320, xaxis_title=score_label(score), yaxis_title="effect (with − without)",
                       margin={"l": 10, "r": 10, "t": 10, "b": 10})
     st.plotly_chart(fig, key="fx_vs_score", width="stretch")
-    st.caption(f"Spearman ρ = {spearman(measured['score'], measured['effect']):.2f} over {len(measured)} "
+    st.caption(f"Spearman ρ = {rho_text(spearman(measured['score'], measured['effect']))} over {len(measured)} "
                "measured positions: does disagreement predict importance?")
 
 

@@ -58,7 +58,8 @@ def test_measure_effects_then_lens_then_dataset(tiny_dirs, tmp_path, monkeypatch
     assert [(int(p), c) for p, c, _ in marked] == [(3, effect_colour(effect))]
     assert float(marked[0][2]) == effect and list(view["hover"]["effects"]) == ["3"]
     assert view["hover"]["effects"]["3"]["n"] == 2
-    assert any("Newcombe" in str(c.value) for c in at.caption)
+    assert any("Newcombe" in str(c.value) and "ρ with" in str(c.value) and "none yet (it needs 3 or more" in
+               str(c.value) for c in at.caption)  # one position measured: no ρ, said so (never "nan")
     assert any(c.label == "Open a continuation" for c in at.selectbox)
     # the lens of the selected token (its tab opened): layers x {base, reasoner}
     assert not any("logit lens" in str(c.value) for c in at.caption)  # a closed tab runs nothing either
@@ -75,7 +76,7 @@ def test_measure_effects_then_lens_then_dataset(tiny_dirs, tmp_path, monkeypatch
     at.session_state[INSTRUMENTS_TAB_KEY] = "Effect vs disagreement"
     at.run()
     _ok(at)
-    assert any("over 1 measured positions" in str(c.value) for c in at.caption)
+    assert any("ρ = none yet" in str(c.value) and "over 1 measured positions" in str(c.value) for c in at.caption)
     at.session_state[INSTRUMENTS_TAB_KEY] = "Per-trace histogram"
     at.run()
     _ok(at)
@@ -138,3 +139,12 @@ def test_a_histogram_bar_filters_the_problems_table_to_its_traces(tiny_dirs, tmp
     _ok(at)
     assert len(at.dataframe(key="problems_traces").value) == 5
     assert all(b.key != "pf_subset_clear" for b in at.button)
+
+
+def test_a_rho_is_two_decimals_or_says_why_there_is_none() -> None:
+    from app.instruments_panels import rho_text
+    from core.instruments.intervals import spearman
+
+    assert rho_text(spearman([1, 2, 3, 4], [1, 3, 2, 4])) == "0.80"
+    for few in ([1, 2], [1, 2]), ([1, 2, 3], [5, 5, 5]):  # fewer than 3 pairs; one side constant
+        assert rho_text(spearman(*few)).startswith("none yet")
