@@ -113,7 +113,7 @@ def _repair() -> None:
     ss = st.session_state
     choices = {"score": SCORES, "scale": SCALES, "crange": RANGES, "prob_mode": PROB_MODES,
                "spike_kind": ("top", "gate"), "sw_then": ("policy", "base", "reason"),
-               "click_mode": ("flip", "edit", "select", None)}
+               "click_mode": ("flip", "edit", "select")}
     for name, valid in choices.items():
         if ss.get(name) not in valid:
             ss[name] = DEFAULTS[name]

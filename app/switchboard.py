@@ -214,6 +214,7 @@ def switch_controls(ctx: Context, trace: Trace) -> None:
     ss = st.session_state
     row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom", gap="small")  # wraps, never cuts
     row.segmented_control("Click on a token", list(CLICK_MODES), format_func=CLICK_MODES.get, key="click_mode",
+                          required=True,  # a click on the chosen mode keeps it (it turned every mode off)
                           help="Flip: a base token becomes the reasoner's takeover, a takeover the base's choice "
                                "again, and the response re-flows from there. Type: put the cursor at a token, type "
                                "your own text, Enter: the model continues from it. A click on an alternative in "
