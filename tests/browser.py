@@ -257,12 +257,13 @@ def settle(page, timeout_ms: int = STEP_TIMEOUT_MS) -> None:
 
 
 def click_mode(page, mode: str) -> None:
-    """Choose what a click on a token does ("flip", "edit", "select": app/switchboard.py CLICK_MODES), then wait until
-    the token view has it (its data-mode, which its help line shows a reader) and the page is settled: a click on
-    a token before that does what the old mode says."""
+    """Choose what a click on a token does ("flip", "edit", "select": app/switchboard.py CLICK_MODES), wait until the
+    page is settled, then check the token view has that mode (its data-mode, which its help line shows a reader):
+    a click on a token before that does what the old mode says, and a click on the mode already chosen must keep
+    it (it turned every mode off)."""
     page.get_by_text(CLICK_MODES[mode], exact=True).first.click()
-    page.locator(f'.fp-scroll[data-mode="{mode}"]').wait_for()
     settle(page)
+    page.locator(f'.fp-scroll[data-mode="{mode}"]').wait_for(timeout=10_000)
 
 
 # JS: the page is drawn for a picture: fonts loaded, no skeleton, every shown data grid's canvas and every Plotly
