@@ -206,9 +206,8 @@ def stored_effects(store: Any, trace: Trace, *, score: str = settings.SCORE) -> 
         switch = meta.get("branch") or {}
         if switch.get("who") not in ("reason", "base") or meta.get("correct") is None:
             continue  # a user's branch, or an ungraded one
-        kid = store.get(key)
-        temp = float((kid.meta.get("sampling") or {}).get("temperature") or 0.0)
-        arms.setdefault((int(switch["pos"]), temp), {"reason": [], "base": []})[switch["who"]].append(kid)
+        temp = float((meta.get("sampling") or {}).get("temperature") or 0.0)
+        arms.setdefault((int(switch["pos"]), temp), {"reason": [], "base": []})[switch["who"]].append(store.get(key))
     values = np.asarray(score_values(trace.metrics, score), dtype=np.float64)
     rows = []
     for (pos, _temp), both in sorted(arms.items()):
