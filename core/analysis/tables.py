@@ -130,14 +130,19 @@ def lorenz(
 ) -> pd.DataFrame:
     """Lorenz curves per trace (and pooled): columns trace, x, y; at most `max_points` points each."""
     items = _prepare(traces, score, segment)
-    frames = []
+    labels, xs, ys = [], [], []
     for label, v in _per_trace_and_pooled(items, score, segment, pooled):
         x, y = lorenz_points(v)
         if x.size > max_points:
             keep = np.unique(np.linspace(0, x.size - 1, max_points).round().astype(int))
             x, y = x[keep], y[keep]
-        frames.append(pd.DataFrame({"trace": label, "x": x, "y": y}))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["trace", "x", "y"])
+        labels.append(label)
+        xs.append(x)
+        ys.append(y)
+    if not labels:
+        return pd.DataFrame(columns=["trace", "x", "y"])
+    return pd.DataFrame({"trace": np.repeat(np.array(labels, dtype=object), [x.size for x in xs]),
+                         "x": np.concatenate(xs), "y": np.concatenate(ys)})
 
 
 def gini_table(traces: Trace | Sequence[Trace], score: str = DEFAULT_SCORE, segment: str | None = None) -> pd.DataFrame:

@@ -244,10 +244,10 @@ def decode(table: pa.Table, record: dict[str, Any] | None = None) -> Trace:
     """Inverse of `encode` (checks the footer checksum, unless given the `record_from_footer` of this table)."""
     if record is None:
         record = record_from_footer(table.schema.metadata, table.schema, table.num_rows)
-    n = table.num_rows
+    n, names = table.num_rows, set(table.column_names)
 
     def column(name: str) -> pa.ChunkedArray:
-        if name not in table.column_names:
+        if name not in names:
             raise StoreError(f"column {name!r} is missing")
         return table.column(name)
 
