@@ -41,7 +41,7 @@ def selected_keys(summaries: pd.DataFrame, picks: Sequence[Sequence[str]]) -> tu
 def analysis_tables(name: str, path: str, keys: tuple[str, ...], score: str, top: float,
                     segment: str | None) -> dict[str, pd.DataFrame]:
     """The tables of one registered analysis over the stored traces `keys` (cached by keys and settings)."""
-    return run_analysis(name, [resources.load_trace(path, k) for k in keys], score, top, segment)
+    return run_analysis(name, resources.stored_traces(path, keys), score, top, segment)
 
 
 def analysis_figure(spec: Analysis, tables: Mapping[str, pd.DataFrame], choice: Mapping[str, str]) -> go.Figure:

@@ -179,14 +179,14 @@ def _lens_panel(ctx: Context, trace: Trace) -> None:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _token_table(path: str, keys: tuple[str, ...], score: str, by: str) -> pd.DataFrame:
-    return token_stats([resources.load_trace(path, k) for k in keys], score=score, by=by)
+    return token_stats(resources.stored_traces(path, keys), score=score, by=by)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _measured(path: str, keys: tuple[str, ...], score: str, stamp: int) -> pd.DataFrame:
     """Effects rebuilt from the stored continuations (`stamp`: the store's size, so new ones show)."""
     store = resources.get_store(path)
-    frames = [stored_effects(store, resources.load_trace(path, k), score=score) for k in keys]
+    frames = [stored_effects(store, trace, score=score) for trace in resources.stored_traces(path, keys)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -214,7 +214,7 @@ def _token_statistics(ctx: Context, keys: tuple[str, ...]) -> None:
     rows = event.selection.rows if event is not None else []
     if rows:
         value = table.iloc[rows[0]][by]
-        occ = occurrences([resources.load_trace(path, k) for k in keys], value, by=by, score=score)
+        occ = occurrences(resources.stored_traces(path, keys), value, by=by, score=score)
         st.caption(f"{len(occ)} occurrences of {md_escape(repr(value))}")
         pick = st.selectbox("Open an occurrence", list(occ.itertuples(index=False)), key="ts_open",
                             format_func=lambda r: f"{str(r.trace)[:8]} #{r.pos} (score {r.score:.3g})")

@@ -22,6 +22,7 @@ from core.evaluation.problems import Problem
 from core.instruments.effects import attach_effects, effects_stamp
 from core.io.notes import attach_notes
 from core.io.store import TraceStore, default_store_path
+from core.io.stored_traces import StoredTraces
 from core.trace import Trace
 from core.views.token_payload import view_payload as token_payload
 
@@ -83,6 +84,13 @@ def store_path(configured: str | None) -> str:
 def load_trace(path: str, key: str) -> Trace:
     """The stored trace `key` (StoreError if missing or unreadable)."""
     return get_store(path).get(key)
+
+
+def stored_traces(path: str, keys: tuple[str, ...]) -> StoredTraces:
+    """The stored traces `keys`, for a dataset-level table: read as used, the first `report_keep_gib` of them
+    kept while it is built (its passes read them once), none left in `load_trace`'s cache (it would evict the
+    open traces)."""
+    return StoredTraces(get_store(path), keys).keeping(int(settings.REPORT_KEEP_GIB * 2**30))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

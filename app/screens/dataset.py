@@ -21,7 +21,7 @@ from core.scoring.registry import score_label
 @st.cache_data(show_spinner=False, max_entries=8)
 def _reasoners(path: str, keys: tuple[str, ...], score: str, top: float):
     """The Reasoners tab's tables (cached by keys and settings: enrichment tags every trace)."""
-    return reasoner_tables([resources.load_trace(path, k) for k in keys], score, top)
+    return reasoner_tables(resources.stored_traces(path, keys), score, top)
 
 
 def _select(ctx) -> tuple[str, ...]:

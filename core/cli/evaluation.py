@@ -46,8 +46,10 @@ BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-toke
 @click.option("--overwrite", is_flag=True, help="Replace an existing report in --out.")
 @click.option("--only", "only", multiple=True, metavar="ANALYSIS",
               help="Run only these analyses (repeatable; names: `core.list_analyses()`, e.g. lorenz, position).")
+@setting_option("report_keep_gib", dest="keep_gib")
 @fail_cleanly
-def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, only: tuple[str, ...]) -> None:
+def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, only: tuple[str, ...],
+            keep_gib: float) -> None:
     """Write a self-contained HTML report with every registered analysis, and the tables as CSV.
 
     --out FOLDER: FOLDER/report.html and FOLDER/<table>.csv; --out NAME.html: that report file alone.
@@ -70,7 +72,7 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
 
     warn_unreadable(unreadable)
     readable = set(listed["key"])
-    # keys in the store's order; each analysis reads the traces one at a time, never all at once
+    # keys in the store's order; each analysis reads the traces in a pass of its own (those that fit --report-keep-gib once)
     ordered = store.keys()  # a listing of files, not a dict
     traces = StoredTraces(store, [k for k in ordered if k in readable])
     if not traces:
@@ -80,14 +82,14 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
     if as_file:  # a failed write leaves no folder it made and no part of the file
         created = make_folders(html.parent)
         try:
-            report_html(traces, str(html), score=score_name, overwrite=True, only=names)
+            report_html(traces, str(html), score=score_name, overwrite=True, only=names, keep_gib=keep_gib)
         except BaseException:
             remove_empty(created)
             raise
         echo(f"report -> {html}")
         return
     write_folder(out, lambda tmp: report_html(traces, str(tmp / "report.html"), score=score_name, overwrite=True,
-                                              outdir=str(tmp), only=names), what="analysis report")
+                                              outdir=str(tmp), only=names, keep_gib=keep_gib), what="analysis report")
     echo(f"report -> {html} (tables as CSV in {out})")
 
 

@@ -120,6 +120,13 @@ def recovery_figure(df: pd.DataFrame, reference: str = "reference") -> go.Figure
 # -- the whole report ---------------------------------------------------------------------------
 
 
+def _keeping(items: Sequence[Trace], keep_gib: float) -> Sequence[Trace]:
+    """Stored traces that keep up to `keep_gib` GiB of what they read (a report scans them once per analysis)."""
+    if not isinstance(items, StoredTraces):
+        return items
+    return items.keeping(int(settings.SETTINGS["report_keep_gib"].check(keep_gib, "keep_gib") * 2**30))
+
+
 def report_tables(
     traces: Sequence[Trace],
     outdir: str | None = None,
@@ -127,13 +134,14 @@ def report_tables(
     top: float = settings.SPIKE_TOP,
     segment: str | None = None,
     only: Sequence[str] | None = None,
+    keep_gib: float = settings.REPORT_KEEP_GIB,
 ) -> dict[str, pd.DataFrame]:
     """Every table of every registered analysis (core/analysis/registry.py), by name; written as
     `<outdir>/<name>.csv` when `outdir` is given. An analysis that cannot run on these traces (e.g.
     enrichment without tags and no tagger) is skipped with a logged warning. `only`: these analyses' names.
-    A lazy sequence (`StoredTraces`) stays lazy: each analysis reads the traces one at a time, in a pass of
-    its own, so no more than one or two traces of the store are in memory at once."""
-    items = as_list(traces)
+    A lazy sequence (`StoredTraces`) stays lazy: each analysis reads the traces in a pass of its own, and the
+    first `keep_gib` GiB of them read are kept for the later passes (0: one or two traces in memory at once)."""
+    items = _keeping(as_list(traces), keep_gib)
     tables: dict[str, pd.DataFrame] = {}
     for spec in list_analyses():
         if only is not None and spec.name not in only:
@@ -169,7 +177,8 @@ ALL_BENCHMARKS = "all"  # the `benchmark` of analyses pooled over every benchmar
 
 
 def benchmark_tables(groups: dict[str, Sequence[Trace]], outdir: str | None = None, score: str = DEFAULT_SCORE,
-                     top: float = settings.SPIKE_TOP) -> dict[str, pd.DataFrame]:
+                     top: float = settings.SPIKE_TOP, keep_gib: float = settings.REPORT_KEEP_GIB
+                     ) -> dict[str, pd.DataFrame]:
     """`report_tables` per benchmark ({benchmark: traces}) and, with several, pooled over all of them
     (benchmark "all"): every table gains a leading `benchmark` column, plus "position_summary" (benchmark,
     n, median_u, peak_u of the top-`top` tokens). Written as `<outdir>/<name>.csv` when `outdir` is given."""
@@ -179,7 +188,7 @@ def benchmark_tables(groups: dict[str, Sequence[Trace]], outdir: str | None = No
     parts: dict[str, list[pd.DataFrame]] = {}
     summary = []
     for bench, items in runs.items():
-        for name, df in report_tables(items, None, score=score, top=top).items():
+        for name, df in report_tables(items, None, score=score, top=top, keep_gib=keep_gib).items():
             parts.setdefault(name, []).append(df.assign(benchmark=bench)[["benchmark", *df.columns]])
             if name == "position_density":
                 summary.append({"benchmark": bench, "n": df.attrs.get("n", 0), "median_u": df.attrs.get("median_u"),
@@ -226,13 +235,14 @@ def report_html(
     overwrite: bool = False,
     outdir: str | None = None,
     only: Sequence[str] | None = None,
+    keep_gib: float = settings.REPORT_KEEP_GIB,
 ) -> str:
     """Write a self-contained HTML report (plotly JS embedded once, works offline); returns the path.
     With `outdir`, the same tables are also written there as CSV (see `report_tables`)."""
     if os.path.exists(path) and not overwrite:
         raise OutputExistsError(f"{path} exists; overwrite=True (CLI: --overwrite) replaces it")
-    items = as_list(traces)
-    tables = report_tables(items, outdir, score=score, top=top, segment=segment, only=only)
+    items = _keeping(as_list(traces), keep_gib)  # the header's token count reads them once more
+    tables = report_tables(items, outdir, score=score, top=top, segment=segment, only=only, keep_gib=keep_gib)
     parts = []
     for i, (heading, fig) in enumerate(figures(tables)):
         body = fig.to_html(full_html=False, include_plotlyjs=(i == 0))
