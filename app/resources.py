@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,52 @@ def warm_up() -> threading.Thread:
 def get_store(path: str) -> TraceStore:
     """One TraceStore object per directory (it keeps an in-memory index cache)."""
     return TraceStore(path)
+
+
+DEEP_CHECK_WAIT_S = 1.0  # a page waits this long for the store's full read, then draws and shows the rest later
+
+
+class DeepCheck:
+    """A full read of every trace file of one store (`TraceStore.unreadable()`), run in a thread of its own: a store
+    of thousands of traces takes seconds (5,600 demo traces: 5.5 s) the first time a server reads them, and the page
+    that shows damaged files need not wait for it. Files already read in full are not read again (the store keeps
+    each file version's verdict)."""
+
+    def __init__(self, store: TraceStore) -> None:
+        self.store, self._lock = store, threading.Lock()
+        self._future: Future | None = None
+
+    def result(self, wait_s: float) -> list[tuple[Path, str]] | None:
+        """The damaged files found by a full read that starts now (or is under way), or None when it has not
+        finished within `wait_s` seconds. Its errors (an unreadable folder) are raised here."""
+        with self._lock:
+            if self._future is None or self._future.done():
+                self._future = Future()
+                # a daemon thread: a server told to stop does not wait for the read (a pool's worker is joined)
+                threading.Thread(target=self._read, args=(self._future,), name="forkpoint-deep-check",
+                                 daemon=True).start()
+            future = self._future
+        try:
+            return future.result(timeout=wait_s)
+        except FutureTimeout:
+            return None
+
+    def _read(self, future: Future) -> None:
+        try:
+            future.set_result(self.store.unreadable())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on `result`
+            future.set_exception(exc)
+
+    def running(self) -> bool:
+        """Whether a full read is under way."""
+        with self._lock:
+            return self._future is not None and not self._future.done()
+
+
+@st.cache_resource(show_spinner=False)
+def deep_check(path: str) -> DeepCheck:
+    """The store's one background full read (see `DeepCheck`)."""
+    return DeepCheck(get_store(path))
 
 
 def store_path(configured: str | None) -> str:

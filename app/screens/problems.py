@@ -112,8 +112,11 @@ def main() -> None:
             st.switch_page(TRACE_PAGE, query_params=state.trace_link_params())
     state.show_notice()
     st.title("Problems")
+    checking = False
     try:
-        bad = ctx.store.unreadable()
+        bad = resources.deep_check(ctx.settings.store_path).result(resources.DEEP_CHECK_WAIT_S)
+        if bad is None:  # still reading: the damaged files the listing found (footers, and files changed since put)
+            checking, bad = True, ctx.store.unreadable(deep=False)
     except (ForkpointError, OSError) as err:
         st.warning(f"Could not check the store for damaged traces: {md_escape(err, 400)}")
         bad = []
@@ -127,6 +130,19 @@ def main() -> None:
     with tab4:
         search_tab(ctx)  # app/search_panel.py
     unreadable_panel(bad)
+    if checking:
+        _await_deep_check(ctx.settings.store_path)
+
+
+@st.fragment(run_every=1.0)
+def _await_deep_check(path: str) -> None:
+    """While the store's full read goes on: say so, and rerun the page when it is done (its damaged files then
+    show)."""
+    if resources.deep_check(path).running():
+        st.caption("Reading every trace file in full to find damaged ones (a large store takes a few seconds the "
+                   "first time)…")
+    else:
+        st.rerun()
 
 
 def unreadable_panel(bad: list) -> None:
