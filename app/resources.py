@@ -134,10 +134,11 @@ def load_trace(path: str, key: str) -> Trace:
     return get_store(path).get(key)
 
 
+@st.cache_resource(show_spinner=False, max_entries=1, ttl=600)
 def stored_traces(path: str, keys: tuple[str, ...]) -> StoredTraces:
-    """The stored traces `keys`, for a dataset-level table: read as used, the first `report_keep_gib` of them
-    kept while it is built (its passes read them once), none left in `load_trace`'s cache (it would evict the
-    open traces)."""
+    """The stored traces `keys` of the Dataset page's selection: read as used, the first `report_keep_gib` of them
+    kept, for every table and tab of that selection (each scans them all) for up to 10 minutes; none go through
+    `load_trace`'s cache (thousands would evict the open traces)."""
     return StoredTraces(get_store(path), keys).keeping(int(settings.REPORT_KEEP_GIB * 2**30))
 
 

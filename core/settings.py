@@ -115,9 +115,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("demo_measure_budget", 0.1, "Guided's takeover budget in the demo card's protocol (a share of "
                 "tokens), and the ceiling ρ at which its blind baselines also run.", 0.0, 1.0, open_low=True, step=0.01),
         Setting("demo_measure_batch_size", 100, "Rows decoded together while the demo card is measured.", 1, None),
-        Setting("report_keep_gib", 1.0, "GiB of traces a report (`forkpoint analyze`, a Dataset page table) keeps in "
-                "memory while its analyses scan them: the ones kept are read once, the rest once per pass.", 0.0, None,
-                step=0.25),
+        Setting("report_keep_gib", 1.0, "GiB of traces a report (`forkpoint analyze`; the app's Dataset page, for "
+                "its selection) keeps in memory while its analyses scan them: the ones kept are read once, the rest "
+                "once per pass.", 0.0, None, step=0.25),
         Setting("page_tokens", 4096, "Most tokens the token view shows at once (a longer trace is paged).", 1, None),
     ]
 }

@@ -289,12 +289,16 @@ def test_export_page_offers_the_open_trace(env, tmp_path):
     assert read_jsonl(path) == [annotated(trace)]  # lossless, plus the spikes and tags the user sees
 
 
-def test_dataset_page_draws_each_analysis_in_its_own_lazy_tab(env):
+def test_dataset_page_draws_each_analysis_in_its_own_lazy_tab(env, monkeypatch):
     """Every registered analysis with a figure draws it in its tab, and only the open tab runs (the page opens
-    on the first: one analysis read, not all of them)."""
+    on the first: one analysis read, not all of them). The tabs share the selection's traces: each is read
+    from the store once in the whole walk (each tab's scans read all of them, 24 scans a report)."""
     from core.analysis.registry import list_analyses
 
     at = env.open()
+    _second_trace(env)
+    reads, get = [], TraceStore.get
+    monkeypatch.setattr(TraceStore, "get", lambda self, key: reads.append(key) or get(self, key))
     at.switch_page("screens/dataset.py").run()
     assert not at.exception and not at.error
     specs = list_analyses()
@@ -312,6 +316,7 @@ def test_dataset_page_draws_each_analysis_in_its_own_lazy_tab(env):
         assert drawn() == {spec.name} or (not drawn() and at.warning), (spec.name, drawn())
         charts += bool(drawn())
     assert charts >= 4
+    assert sorted(reads) == sorted(TraceStore(env.store).keys()), reads
 
 
 def test_gate_spike_rule_calibrates_on_base_rollouts(env):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,7 @@ class _Kept:
     sequence scanned again and again in the same order reads only the rest again (an LRU would keep nothing)."""
 
     def __init__(self, limit: int) -> None:
-        self.limit, self.size, self.traces = limit, 0, {}
+        self.limit, self.size, self.traces, self.lock = limit, 0, {}, threading.Lock()
 
     def get(self, store: TraceStore, key: str) -> Trace:
         trace = self.traces.get(key)
@@ -34,8 +35,9 @@ class _Kept:
             trace = store.get(key)
             if self.limit > 0:
                 n = trace_bytes(trace)
-                if self.size + n <= self.limit:
-                    self.traces[key], self.size = trace, self.size + n
+                with self.lock:  # two threads may scan one sequence (a server's page and its first paint)
+                    if key not in self.traces and self.size + n <= self.limit:
+                        self.traces[key], self.size = trace, self.size + n
         return trace
 
 
