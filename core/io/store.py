@@ -77,7 +77,7 @@ class TraceStore:
         self.index = SummaryIndex(self.index_path)
         self._warned: set[tuple[Path, str]] = set()
         self._held: tuple[str, Identity, Trace] | None = None  # decoded by `in`, handed out once by get()
-        self._listed: tuple[Any, list[dict[str, Any]], list[tuple[Path, str]]] | None = None  # see _summary_rows
+        self._listed: _Listing | None = None  # see _listing
         self._lock = threading.Lock()
         self.n_written, self.last_written = 0, ""  # what this object stored (named when a later write fails)
         self.removed_temp_files: list[Path] = []
@@ -358,38 +358,43 @@ class TraceStore:
     def _check_file(self, key: str, path: Path, ident: Identity) -> tuple[dict[str, Any] | None, str | None]:
         return check_file(self.index, key, path, ident)
 
-    def _summary_rows(self) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
-        """`summary_rows` of every trace file. The last listing is kept and given again (as copies) while the
-        folder holds the same files with the same identities and the index file is unchanged: a listing then
-        costs a stat per file, not an index lookup and a decode per file (the app lists the store several times
-        per click). It holds about what one listing returns (~2 KB a trace) for the life of this object."""
+    def _listing(self) -> _Listing:
+        """`summary_rows` of every trace file. The last listing is kept and given again while the folder holds
+        the same files with the same identities and the index file is unchanged: a listing then costs a stat per
+        file, not an index lookup and a decode per file (the app lists the store several times per click). It
+        holds about what one listing returns (~2 KB a trace, and its frame once asked for) for the life of this
+        object. Read-only: callers that hand rows out copy them (`_summary_rows`, `summaries`)."""
         files = stat_files(self._files())
-        seen = (self.index.file_identity(), sorted((entry.name, identity(st)) for entry, st in files))
-        with self._lock:
+        seen = (self.index.file_identity(), [(entry.name, identity(st)) for entry, st in files])  # scandir's order:
+        with self._lock:  # another order for the same files only lists them again
             kept = self._listed
-        if kept is None or kept[0] != seen:
-            rows, bad = summary_rows(self.index, files)
-            kept = (seen, rows, bad)
+        if kept is None or kept.seen != seen:
+            kept = _Listing(seen, *summary_rows(self.index, files))
             with self._lock:
                 self._listed = kept
-        return [dict(row) for row in kept[1]], list(kept[2])
+        return kept
+
+    def _summary_rows(self) -> tuple[list[dict[str, Any]], list[tuple[Path, str]]]:
+        """(summary rows of the readable traces, oldest first, [(path, reason)] for the others), as copies."""
+        kept = self._listing()
+        return [dict(row) for row in kept.rows], list(kept.bad)
 
     def summaries(self) -> pd.DataFrame:
         """One row per readable trace (SUMMARY_COLUMNS), from the index/footers, never token arrays."""
-        rows, bad = self._summary_rows()
-        for path, why in bad:
+        kept = self._listing()
+        for path, why in kept.bad:
             if (path, why) not in self._warned:  # once per file and reason, not on every listing
                 self._warned.add((path, why))
                 log.warning("skipping unreadable trace file %s: %s", path, why)
-        return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))
+        return kept.frame()
 
     def listing(self) -> tuple[pd.DataFrame, list[tuple[Path, str]]]:
         """(summaries of the readable traces, [(path, reason)] for files that failed), in one pass.
 
         Files unchanged since `put` wrote them are trusted; every other file is read in full.
         """
-        rows, bad = self._summary_rows()
-        return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS)), sorted(bad)
+        kept = self._listing()
+        return kept.frame(), sorted(kept.bad)
 
     def unreadable(self, deep: bool = True) -> list[tuple[Path, str]]:
         """(path, reason) for every trace file that cannot be fully read; nothing is deleted.
@@ -425,18 +430,33 @@ class TraceStore:
     # -- branch trees (core/io/branch_tree.py, over the summaries) ---------------------------
     def root_of(self, problem_id: str) -> str | None:
         """Key of the oldest stored trace of a problem that is not a branch (None when there is none)."""
-        return branch_tree.root_of(self._summary_rows()[0], problem_id)
+        return branch_tree.root_of(self._listing().rows, problem_id)
 
     def children(self, key: str) -> list[str]:
         """Keys of the traces whose parent is `key`, by branch position then creation time."""
-        return branch_tree.children(self._summary_rows()[0], key)
+        return branch_tree.children(self._listing().rows, key)
 
     def tree(self, key: str) -> dict[str, Any]:
         """The branch tree holding `key`: the oldest stored ancestor, with nested "children" lists."""
-        rows = self._summary_rows()[0]
+        rows = self._listing().rows
         if not any(r["key"] == key for r in rows):
             raise StoreError(f"No readable trace with key {key!r} in {self.path}")
         return branch_tree.tree(rows, key)
+
+
+class _Listing:
+    """One listing of a store: what it saw (the index file's identity, each file's name and identity), the
+    readable files' summary rows (oldest first), the damaged files, and the rows as a frame, made once."""
+
+    def __init__(self, seen: Any, rows: list[dict[str, Any]], bad: list[tuple[Path, str]]) -> None:
+        self.seen, self.rows, self.bad = seen, rows, bad
+        self._frame: pd.DataFrame | None = None
+
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame (SUMMARY_COLUMNS), a copy the caller may change."""
+        if self._frame is None:
+            self._frame = pd.DataFrame(self.rows, columns=list(SUMMARY_COLUMNS))
+        return self._frame.copy()
 
 
 def _stamp() -> str:
