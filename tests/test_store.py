@@ -263,8 +263,8 @@ def test_an_unchanged_store_is_listed_from_its_kept_listing(tmp_path, monkeypatc
     assert store.children(keys[0]) == [] and store.tree(keys[1])["key"] == keys[1]
     assert len(calls) == 1
     store._summary_rows()[0][0]["key"] = "changed by a caller"  # rows handed out are copies
-    store.summaries().loc[0, "key"] = "changed by a caller"  # and so are frames
-    store.listing()[0].loc[1, "key"] = "changed by a caller"
+    for frame in (store.summaries(), store.listing()[0]):  # and so are frames
+        frame.loc[0, "key"] = "changed by a caller"
     pd.testing.assert_frame_equal(store.summaries(), first)
     store.put(make_trace(20, seed=9))
     assert len(store.summaries()) == 4 and len(calls) == 2
