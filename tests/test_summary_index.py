@@ -134,6 +134,24 @@ def _fill(path: Path, n: int, prompt_bytes: int = 1000) -> None:
             fh.write(index_line(key, (i, 100, 1000), summary(key, i, "x" * prompt_bytes)))
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1200), st.integers(0, 2)), max_size=1300))
+def test_get_many_is_get_of_each(tmp_path_factory, asked):
+    """`get_many` (the listing's lookup, a chunk of keys per query) answers each (key, identity) as `get` does:
+    lines for keys 0-1099, a second version of every 7th key, asked for keys up to 1200 (absent ones), with the
+    line's identity, the second version's or one never written; more than LOOKUP_CHUNK at a time."""
+    path = tmp_path_factory.mktemp("idx") / "index.jsonl"
+    _fill(path, 1100, prompt_bytes=5)
+    with open(path, "ab") as fh:
+        for i in range(0, 1100, 7):
+            key = f"{i:032x}"
+            fh.write(index_line(key, (i, 200, 2000), summary(key, i + 1, "y")))
+    index = SummaryIndex(path)
+    idents = [lambda i: (i, 100, 1000), lambda i: (i, 200, 2000), lambda i: (i, 300, 3000)]
+    files = [(f"{i:032x}", idents[v](i)) for i, v in asked]
+    assert index.get_many(files) == [index.get(key, ident) for key, ident in files]
+
+
 def test_entries_are_not_held_in_python_memory(tmp_path):
     """20,000 lines of ~1.2 KB: the dict index held ~30 MB of Python objects; this one holds none per entry."""
     path = tmp_path / "index.jsonl"

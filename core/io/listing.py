@@ -52,16 +52,17 @@ def summary_rows(index: SummaryIndex, files: Iterable[tuple[os.DirEntry[str], os
     """(summaries of the readable trace files among `files` (`stat_files`), oldest first; [(path, reason)] for the
     rest): a file the index describes as it is on disk is trusted, any other is read in full once and the index
     repaired."""
-    index.refresh()
     rows: list[dict[str, Any]] = []
     bad: list[tuple[Path, str]] = []
+    named = []
     for entry, st in files:
-        ident = identity(st)
         key = entry.name[: -len(".parquet")]
-        if not KEY_RE.match(key):
+        if KEY_RE.match(key):
+            named.append((entry, st, key, identity(st)))
+        else:
             bad.append((Path(entry.path), f"file name {entry.name!r} is not a valid trace key"))
-            continue
-        summary = index.get(key, ident)
+    believed = index.get_many([(key, ident) for _, _, key, ident in named])
+    for (entry, st, key, ident), summary in zip(named, believed):
         if summary is None:  # not written by put as it is now: believe nothing before a full read
             try:
                 summary, why = check_file(index, key, Path(entry.path), ident)
