@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -86,30 +87,44 @@ class DeepCheck:
     that shows damaged files need not wait for it. Files already read in full are not read again (the store keeps
     each file version's verdict)."""
 
+    FRESH_S = 30.0  # a read that finished this recently, and whose outcome nobody has had, is handed out as it is
+
     def __init__(self, store: TraceStore) -> None:
         self.store, self._lock = store, threading.Lock()
         self._future: Future | None = None
+        self._handed: Future | None = None  # the read whose outcome was last handed out
+        self._finished = 0.0  # time.monotonic() when the last read finished
 
     def result(self, wait_s: float) -> list[tuple[Path, str]] | None:
-        """The damaged files found by a full read that starts now (or is under way), or None when it has not
-        finished within `wait_s` seconds. Its errors (an unreadable folder) are raised here."""
+        """The damaged files found by a full read: the one under way, one that has just finished and whose
+        outcome nobody has had yet (the page rerun when it finished), else one that starts now; None when it has
+        not finished within `wait_s` seconds. Its errors (an unreadable folder) are raised here, once."""
         with self._lock:
-            if self._future is None or self._future.done():
-                self._future = Future()
-                # a daemon thread: a server told to stop does not wait for the read (a pool's worker is joined)
-                threading.Thread(target=self._read, args=(self._future,), name="forkpoint-deep-check",
-                                 daemon=True).start()
             future = self._future
+            unseen = (future is not None and future.done() and future is not self._handed
+                      and time.monotonic() - self._finished < self.FRESH_S)
+            if future is None or (future.done() and not unseen):
+                future = self._future = Future()
+                # a daemon thread: a server told to stop does not wait for the read (a pool's worker is joined)
+                threading.Thread(target=self._read, args=(future,), name="forkpoint-deep-check", daemon=True).start()
         try:
-            return future.result(timeout=wait_s)
+            out = future.result(timeout=wait_s)
         except FutureTimeout:
             return None
+        finally:
+            if future.done():
+                self._handed = future
+        return out
 
     def _read(self, future: Future) -> None:
         try:
-            future.set_result(self.store.unreadable())
+            found = self.store.unreadable()
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on `result`
+            self._finished = time.monotonic()
             future.set_exception(exc)
+        else:
+            self._finished = time.monotonic()
+            future.set_result(found)
 
     def running(self) -> bool:
         """Whether a full read is under way."""

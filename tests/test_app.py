@@ -516,6 +516,41 @@ def test_the_problems_page_does_not_wait_for_the_stores_full_read(env, monkeypat
     assert set(table["file"]) == {str(path)}
 
 
+def test_a_deep_check_hands_each_finished_read_out_once_then_reads_again():
+    """`DeepCheck.result`: a read that finished after its page stopped waiting is handed out (no second read)
+    when the page reruns; its error is raised once, not read again and again; later calls read anew."""
+    import threading
+
+    class Store:
+        def __init__(self):
+            self.calls, self.gate, self.fail = 0, threading.Event(), False
+
+        def unreadable(self):
+            self.calls += 1
+            assert self.gate.wait(30)
+            if self.fail:
+                raise OSError("the folder went away")
+            return [(Path("x.parquet"), f"read {self.calls}")]
+
+    store = Store()
+    check = resources.DeepCheck(store)
+    assert check.result(0.05) is None and check.running()
+    store.gate.set()
+    for _ in range(300):
+        if not check.running():
+            break
+        time.sleep(0.01)
+    assert check.result(0.05) == [(Path("x.parquet"), "read 1")] and store.calls == 1  # the finished read, as it is
+    assert check.result(5) == [(Path("x.parquet"), "read 2")] and store.calls == 2  # handed out: read again
+    store.fail = True
+    with pytest.raises(OSError, match="went away"):
+        check.result(5)
+    assert store.calls == 3
+    with pytest.raises(OSError, match="went away"):
+        check.result(5)
+    assert store.calls == 4  # a new read, not the old error handed out again
+
+
 def test_gate_without_rollouts_of_this_pair_says_so_and_makes_them(env):
     at = _opened(env, trace="0" * 32)  # no first view: the store stays empty
     at.radio(key="spike_kind").set_value("gate").run()
