@@ -40,7 +40,7 @@ def occurrence_frame(traces: Sequence[Trace], *, score: str | None = None, by: s
     score = check_score(score or settings.SCORE)
     _check_by(by)
     measured = _effects(effects)
-    parts = []
+    cols: dict[str, list[Any]] = {c: [] for c in OCCURRENCE_COLUMNS}  # one frame at the end, not one per trace
     for i, trace in enumerate(traces):
         n = len(trace)
         spike = np.zeros(n, dtype=bool)
@@ -49,15 +49,20 @@ def occurrence_frame(traces: Sequence[Trace], *, score: str | None = None, by: s
         for pos, value in measured.get(str(trace.key), {}).items():
             if 0 <= pos < n:
                 effect[pos] = value
-        parts.append(pd.DataFrame({
-            "trace": [trace.key] * n, "index": i, "pos": np.arange(n), "token": list(trace.tokens),
-            "tag": _tags(trace) if by == "tag" else [""] * n,
-            "score": np.asarray(score_values(trace.metrics, score), dtype=np.float64), "spike": spike,
-            "source": [str(s) for s in trace.source], "effect": effect,
-        }))
-    if not parts:
+        cols["trace"].append([trace.key] * n)
+        cols["index"].append(np.full(n, i, dtype=np.int64))
+        cols["pos"].append(np.arange(n))
+        cols["token"].append(list(trace.tokens))
+        cols["tag"].append(_tags(trace) if by == "tag" else [""] * n)
+        cols["score"].append(np.asarray(score_values(trace.metrics, score), dtype=np.float64))
+        cols["spike"].append(spike)
+        cols["source"].append([str(s) for s in trace.source])
+        cols["effect"].append(effect)
+    if not cols["pos"]:
         return pd.DataFrame({c: [] for c in OCCURRENCE_COLUMNS})
-    return pd.concat(parts, ignore_index=True)[OCCURRENCE_COLUMNS]
+    listed = ("trace", "token", "tag", "source")
+    return pd.DataFrame({c: [x for part in parts for x in part] if c in listed else np.concatenate(parts)
+                         for c, parts in cols.items()})
 
 
 def _effects(effects: pd.DataFrame | None) -> dict[str, dict[int, float]]:
