@@ -104,9 +104,12 @@ def _auto_decoder(model_id: str) -> Callable[[list[int]], str]:
 
 
 def _topk_text(trace: Trace, side: str, decode: TokenDecoder | None) -> list[list[str]]:
+    if not len(trace):
+        return []
     ids = np.asarray(trace.topk[side][0])
     show = decode if decode is not None else (lambda i: f"#{i}")
-    return [[show(int(i)) for i in row] for row in ids.tolist()] if len(trace) else []
+    distinct, at = np.unique(ids, return_inverse=True)  # each distinct id shown once, then looked up
+    return np.array([show(int(i)) for i in distinct.tolist()], dtype=object)[at.reshape(ids.shape)].tolist()
 
 
 def _dumps(value: Any, indent: int | None = None) -> str:
@@ -221,21 +224,32 @@ def long_frame(traces: Sequence[Trace], decode: TokenDecoder | None = None) -> p
     """All traces, one row per token: trace_key, pos, token_id, token, metrics, source, spike (bool),
     tag ("" for none), segment, switch ("" or who a core.takeover switch made write there), and
     topk_{base,reason}_{tokens,probs,ids} as lists."""
-    frames = []
-    for trace in traces:
-        frame = trace.frame().drop(columns=[f"topk_{side}" for side in SIDES] + ["tag", "spike"], errors="ignore")
-        frame.insert(0, "trace_key", trace.key)
-        frame["spike"] = np.asarray(spike_flags(trace), dtype=bool)
-        frame["tag"] = tag_column(trace)
-        if "switch" not in frame:  # the switches core.takeover made (column present for every trace)
-            frame["switch"] = ""
-        for side in SIDES:
-            ids, probs = trace.topk[side]
-            frame[f"topk_{side}_tokens"] = _topk_text(trace, side, decode)
-            frame[f"topk_{side}_probs"] = np.asarray(probs, dtype=np.float64).tolist() if len(trace) else []
-            frame[f"topk_{side}_ids"] = np.asarray(ids).tolist() if len(trace) else []
-        frames.append(frame)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    parts = [_long_columns(trace, decode) for trace in traces]
+    names = list(parts[0]) if parts else []
+    if parts and all(list(part) == names and len(part["pos"]) for part in parts):  # the usual case: one frame
+        return pd.DataFrame({name: np.concatenate([part[name] for part in parts])
+                             if isinstance(parts[0][name], np.ndarray)
+                             else [x for part in parts for x in part[name]] for name in names})
+    # traces with different layers (a segment or note column in some) or an empty one: pandas aligns one frame
+    # per trace (missing values NaN)
+    return pd.concat([pd.DataFrame(part) for part in parts], ignore_index=True) if parts else pd.DataFrame()
+
+
+def _long_columns(trace: Trace, decode: TokenDecoder | None) -> dict[str, Any]:
+    """One trace's columns of `long_frame`, in its order."""
+    data = trace.columns()
+    for name in [f"topk_{side}" for side in SIDES] + ["tag", "spike"]:
+        data.pop(name, None)
+    n = len(trace)
+    data = {"trace_key": [trace.key] * n, **data, "spike": np.asarray(spike_flags(trace), dtype=bool),
+            "tag": tag_column(trace)}
+    data.setdefault("switch", [""] * n)  # the switches core.takeover made (column present for every trace)
+    for side in SIDES:
+        ids, probs = trace.topk[side]
+        data[f"topk_{side}_tokens"] = _topk_text(trace, side, decode)
+        data[f"topk_{side}_probs"] = np.asarray(probs, dtype=np.float64).tolist() if n else []
+        data[f"topk_{side}_ids"] = np.asarray(ids).tolist() if n else []
+    return data
 
 
 def _record_header(traces: Sequence[Trace], fmt: str) -> dict[str, Any]:
