@@ -36,7 +36,7 @@ class _Kept:
         trace = self.traces.get(key)
         if trace is None:
             trace = store.get(key)
-            if self.limit > 0:
+            if self.size < self.limit:
                 n = trace_bytes(trace)
                 with self.lock:  # two threads may scan one sequence (a server's page and its first paint)
                     if key not in self.traces and self.size + n <= self.limit:
