@@ -12,9 +12,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from core.errors import StoreError
 from core.io.summary_index import Identity, SummaryIndex, identity
-from core.io.tracefile import KEY_RE, READ_ERRORS, read_trace_record, reason
+from core.io.tracefile import KEY_RE, READ_ERRORS, SUMMARY_COLUMNS, read_trace_record, reason
 from core.trace import SCHEMA_VERSION
 
 
@@ -106,3 +108,18 @@ def unreadable_files(index: SummaryIndex, files: Iterable[os.DirEntry[str]]) -> 
         if why is not None:
             out.append((Path(entry.path), why))
     return sorted(out)
+
+
+class Listing:
+    """One listing of a store: what it saw (the index file's identity, each file's name and identity), the
+    readable files' summary rows (oldest first), the damaged files, and the rows as a frame, made once."""
+
+    def __init__(self, seen: Any, rows: list[dict[str, Any]], bad: list[tuple[Path, str]]) -> None:
+        self.seen, self.rows, self.bad = seen, rows, bad
+        self._frame: pd.DataFrame | None = None
+
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame (SUMMARY_COLUMNS), a copy the caller may change."""
+        if self._frame is None:
+            self._frame = pd.DataFrame(self.rows, columns=list(SUMMARY_COLUMNS))
+        return self._frame.copy()

@@ -31,7 +31,7 @@ import pandas as pd
 from core.errors import InvalidInputError, StoreError, WriteError
 from core.io import branch_tree
 from core.io.atomic import clean_temp_files, fsync_dir, os_error_reason, write_atomic
-from core.io.listing import check_file, stat_files, summary_rows, unreadable_files
+from core.io.listing import Listing, check_file, stat_files, summary_rows, unreadable_files
 from core.io.summary_index import Identity, SummaryIndex, identity, index_line
 from core.io.tracefile import (  # noqa: F401  (re-exported: the store's public names)
     KEY_RE,
@@ -77,7 +77,7 @@ class TraceStore:
         self.index = SummaryIndex(self.index_path)
         self._warned: set[tuple[Path, str]] = set()
         self._held: tuple[str, Identity, Trace] | None = None  # decoded by `in`, handed out once by get()
-        self._listed: _Listing | None = None  # see _listing
+        self._listed: Listing | None = None  # see _listing
         self._lock = threading.Lock()
         self.n_written, self.last_written = 0, ""  # what this object stored (named when a later write fails)
         self.removed_temp_files: list[Path] = []
@@ -358,7 +358,7 @@ class TraceStore:
     def _check_file(self, key: str, path: Path, ident: Identity) -> tuple[dict[str, Any] | None, str | None]:
         return check_file(self.index, key, path, ident)
 
-    def _listing(self) -> _Listing:
+    def _listing(self) -> Listing:
         """`summary_rows` of every trace file. The last listing is kept and given again while the folder holds
         the same files with the same identities and the index file is unchanged: a listing then costs a stat per
         file, not an index lookup and a decode per file (the app lists the store several times per click). It
@@ -369,7 +369,7 @@ class TraceStore:
         with self._lock:  # another order for the same files only lists them again
             kept = self._listed
         if kept is None or kept.seen != seen:
-            kept = _Listing(seen, *summary_rows(self.index, files))
+            kept = Listing(seen, *summary_rows(self.index, files))
             with self._lock:
                 self._listed = kept
         return kept
@@ -442,21 +442,6 @@ class TraceStore:
         if not any(r["key"] == key for r in rows):
             raise StoreError(f"No readable trace with key {key!r} in {self.path}")
         return branch_tree.tree(rows, key)
-
-
-class _Listing:
-    """One listing of a store: what it saw (the index file's identity, each file's name and identity), the
-    readable files' summary rows (oldest first), the damaged files, and the rows as a frame, made once."""
-
-    def __init__(self, seen: Any, rows: list[dict[str, Any]], bad: list[tuple[Path, str]]) -> None:
-        self.seen, self.rows, self.bad = seen, rows, bad
-        self._frame: pd.DataFrame | None = None
-
-    def frame(self) -> pd.DataFrame:
-        """The rows as a DataFrame (SUMMARY_COLUMNS), a copy the caller may change."""
-        if self._frame is None:
-            self._frame = pd.DataFrame(self.rows, columns=list(SUMMARY_COLUMNS))
-        return self._frame.copy()
 
 
 def _stamp() -> str:
