@@ -154,7 +154,7 @@ def stored_traces(path: str, keys: tuple[str, ...]) -> StoredTraces:
     """The stored traces `keys` of the Dataset page's selection: read as used, the first `report_keep_gib` of them
     kept, for every table and tab of that selection (each scans them all) for up to 10 minutes; none go through
     `load_trace`'s cache (thousands would evict the open traces)."""
-    return StoredTraces(get_store(path), keys).keeping(int(settings.REPORT_KEEP_GIB * 2**30))
+    return StoredTraces(get_store(path), keys).keeping(settings.gib_bytes(settings.REPORT_KEEP_GIB))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

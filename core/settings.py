@@ -146,6 +146,11 @@ EFFECT_SAMPLES: int = SETTINGS["effect_samples"].value
 PAGE_TOKENS: int = SETTINGS["page_tokens"].value
 REPORT_KEEP_GIB: float = SETTINGS["report_keep_gib"].value
 
+
+def gib_bytes(gib: float) -> int:
+    """Bytes in `gib` GiB: the `*_gib` settings are in GiB, the memory bounds they set in bytes."""
+    return int(gib * (1 << 30))
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # The most characters one text (a prompt, a response, a typed continuation, a problem's field) may hold.
 MAX_TEXT_CHARS: int = 8 * 1024 * 1024

@@ -67,7 +67,7 @@ class CacheLRU:
         if self.max_bytes is not None:
             return int(self.max_bytes)
         if settings.HELD_CACHE_GIB is not None:
-            return int(settings.HELD_CACHE_GIB * (1 << 30))
+            return settings.gib_bytes(settings.HELD_CACHE_GIB)
         if device is not None and device.type == "cuda":
             return int(GPU_SHARE * torch.cuda.get_device_properties(device).total_memory)
         return CPU_MAX_BYTES

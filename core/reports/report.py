@@ -124,7 +124,7 @@ def _keeping(items: Sequence[Trace], keep_gib: float) -> Sequence[Trace]:
     """Stored traces that keep up to `keep_gib` GiB of what they read (a report scans them once per analysis)."""
     if not isinstance(items, StoredTraces):
         return items
-    return items.keeping(int(settings.SETTINGS["report_keep_gib"].check(keep_gib, "keep_gib") * 2**30))
+    return items.keeping(settings.gib_bytes(settings.SETTINGS["report_keep_gib"].check(keep_gib, "keep_gib")))
 
 
 def report_tables(
