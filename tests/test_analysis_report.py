@@ -206,3 +206,16 @@ def test_cli_analyze_reads_the_store_one_trace_at_a_time(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert counter.reads == 12 and counter.alive == 0, (counter.reads, counter.alive)
     assert (tmp_path / "out" / "report.html").exists()
+
+
+def test_decision_pairs_in_a_report_carry_the_text_of_every_choice(qwen_pair):
+    """A report has no pair loaded; the decision pairs read the tokenizer the traces record, so the rows where
+    the two models choose differently (the ones that matter) have both texts, not only the emitted token's."""
+    import core
+
+    traces = core.generate(qwen_pair, ["alpha beta", "gamma delta"], core.make_policy("base_only"), max_new_tokens=24)
+    table = R.report_tables(traces, only=["decision_pairs"])["decision_pairs"]
+    assert len(table) and (table["base_id"] != table["reason_id"]).any()
+    for side in ("base", "reason"):
+        expected = [qwen_pair.tokenizer.decode([i], clean_up_tokenization_spaces=False) for i in table[f"{side}_id"]]
+        assert table[f"{side}_text"].tolist() == expected

@@ -294,3 +294,24 @@ def test_stored_policy_table_from_graded_roots():
     assert set(table["policy"]) == {"base_only", "reason_only", "guided"}
     with pytest.raises(core.InvalidInputError, match="BaseOnly and ReasonOnly"):
         ev.stored_policy_table(traces[4:])
+
+
+def test_stored_recovery_compares_each_configuration_on_the_problems_it_shares_with_both_ends(caplog):
+    """Base runs on problems no other policy ran (c, d: both wrong) must not move a recovery: over all four
+    the base would score 0.25 and guided's recovery read (0.5 - 0.25) / (1 - 0.25) = 1/3 instead of 0."""
+    from fakes import make_trace
+
+    def trace(name, problem, correct):
+        return make_trace(6, seed=len(problem), meta={"policy": {"name": name, "params": {}}, "correct": correct,
+                                                      "problem": {"id": problem, "prompt": "p"}})
+
+    traces = [trace("base_only", "a", False), trace("base_only", "b", True), trace("base_only", "c", False),
+              trace("base_only", "d", False), trace("reason_only", "a", True), trace("reason_only", "b", True),
+              trace("guided", "a", True), trace("guided", "b", False), trace("early_only", "e", True)]
+    with caplog.at_level("WARNING"):
+        table = ev.stored_policy_table(traces).set_index("name")
+    assert "early_only" in caplog.text and "early_only" not in table.index
+    assert table.loc["guided", "recovery"] == pytest.approx(0.0) and table.loc["guided", "problems"] == 2
+    assert table.loc["base_only", "accuracy"] == 0.5 and table.loc["base_only", "problems"] == 2
+    with pytest.raises(core.InvalidInputError, match="share none"):
+        ev.stored_policy_table([trace("base_only", "a", True), trace("reason_only", "b", True)])

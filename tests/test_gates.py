@@ -108,6 +108,23 @@ def test_equal_rho_calibration_hits_the_target_on_held_out_rollouts(rollouts, na
     run = generate_many(pair, prompts[48:], policy, max_new_tokens=40, temperature=1.0, seed=2, batch_size=16)
     realised = sum(t.n_takeovers for t in run) / sum(len(t) for t in run)
     assert realised == pytest.approx(target, rel=0.35)
+    assert policy.fit == {"rho": target, "rollouts": 48} and run[0].meta["calibration"] == policy.fit
+
+
+def test_a_calibrated_gate_records_its_ratio_in_every_trace_and_keeps_the_keys_of_its_thresholds(rollouts) -> None:
+    """DESIGN: r and W are recorded in every trace. They go to meta["calibration"], not into the request, so
+    a trace keyed by the gate's thresholds is the same trace whether they were calibrated or typed."""
+    from core.decoding import generate_many
+    from core.decoding.calibration import build_policy
+
+    pair, prompts, _ = rollouts
+    policy = build_policy(pair, "guided", {"window": 8}, calibrate_on=prompts[:6], ratio=0.2, max_new_tokens=16)
+    assert policy.fit == {"ratio": 0.2, "window": 8, "problems": 6}
+    by_hand = core.make_policy("guided", tau=policy.tau, lam=policy.lam, window=8)
+    assert by_hand.fit is None
+    made, typed = (generate_many(pair, prompts[90:92], p, max_new_tokens=8) for p in (policy, by_hand))
+    assert [t.meta["calibration"] for t in made] == [policy.fit] * 2 and "calibration" not in typed[0].meta
+    assert [t.key for t in made] == [t.key for t in typed]
 
 
 # -- the learned router -----------------------------------------------------------------------------------

@@ -170,8 +170,10 @@ def test_make_policy_takes_a_calibrated_gate() -> None:
     (lambda: make_policy("guided"), ["gate=", "calibrate"]),
     (lambda: make_policy("guided", gate=Gate(1, 1, 4), tau=2.0), ["either gate= or tau/lam/window"]),
     (lambda: make_policy("base_only", gate=Gate(1, 1, 4)), ["takes no gate", "guided"]),
-    (lambda: make_policy("guided", tau=1.0, score="delta_logp"), ["delta_logp", *GATE_SCORES]),
-    (lambda: make_policy("guided", tau=1.0, budget=True), ["budget", "True"]),
+    (lambda: make_policy("guided", tau=1.0, lam=1.0, score="delta_logp"), ["delta_logp", *GATE_SCORES]),
+    (lambda: make_policy("guided", tau=1.0, lam=1.0, budget=True), ["budget", "True"]),
+    (lambda: make_policy("guided", tau=1.0), ["go together", "only tau"]),  # lam would silently be 1.0
+    (lambda: make_policy("guided", lam=2.0, window=8), ["go together", "only lam"]),
     (lambda: policy_from_record({"params": {}}), ["None", "guided"]),
 ])
 def test_bad_input_names_the_value_and_the_choices(call, words) -> None:

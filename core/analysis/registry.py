@@ -20,8 +20,17 @@ from core.errors import InvalidInputError
 from core.evaluation.harness import stored_policy_table
 from core.scoring.registry import DEFAULT_SCORE
 from core.trace import Trace
+from core.views.exports import token_decoder
 
 Tables = dict[str, pd.DataFrame]
+
+
+def _decision_pairs(traces: Sequence[Trace], score: str, top: float, segment: str | None) -> pd.DataFrame:
+    """`decision_pairs` with every choice's text, from the tokenizer the traces record when it loads offline
+    (without one, only a choice equal to the emitted token has a text: the disagreements would have none)."""
+    decode = token_decoder(traces)
+    return A.decision_pairs(traces, None if decode is None else lambda ids: decode(ids[0]), score=score, top=top,
+                            segment=segment)
 
 
 @dataclass(frozen=True)
@@ -72,8 +81,7 @@ ANALYSES: dict[str, Analysis] = {a.name: a for a in [
              lambda t, s, p, g: {"rank_shift": rank_shift.at_positions(t, score=s, top=p),
                                  "rank_shift_per_trace": rank_shift.per_trace_table(t)}, None, (), "rank_shift"),
     Analysis("decision_pairs", "Decision pairs", "The base's and the reasoner's choice at the top positions.",
-             lambda t, s, p, g: {"decision_pairs": A.decision_pairs(t, score=s, top=p, segment=g)},
-             None, (), "decision_pairs"),
+             lambda t, s, p, g: {"decision_pairs": _decision_pairs(t, s, p, g)}, None, (), "decision_pairs"),
 ]}  # fmt: skip
 
 

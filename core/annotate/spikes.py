@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import overload
 
 import numpy as np
@@ -35,6 +35,7 @@ class Gate:
     tau: float  # absolute threshold: the (1 - r) quantile of calibration scores
     lam: float  # relative threshold: E[s | s > tau] / E[s] on the calibration scores
     window: int  # W, how many previous scores the running mean looks at (current excluded)
+    ratio: float | None = field(default=None, compare=False)  # r it was calibrated at (None: set by hand)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.tau) and math.isfinite(self.lam)):
@@ -46,8 +47,8 @@ class Gate:
         object.__setattr__(self, "lam", float(self.lam))
 
     def to_dict(self) -> dict[str, float | int]:
-        """Plain-JSON form, as recorded in a trace's spike rule or policy params."""
-        return asdict(self)
+        """Plain-JSON form, as recorded in a trace's spike rule or policy params (the thresholds, not `ratio`)."""
+        return {"tau": self.tau, "lam": self.lam, "window": self.window}
 
 
 # -- the gate -----------------------------------------------------------------------------------
@@ -132,7 +133,7 @@ def calibrate_gate(scores_list: list[np.ndarray], ratio: float, window: int) -> 
         raise InvalidInputError(f"mean calibration score is {mean:.4g}; lam = E[s|s>tau]/E[s] needs a positive mean")
     tau, lam = gate_value(tau), gate_value(float(above.mean() / mean))
     log.info("calibrated gate on %d scores: ratio=%g window=%d -> tau=%.4g lam=%.4g", pooled.size, ratio, window, tau, lam)
-    return Gate(tau=tau, lam=lam, window=window)
+    return Gate(tau=tau, lam=lam, window=window, ratio=float(ratio))
 
 
 # -- top-p% -------------------------------------------------------------------------------------

@@ -153,7 +153,7 @@ def policy_kwargs(policy_name: str, values: dict[str, Any]) -> dict[str, Any]:
     for name in policy_params():
         if name not in takes and name not in settings.SETTINGS and \
                 ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
-            flags = ", ".join("--" + n.replace("_", "-") for n in sorted(takes - {"tau", "lam", "window"})) or "none"
+            flags = ", ".join("--" + n.replace("_", "-") for n in sorted(takes)) or "none"
             raise click.UsageError(f"--{name.replace('_', '-')} does not apply to --policy {policy_name} "
                                    f"(its options: {flags})")
     return {n: values[n] for n in takes if n in values and values[n] is not None}

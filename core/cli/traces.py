@@ -30,7 +30,7 @@ from core.cli.common import (
     settings_options,
     store_option,
 )
-from core.errors import ForkpointError
+from core.errors import ForkpointError, InvalidInputError
 from core.scoring.registry import GATE_SCORES, score_values
 from core.settings import check_text
 
@@ -102,13 +102,15 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
         first_token_advice,
         first_token_takeover_share,
     )
-    from core.decoding.policies import policy_spec
+    from core.decoding.policies import explicit_gate, policy_spec
     from core.evaluation.grading import grade_trace
 
 
     params = policy_kwargs(policy_name, {**opts, "seed": seed})
-    if "lam" in params and "tau" not in params:
-        raise click.UsageError("--lam needs --tau (give both, or neither to calibrate the gate on the problems)")
+    try:
+        explicit = explicit_gate(params)
+    except InvalidInputError as err:
+        raise click.UsageError(str(err)) from None
     if prompt is not None:
         if not prompt.strip():
             raise click.BadParameter("is empty: give the problem text (or leave --prompt out to use a problem set)",
@@ -124,7 +126,7 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     calibration: list[Any] = []
     if rho is not None and policy_spec(policy_name).cls.knob is None:
         raise click.BadParameter(f"policy {policy_name} has no knob to calibrate", param_hint="--rho")
-    calibrating = rho is not None or (policy_spec(policy_name).needs_gate and "tau" not in params)
+    calibrating = rho is not None or (policy_spec(policy_name).needs_gate and not explicit)
     if calibrating:
         calibration, problems = _calibration_split(calibrate_on, problems, problems_path, prompt,
                                                    calibration_problems)
@@ -199,7 +201,8 @@ def _calibration_split(calibrate_on: str | None, problems: list[Any], problems_p
 @pair_options
 @store_option
 @click.option("--problems", "problems_path", type=click.Path(exists=True, dir_okay=False),
-              help="JSONL/CSV problem set (default: the demo test set).")
+              help="JSONL/CSV problem set (default: the demo calibration set, held out from the demo test set "
+                   "that `generate` and `eval` use).")
 @setting_option("calibration_problems", dest="limit", help="Use the first N problems.")
 @settings_options("ratio", "window")
 @setting_option("score", dest="score_name", type=click.Choice(GATE_SCORES))
@@ -211,10 +214,11 @@ def calibrate(store_path: str | None, problems_path: str | None, limit: int, rat
               ray_address: str | None, **opts: Any) -> None:
     """Fit the Guided gate (tau, lam) on base rollouts; prints it as JSON."""
     from core.decoding import calibrate as run_calibrate
+    from core.demo.pair import demo_problems
 
 
     check_output(open_store(store_path).path, "--store", folder=True)
-    problems = read_problems(problems_path, limit)
+    problems = read_problems(problems_path, limit) if problems_path else demo_problems("calib", limit=limit)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
     bar = Bar("calibrate", unit="trace")

@@ -25,6 +25,7 @@ from core.decoding.policies import (
     Guided,
     Policy,
     RandomPositions,
+    explicit_gate,
     list_policies,
     make_policy,
     policy_spec,
@@ -240,9 +241,12 @@ def build_policy(pair: ModelPair | None, name: str, params: dict[str, Any] | Non
             rollouts = generate_many(pair, list(calibrate_on), BaseOnly(), batch_size=batch_size,
                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                      store=store, progress=progress, executor=executor)
-        return make_policy(name, **equal_rho(name, list(rollouts), rho, params=params, pair=pair,
-                                             max_new_tokens=max_new_tokens))
-    if not spec.needs_gate or "tau" in params:
+        rollouts = list(rollouts)
+        policy = make_policy(name, **equal_rho(name, rollouts, rho, params=params, pair=pair,
+                                               max_new_tokens=max_new_tokens))
+        policy.fit = {"rho": float(rho), "rollouts": len(rollouts)}
+        return policy
+    if not spec.needs_gate or explicit_gate(params):
         return make_policy(name, **params)
     if pair is None or not len(calibrate_on):
         raise InvalidInputError(f"{spec.label} needs problems to calibrate its gate on (or explicit tau/lam/window)")
@@ -251,7 +255,9 @@ def build_policy(pair: ModelPair | None, name: str, params: dict[str, Any] | Non
     gate = calibrate(pair, list(calibrate_on), ratio=ratio, window=window, score=str(params.get("score", settings.SCORE)),
                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                      batch_size=batch_size, store=store, progress=progress, executor=executor)
-    return make_policy(name, gate=gate, **{k: v for k, v in params.items() if k not in from_gate})
+    policy = make_policy(name, gate=gate, **{k: v for k, v in params.items() if k not in from_gate})
+    policy.fit = {**(policy.fit or {}), "problems": len(calibrate_on)}
+    return policy
 
 
 def has_thinking_mode(tokenizer: Any) -> bool:

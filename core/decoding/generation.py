@@ -39,6 +39,8 @@ def make_rows(pair: ModelPair, problems: list[Any], samples: int, policy: Policy
                             sampling=sampling.record(s), k=k, **(extra_request or {}))
             meta = make_meta(pair, kind=kind, request=asked, problem=rec, policy=policy.record(),
                              sampling=sampling.record(s))
+            if policy.fit:
+                meta["calibration"] = dict(policy.fit)
             if room < sampling.max_new_tokens:
                 meta["context_limit"] = {"max_response_tokens": room}
             rows.append(Row(rec, prompt_ids, meta, row_seed(sampling, s),

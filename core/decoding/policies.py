@@ -14,7 +14,7 @@ RouterGate) in `lazy_gates.py`. Their names are importable from here too.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -276,10 +276,26 @@ def make_policy(name: str, *, gate: Gate | None = None, **params: Any) -> Policy
         if set(gated) & set(params):
             raise InvalidInputError(f"Give either gate= or {'/'.join(gated)}, not both")
         params.update({p: getattr(gate, p) for p in gated})
-    elif spec.needs_gate and "tau" not in params:
+    elif spec.needs_gate and not explicit_gate(params):
         raise InvalidInputError(f"Policy {name!r} needs a calibrated gate: make_policy({name!r}, gate="
                                 f"calibrate(pair, problems, ratio=..., window=...)) or explicit tau/lam/window")
-    return spec.cls(**{k: spec.param(k).check(v, name) for k, v in params.items()})
+    policy = spec.cls(**{k: spec.param(k).check(v, name) for k, v in params.items()})
+    if gate is not None and gate.ratio is not None:
+        policy.fit = {"ratio": gate.ratio, "window": gate.window}
+    return policy
+
+
+GATE_THRESHOLDS = ("tau", "lam")  # a calibrated Gate's two thresholds (its window has a default)
+
+
+def explicit_gate(params: Mapping[str, Any]) -> bool:
+    """Whether `params` set a gate policy's thresholds by hand; one without the other is refused (the missing one
+    would silently take its declared default, not a calibrated value)."""
+    given = [name for name in GATE_THRESHOLDS if name in params]
+    if len(given) == 1:
+        raise InvalidInputError(f"tau and lam (--tau, --lam) go together: give both, or neither to calibrate the "
+                                f"gate on problems; only {given[0]} was given")
+    return bool(given)
 
 
 def gate_policies() -> list[str]:

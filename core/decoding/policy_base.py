@@ -71,6 +71,9 @@ class Policy:
     # whether the gate fires where `signal` is above it (False: below). None: not a gate with a knob.
     knob: ClassVar[str | None] = None
     fires_below: ClassVar[bool] = False
+    # How a calibration set this policy's thresholds ({"ratio": r, "window": W, "problems": n} or {"rho": ρ, ...}),
+    # kept per instance and written to each trace's meta["calibration"]; not a parameter, so not in its key.
+    fit: ClassVar[dict[str, Any] | None] = None
     score: str = DEFAULT_SCORE
 
     def __post_init__(self) -> None:

@@ -218,7 +218,10 @@ def policy_config_label(policy: dict | None) -> str:
 def stored_policy_table(traces: Iterable[Any]) -> pd.DataFrame:
     """Accuracy, realised ρ and recovery (k = 1) per policy configuration of stored, graded root traces
     (branches left out), against the BaseOnly and ReasonOnly traces among them; "name" is the configuration
-    (`policy_config_label`), "policy" its registry name. InvalidInputError when either end is missing."""
+    (`policy_config_label`), "policy" its registry name. Every row is over the problems that configuration
+    shares with both ends ("problems" counts them; the ends' rows over the problems they share), so a recovery
+    never compares runs on different problems; a configuration that shares none is left out with a warning.
+    InvalidInputError when either end is missing."""
     rows = []
     for t in traces:
         if t.meta.get("correct") is None or t.meta.get("parent"):
@@ -227,10 +230,28 @@ def stored_policy_table(traces: Iterable[Any]) -> pd.DataFrame:
                      "index": str((t.meta.get("problem") or {}).get("id")), "correct": bool(t.meta["correct"]),
                      "tokens": len(t), "taken": t.n_takeovers, "answer_rule": answer_rule_of(t.meta)})
     records = pd.DataFrame(rows)
-    if records.empty or not {"base_only", "reason_only"} <= set(records["policy"]):
+    ends = ("base_only", "reason_only")
+    if records.empty or not set(ends) <= set(records["policy"]):
         raise InvalidInputError("Recovery needs graded BaseOnly and ReasonOnly traces (generate both: the app's "
                                 "Generate page or `forkpoint generate`), plus the policies to compare")
-    frame = policy_table(records, k=1, base="base_only", reference="reason_only")
+    problems = records.groupby("policy", sort=False)["index"].agg(set)
+    both_ends = problems[ends[0]] & problems[ends[1]]
+    if not both_ends:
+        raise InvalidInputError("Recovery needs BaseOnly and ReasonOnly traces of the same problems; the stored ones "
+                                "share none")
+    parts, unpaired = [], []
+    for label, own in problems.items():
+        shared = both_ends if label in ends else own & both_ends
+        if not shared:
+            unpaired.append(label)
+            continue
+        paired = records[records["index"].isin(shared) & records["policy"].isin((label, *ends))]
+        table = policy_table(paired, k=1, base=ends[0], reference=ends[1])
+        parts.append(table[table["policy"] == label])
+    if unpaired:
+        log.warning("recovery leaves out %s: no problem of theirs has both a BaseOnly and a ReasonOnly trace",
+                    ", ".join(unpaired))
+    frame = pd.concat(parts, ignore_index=True)
     frame["name"] = frame["policy"]
     frame["policy"] = frame["policy"].str.split(" ", n=1).str[0]
     return frame

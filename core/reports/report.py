@@ -177,18 +177,19 @@ ALL_BENCHMARKS = "all"  # the `benchmark` of analyses pooled over every benchmar
 
 
 def benchmark_tables(groups: dict[str, Sequence[Trace]], outdir: str | None = None, score: str = DEFAULT_SCORE,
-                     top: float = settings.SPIKE_TOP, keep_gib: float = settings.REPORT_KEEP_GIB
-                     ) -> dict[str, pd.DataFrame]:
+                     top: float = settings.SPIKE_TOP, keep_gib: float = settings.REPORT_KEEP_GIB,
+                     only: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
     """`report_tables` per benchmark ({benchmark: traces}) and, with several, pooled over all of them
     (benchmark "all"): every table gains a leading `benchmark` column, plus "position_summary" (benchmark,
-    n, median_u, peak_u of the top-`top` tokens). Written as `<outdir>/<name>.csv` when `outdir` is given."""
+    n, median_u, peak_u of the top-`top` tokens). Written as `<outdir>/<name>.csv` when `outdir` is given.
+    `only`: these analyses' names."""
     runs = {name: as_list(ts) for name, ts in groups.items() if len(ts)}
     if len(runs) > 1:
         runs[ALL_BENCHMARKS] = pooled(list(runs.values()))
     parts: dict[str, list[pd.DataFrame]] = {}
     summary = []
     for bench, items in runs.items():
-        for name, df in report_tables(items, None, score=score, top=top, keep_gib=keep_gib).items():
+        for name, df in report_tables(items, None, score=score, top=top, only=only, keep_gib=keep_gib).items():
             parts.setdefault(name, []).append(df.assign(benchmark=bench)[["benchmark", *df.columns]])
             if name == "position_density":
                 summary.append({"benchmark": bench, "n": df.attrs.get("n", 0), "median_u": df.attrs.get("median_u"),

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from core import settings
+from core.analysis.registry import list_analyses
 from core.analysis.tables import enrichment, first_token_artifact_share
 from core.decoding.calibration import first_token_advice
 from core.errors import InvalidInputError
@@ -162,7 +163,9 @@ def write_reproduction(out: Path, sweep: pd.DataFrame, keep: Mapping[str, list[A
     base_traces = keep.get("base", [])  # StoredTraces with a store: read one at a time, never all at once
     guided = pooled([ts for label, ts in keep.items() if label.startswith("r=")])
     by_bench = split_by_benchmark(base_traces, benches)
-    analyses = benchmark_tables(by_bench, str(out / "analysis"), score=score)
+    # the base rollouts hold no ReasonOnly traces: the run's recovery is its policy table, not that analysis
+    only = [spec.name for spec in list_analyses() if spec.name != "recovery"]
+    analyses = benchmark_tables(by_bench, str(out / "analysis"), score=score, only=only)
     try:
         analyses["enrichment"] = enrichment_by_benchmark(by_bench, guided, benches, score)
         write_csv(analyses["enrichment"], out / "analysis" / "enrichment.csv")

@@ -59,11 +59,11 @@ def tag_column(trace: Trace) -> list[str]:
 def token_decoder(traces: Sequence[Trace]) -> TokenDecoder | None:
     """Token-id -> text through the tokenizer the traces record (local files only, no download, no remote
     code); None when it cannot be loaded or the traces come from different pairs."""
-    ids = {str(((t.meta.get("pair") or {}).get("base") or {}).get("id") or "") for t in traces}
+    bases = [(t.meta.get("pair") or {}).get("base") or {} for t in traces]  # one read of each trace
+    ids = {str(base.get("id") or "") for base in bases}
     if len(ids) != 1 or not next(iter(ids)):
         return None
-    model_id = next(iter(ids))
-    revision = ((traces[0].meta.get("pair") or {}).get("base") or {}).get("revision")
+    model_id, revision = next(iter(ids)), bases[0].get("revision")
     try:
         decode_ids = _fast_decoder(model_id, revision) or _auto_decoder(model_id)
     except Exception as exc:  # noqa: BLE001 - any loading failure means "no token strings", never a crash
