@@ -7,6 +7,8 @@ and by counting backbone calls (a switch at p re-reads none of the prefix).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -171,6 +173,18 @@ def test_bad_then_and_positions_are_clear_errors(pair, guided) -> None:
         core.takeover(pair, guided, {1: "reason"}, then="someone")
     with pytest.raises(InvalidInputError, match="outside the trace"):
         core.takeover(pair, guided, {len(guided) + 1: "reason"})
+
+
+def test_a_response_that_ended_takes_no_switch_past_its_end(pair, guided) -> None:
+    """At len(trace) a switch continues a response that was cut short; after an end-of-sequence token it would
+    write past the end (a second answer glued on)."""
+    n = len(guided)
+    cut = core.takeover(pair, guided, {n: "reason"}, max_new_tokens=n + 3)  # cut short: it may go on
+    assert len(cut) > n and list(cut.token_ids[:n]) == list(guided.token_ids)
+    ended = dataclasses.replace(pair, eos_ids=frozenset({int(guided.token_ids[-1])}))
+    with pytest.raises(InvalidInputError, match=rf"outside the trace \(0..{n - 1}\): the response ended"):
+        core.takeover(ended, guided, {n: "reason"})
+    assert core.takeover(ended, guided, {n - 1: "reason"}).key  # the end itself can still be replaced
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

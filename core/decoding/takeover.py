@@ -144,14 +144,17 @@ def resolve_then(trace: Trace, then: str | Policy) -> Policy:
 
 
 def check_child(pair: ModelPair, trace: Trace, first: int, *, inside: bool = False) -> None:
-    """A child of `trace` can be made with `pair` from position `first` (0..len(trace); with `inside`, a
-    position of a token: 0..len(trace) - 1)."""
+    """A child of `trace` can be made with `pair` from position `first`: a token's position, or len(trace) to
+    continue a response that was cut short (one that ended with an end-of-sequence token has nothing after it)."""
     if (trace.meta.get("request") or {}).get("pair") not in (None, pair.fingerprint()):
         raise PairMismatchError("This trace was made with a different model pair or prompt formats; "
                                 "load the pair it records in meta['pair'] to switch its takeovers")
-    last = len(trace) - 1 if inside else len(trace)
+    ended = len(trace) > 0 and int(trace.token_ids[-1]) in pair.eos_ids
+    last = len(trace) - 1 if inside or ended else len(trace)
     if not isinstance(first, (int, np.integer)) or isinstance(first, bool) or not 0 <= first <= last:
-        raise InvalidInputError(f"Switch position {first!r} is outside the trace (0..{last})")
+        why = (f": the response ended with an end-of-sequence token at {last}, nothing follows it (a switch at {last} "
+               "replaces the end)" if ended and first == len(trace) else "")
+        raise InvalidInputError(f"Switch position {first!r} is outside the trace (0..{last}){why}")
 
 
 def child_sampling(trace: Trace, *, max_new_tokens: int | None = None, temperature: float | None = None,
