@@ -152,6 +152,9 @@ def gib_bytes(gib: float) -> int:
     return int(gib * (1 << 30))
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Every bidirectional formatting character (marks, embeddings, overrides, isolates): in shown text they reorder
+# what follows them, so the terminal and the token view show them as escapes (regex class body).
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 # The most characters one text (a prompt, a response, a typed continuation, a problem's field) may hold.
 MAX_TEXT_CHARS: int = 8 * 1024 * 1024
 

@@ -433,6 +433,22 @@ def test_a_typed_branch_is_named_by_all_its_forced_tokens():
     assert branch_token_text(typed) == "forced ' c d e' (3 tokens)"
 
 
+def test_typed_text_split_over_byte_level_tokens_is_named_whole():
+    """Typed '🙂!' is three byte-level tokens; decoded one by one the first two are replacement characters, so an
+    edge label read "✎ #2 '��!'": the run is named by its display strings ('' then '🙂' then '!')."""
+    import dataclasses
+
+    from core.views.presentation import switch_text
+
+    trace = make_trace(text="a b c d e f", seed=1, reason_share=0.0)
+    tokens = list(trace.tokens)
+    tokens[2:5] = ["", "🙂", "!"]
+    typed = dataclasses.replace(trace, tokens=tokens, meta={**trace.meta, "parent": "x", "switched": [
+        {"pos": p, "to": "forced"} for p in (2, 3, 4)]})
+    assert switch_text(typed, lambda i: "\ufffd") == "✎ #2 '🙂!'"
+    assert switch_text(typed, lambda i: "X") == "✎ #2 '🙂!'"
+
+
 def test_the_default_length_is_what_the_pair_allows(qwen_pair, monkeypatch):
     """Issue 22.11: without --max-new-tokens the app asks for settings.MAX_NEW_TOKENS capped to the pair's
     context (the demo pair's 192 tokens), so its first views stop warning that 256 exceeds the context."""

@@ -133,6 +133,18 @@ def test_one_span_per_token_in_order_with_escaped_text():
     assert "<br>" in out and "↵" in out
 
 
+def test_bidirectional_controls_show_as_code_points_and_reorder_nothing():
+    """A right-to-left override (U+202E) in one token mirrored every token after it in the app and the HTML
+    export: each bidirectional control shows as its code point, and the other text is as it was."""
+    text = "ab \u202ecd\u2066 e\u200ff"
+    trace = make_trace(text=text, seed=3)
+    out = tokens_html(trace, decode=fake_decode)
+    assert not any(c in out for c in "\u202e\u2066\u200f")
+    shown = "".join(s["text"] for s in parse(out).spans)
+    assert shown == "ab U+202Ecd" + "U+2066 eU+200Ff"
+    assert out.count('class="ctl"') == 3
+
+
 def test_markers_match_annotations():
     trace = make_trace(60, seed=7, annotate=True)
     spans = parse(tokens_html(trace, selected=5)).spans

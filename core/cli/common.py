@@ -34,7 +34,7 @@ from core.pair.formats import PromptFormat, format_spec
 # What stored or imported text may not send to a terminal: C0 controls but tab and newline (ESC starts CSI and
 # OSC sequences, BEL ends OSC, CR rewrites the line), DEL and C1 controls, bidirectional overrides (they reorder
 # what is shown) and lone surrogates (they cannot be printed at all).
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_UNSAFE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{settings.BIDI_CONTROLS}\ud800-\udfff]")
 
 
 def terminal_text(text: Any) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from core import settings
 from core.annotate.rank_shift import colours as rank_shift_colours
 from core.errors import InvalidInputError
 from core.scoring.registry import DEFAULT_SCORE, score_values
@@ -68,6 +69,7 @@ HEATMAP_CSS = """
 .fp-heatmap .tok.note.bm::after { content: "🔖"; }
 .fp-heatmap .tok.fx { border-top: 4px solid var(--fx); }
 .fp-heatmap .nl { color: #9ca3af; }
+.fp-heatmap .ctl { font-size: 0.65em; color: #6b7280; border: 1px dotted #9ca3af; border-radius: 2px; }
 .fp-heatmap .seg { border-left: 4px solid #9ca3af; padding: 2px 0 6px 8px; margin: 6px 0; }
 .fp-heatmap .seg-think { border-left-color: #a78bfa; background: #faf5ff; }
 .fp-heatmap .seg-answer { border-left-color: #34d399; background: #f0fdf4; }
@@ -124,9 +126,15 @@ def _visible(text: str) -> str:
     return text.replace("\r", "␍").replace("\n", "↵").replace("\t", "⇥")
 
 
+_BIDI = re.compile(f"[{settings.BIDI_CONTROLS}]")
+
+
 def _token_html(text: str) -> str:
-    """Escaped token text with newlines shown as ↵ and a line break."""
+    """Escaped token text with newlines shown as ↵ and a line break, and bidirectional controls as their code
+    points (an override typed or generated in one token would mirror every token after it)."""
     out = html.escape(text.replace("\r\n", "\n"), quote=True)
+    if _BIDI.search(out):
+        out = _BIDI.sub(lambda m: f'<span class="ctl">U+{ord(m.group()):04X}</span>', out)
     return out.replace("\n", '<span class="nl">↵</span><br>') if "\n" in out else out
 
 

@@ -257,8 +257,12 @@ def switch_text(trace: Trace, decode: Callable[[int], str] | None = None) -> str
 
 
 def _text_of(trace: Trace, positions: list[int], decode: Callable[[int], str] | None) -> str:
-    return "".join(decode(int(trace.token_ids[p])) if decode is not None else trace.tokens[p]
-                   for p in positions if p < len(trace))
+    """The text of the tokens at `positions`: one token through `decode`, a run as its display strings joined
+    (a character split over byte-level tokens decodes, token by token, to replacement characters)."""
+    kept = [p for p in positions if p < len(trace)]
+    if decode is not None and len(kept) == 1:
+        return decode(int(trace.token_ids[kept[0]]))
+    return "".join(trace.tokens[p] for p in kept)
 
 
 def branch_token_text(trace: Trace, decode: Callable[[int], str] | None = None) -> str:
