@@ -71,6 +71,12 @@ def test_missing_path_is_a_clear_error(tmp_path) -> None:
     assert "\n" not in message and "Traceback" not in message
 
 
+def test_a_source_the_file_system_refuses_is_a_clear_error(tiny_dirs) -> None:
+    """A 5,000-character line pasted as a reasoner (the app's Compare page) raised a bare OSError (name too long)."""
+    with pytest.raises(core.ModelLoadError, match="5000 characters.*neither a hub id nor a usable path"):
+        core.load_pair(str(tiny_dirs["qwen_base"]), "a" * 5000, device="cpu")
+
+
 def test_an_older_transformers_is_refused_with_the_fix(monkeypatch, tiny_dirs) -> None:
     """transformers before 5.24 ignores the decoder's `cache` argument (a GPU run under 5.17 failed deep inside a
     forward): loading says which release is needed, and the bound is the one pyproject.toml declares."""

@@ -166,9 +166,19 @@ def _split_gguf(source: str) -> tuple[str, str | None]:
     return source, None
 
 
+def _exists(source: str) -> bool:
+    """Whether `source` names something on disk; a name the file system refuses (too long, a NUL) is a clear error."""
+    try:
+        return Path(source).expanduser().exists()
+    except (OSError, ValueError) as err:
+        shown = source if len(source) <= 80 else source[:79] + "…"
+        raise ModelLoadError(f"Model source {shown!r} ({len(source)} characters) is neither a hub id nor a usable "
+                             f"path: {getattr(err, 'strerror', None) or err}") from None
+
+
 def _looks_local(source: str) -> bool:
     """A filesystem path rather than a hub id ("org/name" has one slash and no leading ./ or /)."""
-    return Path(source).expanduser().exists() or source.startswith((".", "/", "~")) or source.count("/") > 1
+    return _exists(source) or source.startswith((".", "/", "~")) or source.count("/") > 1
 
 
 def _check_gguf_deps(source: str) -> None:
@@ -186,7 +196,7 @@ def _where(source: str) -> tuple[str, str | None, bool]:
     refusing a local path that does not exist before anything loads."""
     repo, gguf_file = _split_gguf(str(source))
     local = _looks_local(str(source))
-    if local and not Path(source).expanduser().exists():
+    if local and not _exists(str(source)):
         raise ModelLoadError(f"Model path {source!r} does not exist")
     if gguf_file:
         _check_gguf_deps(str(source))
