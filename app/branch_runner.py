@@ -76,8 +76,17 @@ def _run_fan(ctx: Context, job: dict, box, progress) -> bool:
         return False
     ss["pending"] = None
     ss["compare"] = None
-    ss[COLS_KEY] = {"parent": parent.key, "keys": list(dict.fromkeys(k.key for k in kids if k.key != parent.key))}
+    keys = list(dict.fromkeys(k.key for k in kids if k.key != parent.key))
     ss["sel_pos"] = job["pos"]
-    state.notice("success", f"{len(kids)} alternatives from token #{job['pos']} stored: side by side below the text "
-                            "and as siblings in the branch graph.")
+    if not keys:
+        state.notice("info", f"All {job['n']} samples from token #{job['pos']} wrote the open trace's own tokens at "
+                             f"temperature {job['temperature']:g}: nothing new was stored. Try a higher temperature, "
+                             "or a token where the reasoner writes something else (n / p walk them).")
+        return True
+    ss[COLS_KEY] = {"parent": parent.key, "keys": keys}
+    same = job["n"] - len(keys)
+    state.notice("success", f"{len(keys)} alternatives from token #{job['pos']} stored: side by side below the text "
+                            "and as siblings in the branch graph."
+                            + (f" {same} of the {job['n']} samples repeated the open trace or another sample." if same
+                               else ""))
     return True

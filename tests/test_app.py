@@ -1005,6 +1005,23 @@ def test_a_fan_of_alternatives_is_stored_and_sits_side_by_side(env):
     assert any("2 alternatives from token #2" in t for t in _texts(at.success))
 
 
+def test_a_fan_whose_samples_all_repeat_the_trace_says_so(env, monkeypatch):
+    """Every sample redrew the open trace (run_fan leaves those out): the page said "0 alternatives ... stored:
+    side by side below the text" in green, and nothing was there."""
+    from app import actions
+    from app.branch_panels import COLS_KEY
+
+    at = env.open()
+    _branch_from(at, 2)
+    monkeypatch.setattr(actions, "run_fan", lambda *a, **k: [])
+    at.number_input(key="fan_n").set_value(2).run()
+    at.button(key="fan_go").click().run()
+    _ok(at)
+    assert not any("alternatives from token" in t for t in _texts(at.success))
+    assert any("All 2 samples from token #2 wrote the open trace's own tokens" in t for t in _texts(at.info))
+    assert not at.session_state[COLS_KEY] if COLS_KEY in at.session_state else True
+
+
 def test_typed_text_continues_from_the_token_and_opens_the_new_trace(env):
     """Edit and continue through the fragment's rerun path (the browser test drives the live route): the typed
     text replaces the response from the token on, the model continues, and the child is the open trace."""
