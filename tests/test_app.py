@@ -273,6 +273,25 @@ def test_generate_page_runs_a_policy_and_stores_graded_traces(env):
     assert gated["correct"].notna().all()
 
 
+def test_generate_says_what_the_gate_calibration_stored(env):
+    """A Guided run calibrates on base rollouts of held-out problems and stores them (the next calibration reuses
+    them): the store grew by 32 traces for 8 asked, and the page only spoke of the 8."""
+    at = env.open()
+    at.switch_page("screens/generate.py").run()
+    before = set(TraceStore(env.store).keys())
+    at.radio(key="gen_mode").set_value("first N").run()
+    at.number_input(key="gen_n").set_value(1).run()
+    at.selectbox(key="gen_policy").set_value("guided").run()
+    at.button(key="gen_run").click().run()
+    _ok(at)
+    new = set(TraceStore(env.store).keys()) - before
+    rows = TraceStore(env.store).summaries().set_index("key").loc[sorted(new)]
+    calibration = int((rows["policy"] == "base_only").sum())
+    assert calibration >= 1 and len(new) == calibration + 1
+    assert any("1 trace(s) stored" in t and f"also stored {calibration} BaseOnly rollouts" in t
+               for t in _texts(at.success)), _texts(at.success)
+
+
 def test_export_page_offers_the_open_trace(env, tmp_path):
     at = env.open()
     key = at.session_state["trace_key"]

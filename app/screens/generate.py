@@ -156,6 +156,7 @@ def main() -> None:
         if gated and in_sample:
             st.warning("Every problem of the set is chosen, so the gate is calibrated in-sample (on the problems "
                        "it then runs on). Choose fewer problems to hold some out.")
+        stored_before = set(ctx.store.keys())
         try:
             policy = build_policy(ctx.pair, name, {**params, **{k: v for k, v in calib.items()
                                                                   if k not in ("ratio", "rho")}},
@@ -173,7 +174,11 @@ def main() -> None:
     slot.empty()
     st.session_state["gen_last"] = [t.key for t in traces]
     st.session_state["gen_note"] = None
-    st.success(f"{len(traces)} trace(s) stored in {ctx.settings.store_path}; they are on the Problems page.")
+    calibration_rollouts = len(set(ctx.store.keys()) - stored_before - {t.key for t in traces})
+    st.success(f"{len(traces)} trace(s) stored in {ctx.settings.store_path}; they are on the Problems page."
+               + (f" Calibrating the gate also stored {calibration_rollouts} BaseOnly rollouts of held-out problems "
+                  "(ungraded; the next calibration on them reuses them instead of generating again)."
+                  if calibration_rollouts > 0 else ""))
     note = policy.diagnose(traces)
     if note:
         st.session_state["gen_note"] = note
