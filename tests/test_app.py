@@ -190,6 +190,14 @@ def test_unknown_trace_in_the_url_is_a_warning(env):
     at = _opened(env, trace="deadbeef")
     assert not at.exception
     assert any("not in the store" in t for t in _texts(at.warning))
+    assert any("No trace yet" in t for t in _texts(at.markdown))  # an empty store
+    made = _second_trace(env)
+    at = _opened(env, trace="deadbeef")  # a store with traces: not "no trace yet", and the latest is one click away
+    assert not any("No trace yet" in t for t in _texts(at.markdown))
+    assert any("No trace open" in t for t in _texts(at.markdown))
+    at.button(key="first_recent").click().run()
+    _ok(at)
+    assert at.session_state["trace_key"] == made
 
 
 def test_bad_model_path_is_an_error_message(env, tmp_path):

@@ -59,10 +59,17 @@ def empty_state(ctx: Context) -> None:
     except ForkpointError as err:
         st.error(f"Could not read the problems: {md_escape(err, 400)}")
         return
-    st.markdown("#### No trace yet")
-    st.caption("Pick a problem and let the base model answer it (greedy); then click its tokens to switch the "
-               "reasoner on where it disagrees. Other policies and whole problem sets: **Generate**. Traces made "
-               "before: **Problems**.")
+    recent = _most_recent(ctx)
+    if recent is None:
+        st.markdown("#### No trace yet")
+        st.caption("Pick a problem and let the base model answer it (greedy); then click its tokens to switch the "
+                   "reasoner on where it disagrees. Other policies and whole problem sets: **Generate**. Traces made "
+                   "before: **Problems**.")
+    else:  # e.g. a link to a trace or problem this store does not hold
+        st.markdown("#### No trace open")
+        st.caption(f"The store holds {len(ctx.store.summaries())} traces: open one on **Problems**, or the most "
+                   "recent one here; or pick a problem below and let the base model answer it (greedy).")
+        st.button("Open the most recent trace", key="first_recent", on_click=state.open_trace, args=(recent, None))
     if not problems:
         st.info("The problem set is empty.")
         return
