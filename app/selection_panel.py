@@ -34,13 +34,15 @@ def _topk_table(trace: Trace, sel: int, side: str, decode, mode: str) -> pd.Data
 def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
     """The selected token's numbers, both top-k lists, and the takeover actions."""
     if sel is None:
-        if st.session_state.get("click_mode", "flip") == "flip" and ctx.pair is not None:
-            st.info("Click a token to flip the reasoning model's takeover there: the response re-flows from it. "
-                    "Press **n** / **p** to select the next / previous spike, or choose *selects it* above to "
-                    "inspect a token and branch from it.")
-        else:
-            st.info("Click a token (or press **n** / **p** for the next / previous spike) to select it, "
-                    "then let the reasoning model take over there.")
+        mode = st.session_state.get("click_mode", "flip") if ctx.pair is not None else "select"
+        st.info({"flip": "Click a token to flip the reasoning model's takeover there: the response re-flows from it. "
+                         "Press **n** / **p** for the next / previous token where a flip changes the text, or choose "
+                         "*selects it* above to inspect a token and branch from it.",
+                 "edit": "Click a token (or move with ← → and press Enter), type your text, Enter: the base model "
+                         "continues from it and the new trace opens. **n** / **p**: the next / previous token where "
+                         "the reasoner would write something else; Escape cancels.",
+                 }.get(mode, "Click a token (or press **n** / **p** for the next / previous spike) to select it, "
+                             "then let the reasoning model take over there."))
         return
     decode = resources.decoder(ctx.pair, trace)
     mode = ctx.settings.prob_mode

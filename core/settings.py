@@ -91,7 +91,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("ratio", 0.05, "Calibration ratio r: the gate's tau is the (1 - r) quantile of base-rollout scores.",
                 0.0, 1.0, open_low=True, open_high=True, step=0.001),
         Setting("rho", None, "Equal-ρ calibration: set the gate's knob (τ/λ, a threshold, the router's cut) on base "
-                "rollouts so that it takes over this share of tokens (empty = off: the knob as given).", 0.0, 1.0,
+                "rollouts so that it takes over this share of tokens (unset: off, the knob as given).", 0.0, 1.0,
                 open_low=True, open_high=True, step=0.005),
         Setting("calibration_problems", 32, "Problems whose base rollouts calibrate the gate.", 1, None),
         Setting("score", "cross_entropy", "Disagreement score for spikes, gates and colour scales.", None, None),

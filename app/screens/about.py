@@ -26,8 +26,11 @@ same text; the score compares their next-token distributions before the token wa
   earlier token), or the calibrated gate (τ, λ, W fit on base rollouts of this pair).
 - **Underlines** mark planning phrases (plan, reflect, verify, conclude); **▲** marks a token the
   reasoning model wrote, **◆** a token you forced.
-- **Hover** a token for both models' top-k and probabilities; **click** to select it (n / p jump between
-  spikes), then let the reasoning model take over there, force any token, and compare the branch.
+- **Hover** a token for both models' top-k and probabilities; click one of them to force it there.
+- **Click** a token, by the mode above the text: *flips it* (the default) switches the reasoning model's
+  takeover there and the response re-flows; *types there* lets you write your own text and the base model
+  continues; *selects it* shows its numbers and the branch tools. A dotted underline marks where a flip
+  changes the text; **n** / **p** walk those tokens (the spikes in *selects it*), **?** lists every key.
 - **Probabilities** keep three significant digits, so none reads 0.000 or 1.000: tiny ones in scientific
   notation (1.31e-05), and those within 0.0005 of 1 as the gap to 1 (1−4.8e-04 is 0.99952). The sidebar
   switches to log-probabilities in nats.

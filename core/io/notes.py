@@ -147,7 +147,7 @@ def add_note(store: Any, key: str, start: int, end: int | None = None, text: str
                                 "(start ≤ end)")
     text = str(text).strip()
     if not text and not bookmark:
-        raise InvalidInputError("A note needs text (or make it a bookmark: bookmark=True)")
+        raise InvalidInputError("A note needs text, or mark it as a bookmark (bookmark=True in Python)")
     if len(text) > MAX_TEXT:
         raise InvalidInputError(f"A note holds at most {MAX_TEXT} characters; this one has {len(text)}")
     check_text(text, "the note's text")  # a lone surrogate or NUL would not survive the JSON file
@@ -175,7 +175,7 @@ def edit_note(store: Any, key: str, note_id: str, *, text: str | None = None, bo
         new = Note(old.id, old.start, old.end, old.text if text is None else str(text).strip(),
                    old.bookmark if bookmark is None else bool(bookmark), old.created)
         if not new.text and not new.bookmark:
-            raise InvalidInputError("A note needs text (or make it a bookmark: bookmark=True)")
+            raise InvalidInputError("A note needs text, or mark it as a bookmark (bookmark=True in Python)")
         check_text(new.text, "the note's text", max_chars=MAX_TEXT)
         notes[i] = new
         _write(store, key, notes)
