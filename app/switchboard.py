@@ -76,6 +76,8 @@ def _apply_click(event: Any) -> None:
         return
     pos = int(event["pos"])
     ss["sel_pos"] = pos
+    if isinstance(event.get("same"), str):  # the live channel's no-op switch: said again by the view's rerun
+        ss["sw_same"] = event["same"][:300]
     if isinstance(event.get("text"), str) and event["text"]:
         ss["switch_job"] = {"pos": pos, "text": event["text"][: live.MAX_TYPED]}
     elif event.get("token") is not None:

@@ -253,6 +253,9 @@ def test_a_flip_that_changes_no_token_says_so_and_adds_no_history_step(app):
     page.wait_for_timeout(1000)
     assert _key(page) == root and _history_length(page) == steps
     assert len(TraceStore(store_dir).keys()) == n_keys  # nothing stored
+    # the token panel follows the click (it showed the token selected before), and the line stays
+    page.get_by_text(f"Token #{pos}", exact=False).first.wait_for()
+    assert note.inner_text().endswith("here too: nothing changes")
     assert page.locator('button:has-text("◀ back")').first.is_disabled()  # no step in the switch history
     page.screenshot(path=str(OUT / "noop.png"))
 

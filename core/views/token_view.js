@@ -360,6 +360,8 @@ export default function (component) {
               failed = true;
               if (stream) restore();
               s.say(`#${pos}: ${msg.same}`);
+              // the page's token panel follows the click (a selection, never a flip), and keeps the line
+              s.setTrigger("click", { pos, key: true, same: `#${pos}: ${msg.same}` });
             }
             else if ("error" in msg) {
               failed = true;
