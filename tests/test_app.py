@@ -342,6 +342,9 @@ def test_dataset_page_draws_each_analysis_in_its_own_lazy_tab(env, monkeypatch):
         # its own figure and no other tab's, or a message saying why it has none (e.g. recovery needs policies)
         assert drawn() == {spec.name} or (not drawn() and at.warning), (spec.name, drawn())
         charts += bool(drawn())
+        if spec.name == "failure_auroc":  # an empty ROC chart says why (one class of answers: no AUROC)
+            one_class = TraceStore(env.store).summaries()["correct"].dropna().nunique() < 2
+            assert one_class == any("AUROC undefined" in t for t in _texts(at.info)), _texts(at.info)
     assert charts >= 4
     assert sorted(reads) == sorted(TraceStore(env.store).keys()), reads
 

@@ -50,6 +50,9 @@ def _show(spec: Analysis, path: str, keys, score, top, segment) -> None:
     if spec.name == "rank_shift":
         rank_shift_tab(tables["rank_shift"], tables["rank_shift_per_trace"], score, top)  # app/compare_panels.py
         return
+    for note in dict.fromkeys(n for t in tables.values() if "note" in t.columns
+                              for n in t["note"].dropna().astype(str) if n):  # e.g. why an AUROC is undefined
+        st.info(note)
     if spec.figure:
         st.plotly_chart(analysis_figure(spec, tables, choice), width="stretch", key=f"ds_fig_{spec.name}")
     if spec.name == "enrichment":
