@@ -3,7 +3,8 @@ comes back as it is generated, then the finished trace's view, without waiting f
 
     POST /_forkpoint/switch  {"session": s, "key": parent, "pos": p, "token": id | null, "text": typed | null}
     -> application/x-ndjson: {"start": p}, {"text": "..."} ..., {"done": key, "view": {...}}, {"stored": key}
-       or {"same": "the reasoner writes ' x' here too: nothing changes"} (a switch that changes no token:
+       (and {"note": "..."} when typed text did not all fit) or {"same": "the reasoner writes ' x' here too:
+       nothing changes"} (a switch that changes no token:
        no new trace, no history step) or {"error": "..."}
 
 Streamlit reruns a page to change it: a click, a script run and a redraw of every element (0.4-0.5 s on the
@@ -168,6 +169,18 @@ def same_text(parent: Trace, pos: int, text: str | None = None, decode: Callable
     return no_change_line(parent, pos, decode)
 
 
+def typed_note(child: Trace, pos: int, asked: int, chars_cut: int = 0) -> str | None:
+    """What the page says when typed text did not all go in: cut to MAX_TYPED characters, or its `asked` tokens
+    forced from `pos` not all within the models' context (None when all of it is there)."""
+    kept = 0
+    while kept < asked and pos + kept < len(child) and str(child.source[pos + kept]) == "forced":
+        kept += 1
+    parts = [f"cut to its first {MAX_TYPED:,} characters"] if chars_cut > 0 else []
+    if kept < asked:
+        parts.append(f"only {kept} of its {asked} tokens fit in the models' context")
+    return f"Your text was {' and '.join(parts)}." if parts else None
+
+
 def run_switch(view: LiveView, parent: Trace, wanted: dict[int, int | str],
                on_text: Callable[[int, str], None] | None = None) -> Trace:
     """Apply `wanted` to `parent` through core: a new child is graded, then stored once (core's `on_trace` and
@@ -221,6 +234,9 @@ def _work(view: LiveView, key: str, pos: int, token: int | None, emit: Callable[
             emit({"error": f"The switched trace was made but not stored: {err}"})
             return
         emit({"done": stored.key, "view": view.render(stored)})  # the route's views come from live_offer: drawn
+        note = typed_note(stored, pos, len(typed)) if typed else None
+        if note:
+            emit({"note": note})
         emit({"stored": stored.key})
     except ForkpointError as err:
         emit({"error": str(err)})

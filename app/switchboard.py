@@ -77,9 +77,10 @@ def _apply_click(event: Any) -> None:
     pos = int(event["pos"])
     ss["sel_pos"] = pos
     if isinstance(event.get("same"), str):  # the live channel's no-op switch: said again by the view's rerun
-        ss["sw_same"] = event["same"][:300]
+        ss["sw_note"] = event["same"][:300]
     if isinstance(event.get("text"), str) and event["text"]:
-        ss["switch_job"] = {"pos": pos, "text": event["text"][: live.MAX_TYPED]}
+        ss["switch_job"] = {"pos": pos, "text": event["text"][: live.MAX_TYPED],
+                            "cut": max(0, len(event["text"]) - live.MAX_TYPED)}
     elif event.get("token") is not None:
         ss["switch_job"] = {"pos": pos, "token": int(event["token"])}
     elif ss.get("click_mode", "flip") == "flip" and not event.get("key"):  # n / p select a spike, never flip
@@ -176,9 +177,11 @@ def run_switch_job(ctx: Context, slot) -> None:
         return
     if child.key == parent.key:  # a switch that changes no token: no new trace, no history step
         if "pos" in job:
-            ss["sw_same"] = live.same_text(parent, int(job["pos"]), job.get("text"), resources.decoder(ctx.pair, parent))
+            ss["sw_note"] = live.same_text(parent, int(job["pos"]), job.get("text"), resources.decoder(ctx.pair, parent))
         return
     _open_child(child.key, ss.get("sel_pos"))
+    if typed:
+        ss["sw_note"] = live.typed_note(child, int(job["pos"]), len(typed), job.get("cut", 0))
 
 
 def _stream(ctx: Context, parent: Trace, wanted: dict, slot) -> Trace:

@@ -237,7 +237,7 @@ def view_panel(rule_text: str, top, side) -> None:
     data["nav"] = {"back": i > 0, "fwd": i < len(hist) - 1}
     data["go"] = ss.get(state.GO_KEY)
     data["history"] = True  # the app: b / f move the browser's history (the URL follows, app/state.py)
-    data["note"] = ss.pop("sw_same", None)
+    data["note"] = ss.pop("sw_note", None)
     data["charts_waiting"] = not charts_ready()  # the view says when it has drawn: the charts follow
     live_ok = mode in ("flip", "edit") and (start, end) == (0, len(trace))
     if live_ok:

@@ -1071,6 +1071,29 @@ def test_typed_text_continues_from_the_token_and_opens_the_new_trace(env):
     assert child.meta["parent"] == root
 
 
+def test_typed_text_that_does_not_all_fit_says_so(env):
+    """5,000 typed characters gave a child that held a sixth of them, and nothing said so: the page says what was
+    cut (to MAX_TYPED characters, and the tokens past the models' context)."""
+    from app import live
+    from core import load_pair
+
+    at = env.open()
+    text = ("seven plus " * 200)[: live.MAX_TYPED]
+    at.session_state["switch_job"] = {"pos": 2, "text": text, "cut": 4000}
+    at.run()
+    _ok(at)
+    child = TraceStore(env.store).get(at.session_state["trace_key"])
+    asked = len(load_pair(*env.argv[1:4:2], device="cpu").encode(text))
+    kept = int((child.source[2:] == "forced").sum())
+    assert kept < asked  # the tiny pair's context holds fewer than the typed tokens
+    assert live.typed_note(child, 2, asked, 4000) == (
+        f"Your text was cut to its first {live.MAX_TYPED:,} characters and only {kept} of its {asked} tokens fit in "
+        "the models' context.")
+    assert live.typed_note(child, 2, kept) is None and live.typed_note(child, 2, kept, 1).startswith("Your text was cut")
+    view = next(c for c in at.get("bidi_component") if c.proto.component_name == "forkpoint_token_view")
+    assert json.loads(view.proto.json)["note"] == live.typed_note(child, 2, asked, 4000)  # the line over the text
+
+
 def test_a_flip_that_changes_no_token_makes_no_trace(env, tmp_path, monkeypatch):
     """A base token whose reasoner top token is the same: no new trace, no history step (the rerun path; the
     demo pair, whose reasoner mostly agrees with its base)."""

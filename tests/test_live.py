@@ -128,6 +128,18 @@ def test_a_switch_streams_its_tokens_then_the_view_then_stored(setup, qwen_pair,
     assert messages[-2]["view"] == {"key": key, "n": len(child)}
 
 
+def test_typed_text_past_the_context_is_said_between_the_view_and_stored(setup, qwen_pair) -> None:
+    store, root, _, text_sent = setup
+    text_sent.set()
+    text = "seven plus " * 90  # far more tokens than the tiny pair's context holds after the prompt
+    status, chunks, _ = _call(live.LiveRoute(_inner), body=_request(key=root.key, pos=3, token=None, text=text))
+    messages = [json.loads(line) for line in b"".join(chunks).decode().splitlines()]
+    assert status == 200 and [next(iter(m)) for m in messages][-3:] == ["done", "note", "stored"], messages[-3:]
+    child = store.get(messages[-1]["stored"])
+    asked = len(qwen_pair.encode(text))
+    assert messages[-2]["note"] == live.typed_note(child, 3, asked) and f"of its {asked} tokens fit" in messages[-2]["note"]
+
+
 # -- issue 33.5: the route's edges ---------------------------------------------------------------------------
 
 

@@ -352,6 +352,7 @@ export default function (component) {
               s.finish(msg.view, pos);
               drawn = true;
             }
+            else if ("note" in msg) s.say(msg.note); // e.g. typed text that did not all fit
             else if ("stored" in msg) {
               await s.frame(); // the new view is painted before Streamlit's run for the rest of the page starts
               s.setTrigger("click", { opened: msg.stored, pos });
