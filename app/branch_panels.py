@@ -30,9 +30,11 @@ from core.views.presentation import (
 
 MAX_COLUMNS = 4  # the open trace and up to three others
 COLS_KEY = "cmp_cols"  # {"parent": open key, "keys": [trace keys]}: traces picked to sit beside the open one
+MIN_COLUMN_PX = 220  # a narrower column wraps every other word: more columns than fit scroll sideways instead
 COMPARE_CSS = """
-.fp-cmp-grid { display: grid; gap: 0 10px; max-height: 460px; overflow-y: auto; border: 1px solid #e5e7eb;
+.fp-cmp-grid { display: grid; gap: 0 10px; max-height: 460px; overflow: auto; border: 1px solid #e5e7eb;
   border-radius: 6px; padding: 0 8px 6px; }
+.fp-cmp-head { overflow-wrap: anywhere; }
 .fp-cmp-head { position: sticky; top: 0; z-index: 2; background: #fff; border-bottom: 1px solid #e5e7eb;
   font: 12px/1.4 system-ui, sans-serif; padding: 6px 0 4px; }
 .fp-cmp-head b { font-size: 13px; }
@@ -132,7 +134,7 @@ def columns_html(traces: list[Trace], titles: list[str], start: int, score: str,
         bodies.append(f'<div class="fp-compare" data-side="{side}" data-key="{html.escape(str(t.key))}">{body}</div>')
     n = len(traces)
     return (f"<style>{heatmap_css()}{COMPARE_CSS}</style>"
-            f"<div class='fp-cmp-grid' style='grid-template-columns: repeat({n}, minmax(0, 1fr))'>"
+            f"<div class='fp-cmp-grid' style='grid-template-columns: repeat({n}, minmax({MIN_COLUMN_PX}px, 1fr))'>"
             + "".join(heads) + "".join(bodies) + "</div>")
 
 
@@ -170,11 +172,11 @@ def compare_panel(ctx: Context, trace: Trace, lo: float | None, hi: float | None
         st.dataframe(table, hide_index=True, width="stretch", key="diff_table",
                      column_config={c: st.column_config.NumberColumn(format="%.4f")
                                     for c in ("score_original", "score_branch", "delta")})
-    cols = st.columns(len(others) + 1)
-    if job.get("child") == child.key and cols[1].button("Open the branch", key="open_branch"):
+    row = st.container(horizontal=True, wrap=True)  # buttons as wide as their labels, however many columns
+    if job.get("child") == child.key and row.button("Open the branch", key="open_branch", width="content"):
         state.open_trace(child.key, (child.meta.get("problem") or {}).get("id"), branch_point(trace, child))
         st.rerun()
-    if cols[0].button("Close the comparison", key="close_compare"):
+    if row.button("Close the comparison", key="close_compare", width="content"):
         st.session_state["compare"] = None
         st.session_state[COLS_KEY] = None
         st.rerun()
