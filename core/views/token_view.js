@@ -88,7 +88,6 @@ function buildCard(card, hover, pos, mode) {
     grid.appendChild(el("span", "fp-m-label", hover.labels[name] || name));
     grid.appendChild(el("span", "fp-m-value", fmt(values[pos])));
   }
-  card.appendChild(grid);
   const tops = el("div", "fp-card-tops");
   const emitted = hover.ids[pos];
   for (const side of ["base", "reason"]) {
@@ -107,7 +106,8 @@ function buildCard(card, hover, pos, mode) {
     });
     tops.appendChild(col);
   }
-  card.appendChild(tops);
+  card.appendChild(tops); // the clickable alternatives first: a short window keeps them, the metrics scroll
+  card.appendChild(grid);
 }
 
 // The card stays inside the token view's box, left to right (the switch list sits to its right) and never
