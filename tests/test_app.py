@@ -281,6 +281,33 @@ def test_generate_page_runs_a_policy_and_stores_graded_traces(env):
     assert gated["correct"].notna().all()
 
 
+def test_a_failed_generation_leaves_its_error_and_no_live_progress(env, monkeypatch):
+    """A problem longer than the context: the error was clear, but the progress box stayed at "starting" with
+    its Cancel button live above it, and the message named a CLI flag the page does not have."""
+    from app import actions
+    from app.view import md_escape
+    from core import load_pair
+    from core.errors import InvalidInputError
+
+    pair = load_pair(*env.argv[1:4:2], device="cpu")
+    limit = pair.context_length("base")
+    with pytest.raises(InvalidInputError) as err:
+        pair.check_context({"base": [0] * limit, "reason": [0] * limit}, 8)
+    assert "does not fit" in str(err.value) and "--max-new-tokens" not in str(err.value)
+
+    def fail(*args, **kwargs):
+        raise err.value
+
+    monkeypatch.setattr(actions, "run_generate", fail)
+    at = env.open()
+    at.switch_page("screens/generate.py").run()
+    at.radio(key="gen_mode").set_value("typed").run()
+    at.text_area(key="gen_text").set_value("How many apples?").run()
+    at.button(key="gen_run").click().run()
+    assert [str(e.value) for e in at.error] == [f"Generation failed: {md_escape(err.value, 400)}"]
+    assert not at.get("progress") and "gen_cancel" not in {b.key for b in at.button}
+
+
 def test_generate_says_what_the_gate_calibration_stored(env):
     """A Guided run calibrates on base rollouts of held-out problems and stores them (the next calibration reuses
     them): the store grew by 32 traces for 8 asked, and the page only spoke of the 8."""

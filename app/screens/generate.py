@@ -156,7 +156,7 @@ def main() -> None:
         if gated and in_sample:
             st.warning("Every problem of the set is chosen, so the gate is calibrated in-sample (on the problems "
                        "it then runs on). Choose fewer problems to hold some out.")
-        stored_before = set(ctx.store.keys())
+        stored_before, failed = set(ctx.store.keys()), None
         try:
             policy = build_policy(ctx.pair, name, {**params, **{k: v for k, v in calib.items()
                                                                   if k not in ("ratio", "rho")}},
@@ -169,9 +169,11 @@ def main() -> None:
                                           progress=phase(f"Generating with {policy_spec(name).label}",
                                                          0.3 if gated else 0.0, 1.0))
         except ForkpointError as err:
-            st.error(f"Generation failed: {md_escape(err, 400)}")
-            return
-    slot.empty()
+            failed = err
+    slot.empty()  # the progress and its Cancel go, whatever the outcome
+    if failed is not None:
+        st.error(f"Generation failed: {md_escape(failed, 400)}")
+        return
     st.session_state["gen_last"] = [t.key for t in traces]
     st.session_state["gen_note"] = None
     calibration_rollouts = len(set(ctx.store.keys()) - stored_before - {t.key for t in traces})

@@ -143,7 +143,7 @@ class ModelPair:
             if n >= limit:
                 raise InvalidInputError(
                     f"The prompt is {n} tokens for the {side} model, whose context is {limit} tokens: it does not "
-                    f"fit (with --max-new-tokens {max_new_tokens}, prompt + response may be at most {limit}); "
+                    f"fit (prompt + response may be at most {limit} tokens; max new tokens is {max_new_tokens}); "
                     "shorten the prompt or use a model with a longer context"
                 )
             if n + max_new_tokens > limit:
