@@ -238,6 +238,7 @@ def view_panel(rule_text: str, top, side) -> None:
     data["go"] = ss.get(state.GO_KEY)
     data["history"] = True  # the app: b / f move the browser's history (the URL follows, app/state.py)
     data["note"] = ss.pop("sw_note", None)
+    data["max_typed"] = live.MAX_TYPED
     data["charts_waiting"] = not charts_ready()  # the view says when it has drawn: the charts follow
     live_ok = mode in ("flip", "edit") and (start, end) == (0, len(trace))
     if live_ok:

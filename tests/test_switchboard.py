@@ -324,6 +324,9 @@ def test_edit_and_continue_opens_the_new_trace_with_the_typed_tokens_marked(app)
     page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
     box = page.locator(".fp-edit")
     box.wait_for()
+    assert box.get_attribute("maxlength") == "1000"  # app/live.py MAX_TYPED, sent with the view
+    box.press("Enter")  # nothing typed: said, and the box stays
+    assert page.locator(".fp-note").inner_text() == f"Type the text to write from #{pos} first (Escape cancels)"
     box.fill(" Let me")
     box.press("Enter")
     page.wait_for_function("(k) => !window.location.search.includes('trace=' + k)", arg=root)

@@ -248,18 +248,25 @@ export default function (component) {
       if (!node) return;
       const box = el("input", "fp-edit");
       box.type = "text";
-      box.maxLength = 1000;
+      if (s.data.max_typed) box.maxLength = s.data.max_typed; // the most one edit takes (app/live.py MAX_TYPED)
       box.placeholder = "type, Enter";
       box.setAttribute("aria-label", `text from token #${pos}`);
       node.before(box);
       s.scroller.querySelectorAll("[data-pos]").forEach((n) => { if (Number(n.dataset.pos) >= pos) n.classList.add("fp-cut"); });
       s.editor = box;
+      box.addEventListener("paste", (e) => {  // the box keeps maxLength characters: say so rather than cut quietly
+        const pasted = (e.clipboardData && e.clipboardData.getData("text")) || "";
+        if (box.maxLength > 0 && box.value.length + pasted.length > box.maxLength) {
+          s.say(`Pasted text cut to ${box.maxLength.toLocaleString("en")} characters (the most one edit takes)`);
+        }
+      });
       box.addEventListener("keydown", (e) => {
         if (e.key === "Escape") { e.preventDefault(); s.closeEdit(); s.scroller.focus(); return; }
         if (e.key !== "Enter") return;
         e.preventDefault();
         const text = box.value;
-        if (!text) return;
+        if (!text) { s.say(`Type the text to write from #${pos} first (Escape cancels)`); return; }
+        s.say("");
         s.closeEdit();
         if (s.data.live) s.liveSwitch(pos, null, text);
         else s.setTrigger("click", { pos, text });
