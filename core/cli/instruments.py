@@ -252,10 +252,9 @@ def curve(store_path: str | None, key: str, samples: int, sample_temperature: fl
 def tokens(store_path: str | None, by: str, score_name: str, sort_by: str, top: int, effects_path: str | None,
            with_branches: bool, out: str | None, overwrite: bool) -> None:
     """Dataset token statistics over the store: count, scores, spike and takeover rates, measured effects."""
-    import pandas as pd
-
     from core.cli.store import existing_store, warn_unreadable
-    from core.instruments.token_stats import token_stats
+    from core.errors import InvalidInputError
+    from core.instruments.token_stats import read_effects, token_stats
     from core.io.csvsafe import write_csv
 
     path = _free(out, overwrite) if out else None
@@ -264,7 +263,10 @@ def tokens(store_path: str | None, by: str, score_name: str, sort_by: str, top: 
     warn_unreadable(bad)
     if not with_branches:
         traces = [t for t in traces if t.meta.get("kind") != "branch"]
-    effects = pd.read_csv(effects_path) if effects_path else None
+    try:
+        effects = read_effects(effects_path) if effects_path else None
+    except InvalidInputError as err:
+        raise click.BadParameter(str(err), param_hint="--effects") from None
     table = token_stats(traces, score=score_name, by=by, effects=effects)
     table = table.sort_values(sort_by, ascending=False, kind="stable", na_position="last")
     if path is not None:
