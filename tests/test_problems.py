@@ -78,6 +78,24 @@ def test_csv_bad_row(tmp_path: Path) -> None:
     assert [p.prompt for p in load_problems(path, skip_bad=True)] == ["ok"]
 
 
+
+def test_csv_unclosed_quote_is_refused_not_merged(tmp_path: Path) -> None:
+    """A quote left open swallowed the next row (c2's prompt was "unterminated,5\nc3,..."): the problem loader
+    now reads CSV as `forkpoint import` does (core.io.foreign.csv_rows) and refuses, or skips, the merged row."""
+    path = tmp_path / "p.csv"
+    path.write_text('id,question,answer\nc1,"What is 2+2?",4\nc2,"unterminated,5\nc3,What is 3+3?,6\n')
+    with pytest.raises(InvalidInputError) as err:
+        load_problems(path)
+    assert str(err.value) == (f"{path}:3: a quote opened on line 3 is never closed: lines 3-4 were read as one row "
+                              "(close the quote)")
+    assert [p.id for p in load_problems(path, skip_bad=True)] == ["c1"]
+    path.write_text('question,answer\n"Two, three?",3\nshort\n\n"multi\nline",4\n')  # a short row lacks its answer
+    assert [(p.prompt, p.gold, p.meta["line"]) for p in load_problems(path)] == [
+        ("Two, three?", "3", 2), ("short", None, 3), ("multi\nline", "4", 6)]
+    path.write_text('"question,answer\nx,1\n')
+    with pytest.raises(InvalidInputError, match="header row opens a quote that is never closed"):
+        load_problems(path, skip_bad=True)
+
 def test_json_list(tmp_path: Path) -> None:
     path = tmp_path / "list.json"
     path.write_text(json.dumps([{"question": "A", "answer": "1"}, {"question": "B"}]), encoding="utf-8")
