@@ -108,6 +108,11 @@ def test_user_errors_are_messages_not_tracebacks(env, tmp_path):
     assert result.exit_code != 0 and "does not exist" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(main, ["score", "--base", "x", "--prompt", "x", "--response", "y"])
     assert result.exit_code == 2 and "both --base and --reason" in result.output
+    (tmp_path / "folder").mkdir()  # a folder that is not a model: the whole reason, not its first line
+    result = CliRunner().invoke(main, ["score", "--base", str(tmp_path / "folder"), "--reason", str(tmp_path / "folder"),
+                                       "--prompt", "x", "--response", "y"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "--base: Could not load" in result.output and "it has no config.json and no tokenizer file" in result.output
 
 
 # -- policies from the registry (H1) ------------------------------------------------------------------
