@@ -126,6 +126,16 @@ def test_bad_lines_name_their_line(tmp_path: Path, row: str, problem: str, caplo
     assert "p.jsonl:3" in caplog.text
 
 
+def test_no_question_field_says_what_to_do_in_the_cli_and_in_python(tmp_path: Path) -> None:
+    """The CLI has no --question-field: the message names the accepted names to rename to, and the API keyword."""
+    path = write_jsonl(tmp_path / "q.jsonl", [{"text": "hi", "answer": "1"}])
+    with pytest.raises(InvalidInputError) as err:
+        load_problems(path)
+    assert str(err.value) == (f"{path}:1: no question field (tried question, problem, prompt, input, query); fields "
+                              "are: text, answer; rename the question's field to one of the names tried (in Python, "
+                              "load_problems(..., question_field=NAME) reads another)")
+
+
 def test_duplicate_ids(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "question": "1"}, {"id": "a", "question": "2"}])
     with pytest.raises(InvalidInputError, match=r"d\.jsonl:2: duplicate id 'a' \(first on line 1\)"):
