@@ -217,6 +217,16 @@ def open_store(path: str | None):
     return TraceStore(path or default_store_path())
 
 
+def stored_traces(store: Any, keys: tuple[str, ...], hint: str) -> list[Any]:
+    """The stored traces under `keys`; else a usage error naming every key not readable there and `hint`, the
+    option or argument that gave them as the command's --help shows it (--key, KEY)."""
+    missing = [k for k in keys if k not in store]
+    if missing:
+        raise click.BadParameter(f"no readable trace {', '.join(map(repr, missing))} in {store.path} (see "
+                                 "`forkpoint ls`)", param_hint=hint)
+    return [store.get(k) for k in keys]
+
+
 def read_problems(path: str | None, limit: int | None):
     if path is None:
         from core.demo.pair import demo_problems

@@ -26,6 +26,7 @@ from core.cli.common import (
     setting_option,
     settings_options,
     store_option,
+    stored_traces,
 )
 from core.scoring.registry import DEFAULT_SCORE, SCORES
 
@@ -47,13 +48,6 @@ def _free(out: str, overwrite: bool) -> Path:
     if path.exists() and not overwrite:
         raise click.ClickException(f"{path} exists; pass --overwrite to replace it (or choose another --out)")
     return path
-
-
-def _stored(store: Any, keys: tuple[str, ...]) -> list[Any]:
-    missing = [k for k in keys if k not in store]
-    if missing:
-        raise click.BadParameter(f"no readable trace {missing[0]!r} in {store.path}", param_hint="--key")
-    return [store.get(k) for k in keys]
 
 
 @main.command()
@@ -92,7 +86,7 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
         pair, store = pair_or_spec(opts, executor), open_store(store_path)
         score = opts.get("score") or DEFAULT_SCORE
         if keys:
-            traces = _stored(store, keys)
+            traces = stored_traces(store, keys, "--key")
         else:
             traces = _effect_traces(pair, store, problems_path, limit, policy_name, opts, executor, ratio=ratio,
                                     calibration_problems=calibration_problems, max_new_tokens=max_new_tokens,
@@ -190,7 +184,7 @@ def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv
     from core.instruments.lens import lens as run_lens
 
     store = open_store(store_path)
-    trace = _stored(store, (key,))[0]
+    trace = stored_traces(store, (key,), "KEY")[0]
     frame = run_lens(pair_from_options(opts), trace, pos, window=window, k=k)
     if as_csv:
         echo(frame.to_csv(index=False))
@@ -218,7 +212,7 @@ def curve(store_path: str | None, key: str, samples: int, sample_temperature: fl
     from core.instruments.success_curve import success_curve
 
     store = open_store(store_path)
-    trace = _stored(store, (key,))[0]
+    trace = stored_traces(store, (key,), "KEY")[0]
     bar = Bar("curve", unit="t")
     try:
         frame = success_curve(pair_from_options(opts), trace, samples, temperature=sample_temperature, store=store,
@@ -305,7 +299,7 @@ def router_train(store_path: str | None, target: str, keys: tuple[str, ...], lim
     path = _free(out, overwrite)
     pair = pair_from_options(opts)
     store = open_store(store_path)
-    traces = _stored(store, keys) if keys else base_rollouts(pair, store, limit=limit)
+    traces = stored_traces(store, keys, "--key") if keys else base_rollouts(pair, store, limit=limit)
     if len(traces) < 2:
         raise click.ClickException(f"{store.path} holds {len(traces)} base rollout(s) of this pair; generate some "
                                    "first (forkpoint generate --policy base_only) or pass --key")

@@ -29,6 +29,7 @@ from core.cli.common import (
     setting_option,
     settings_options,
     store_option,
+    stored_traces,
 )
 from core.errors import ForkpointError, InvalidInputError
 from core.scoring.registry import GATE_SCORES, score_values
@@ -283,11 +284,9 @@ def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_
 
     at = parse_switches(at_text)
     store = open_store(store_path)
-    if key not in store:
-        raise click.BadParameter(f"no readable trace {key!r} in {store.path} (see `forkpoint ls`)", param_hint="KEY")
+    parent = stored_traces(store, (key,), "KEY")[0]
     check_output(store.path, "--store", folder=True)
     pair = pair_from_options(opts)
-    parent = store.get(key)
     made = run_takeover(pair, parent, at, then=then, samples=samples, temperature=temperature,
                         max_new_tokens=max_new_tokens, store=store, on_trace=grade_trace)
     for child in made if isinstance(made, list) else [made]:
