@@ -367,6 +367,13 @@ def test_ls_counts_the_spikes_the_app_marks(tmp_path):
     assert SpikeRule().top == __import__("core").settings.SPIKE_TOP
 
 
+def test_takeover_refuses_two_switches_at_one_position(tmp_path):
+    """`--at 12=reason,12=base` contradicts itself: a usage error naming --at and 12 (it was "no change", rc 0)."""
+    result = CliRunner().invoke(main, ["takeover", "0" * 16, "--store", str(tmp_path), "--at", "12=reason,12=base"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "Invalid value for --at: position 12 is given twice ('12=reason' and '12=base')" in result.output
+
+
 def test_takeover_switches_a_stored_trace_and_prints_the_child(env):
     """`forkpoint takeover KEY --at 3=reason,5=base`: the child is stored, graded and printed."""
     import re
@@ -376,7 +383,7 @@ def test_takeover_switches_a_stored_trace_and_prints_the_child(env):
     from core.cli.traces import parse_switches
 
     assert parse_switches("3=reason, 5=base,7=42,9='x y'") == {3: "reason", 5: "base", 7: 42, 9: "x y"}
-    for bad in ("3", "x=reason", "3=maybe", "", "3="):
+    for bad in ("3", "x=reason", "3=maybe", "", "3=", "3=reason,3=base", "3=reason,3=reason"):
         with pytest.raises(click.BadParameter) as err:
             parse_switches(bad)
         assert err.value.param_hint == "--at"

@@ -236,14 +236,19 @@ def calibrate(store_path: str | None, problems_path: str | None, limit: int, rat
 
 def parse_switches(text: str) -> dict[int, Any]:
     """`12=reason,40=base,7=1234,9="text"` -> core.takeover's `at` (a quoted string is typed as its tokens
-    later, by the pair). Raises click.BadParameter naming --at."""
+    later, by the pair). Raises click.BadParameter naming --at, also for a position given twice."""
     out: dict[int, Any] = {}
+    given: dict[int, str] = {}
     for part in [p for p in text.split(",") if p.strip()]:
         pos, sep, what = part.partition("=")
         pos, what = pos.strip(), what.strip()
         if not sep or not pos.isdigit() or not what:
             raise click.BadParameter(f"takes POS=WHO pairs (WHO: reason, base, a token id or a quoted string), "
                                      f"got {part.strip()!r}", param_hint="--at")
+        if int(pos) in given:
+            raise click.BadParameter(f"position {int(pos)} is given twice ({given[int(pos)]!r} and {part.strip()!r}); "
+                                     "give each position one switch", param_hint="--at")
+        given[int(pos)] = part.strip()
         if what in ("reason", "base"):
             out[int(pos)] = what
         elif what.isdigit():
