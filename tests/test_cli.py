@@ -481,3 +481,24 @@ def test_search_finds_a_string_in_every_trace(env):
     assert "3 matches in 2 of 2 traces" in out
     bad = CliRunner().invoke(main, ["search", "(", "--regex", "--store", env["store"]])
     assert bad.exit_code != 0 and "not a valid regular expression" in bad.output and "Traceback" not in bad.output
+
+
+def test_export_of_given_keys_skips_the_unreadable_names_each_and_exits_1(tmp_path):
+    """As the full export: the readable traces are written and every damaged or unknown key is named; the exit
+    code is 1 so scripts notice (it stopped at the first damaged key, with nothing written)."""
+    from tests.fakes import make_trace
+
+    store = TraceStore(tmp_path / "store")
+    keys = [store.put(make_trace(n_tokens=6, seed=s)) for s in range(3)]
+    damaged = store.traces_dir / f"{keys[1]}.parquet"
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    out = tmp_path / "some.jsonl"
+    result = CliRunner().invoke(main, ["export", "--store", str(store.path), "--out", str(out), keys[0], keys[1],
+                                       "feedfacefeedface", keys[2]])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert sorted(t.key for t in read_jsonl(out)) == sorted([keys[0], keys[2]])
+    assert f"{keys[1]}.parquet:" in result.output and "feedfacefeedface.parquet: No trace with key" in result.output
+    assert "2 traces ->" in result.output and "2 unreadable skipped" in result.output
+    none = CliRunner().invoke(main, ["export", "--store", str(store.path), "--out", str(tmp_path / "none.jsonl"),
+                                     keys[1]])
+    assert none.exit_code == 1 and "nothing written" in none.output and not (tmp_path / "none.jsonl").exists()
