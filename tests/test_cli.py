@@ -502,3 +502,33 @@ def test_export_of_given_keys_skips_the_unreadable_names_each_and_exits_1(tmp_pa
     none = CliRunner().invoke(main, ["export", "--store", str(store.path), "--out", str(tmp_path / "none.jsonl"),
                                      keys[1]])
     assert none.exit_code == 1 and "nothing written" in none.output and not (tmp_path / "none.jsonl").exists()
+
+
+def _help(*names: str) -> str:
+    return CliRunner().invoke(main, [*names, "--help"], terminal_width=2000).output
+
+
+def test_help_texts_say_true_things():
+    """Every option has a help text; no bogus range (x<=None) for an unbounded number; a setting-backed policy
+    option is not claimed by those policies alone; numbers come from the settings table, not literals."""
+    import click
+
+    from core import settings
+
+    for name, cmd in _commands(main):
+        text = _help(*name.split())
+        assert "None]" not in text and "None;" not in text, name
+        for opt in cmd.params:
+            assert not isinstance(opt, click.Option) or opt.help, (name, opt.opts)
+    generate = _help("generate")
+    assert "Gate absolute threshold τ (set by calibration). (default: calibrated on the problems) [Guided]\n" in generate
+    assert "Seed of the sampling streams (draws keyed by seed, sample and position). [also read by: RandomPositions, " \
+           "EarlyOnly]" in generate
+    assert "quantile of base-rollout scores. [also read by: Guided, Router]" in generate  # Guided's calibration
+    assert f"else its top {settings.SPIKE_TOP:.0%} by --score" in _help("search") and "5%" not in _help("search")
+    router = _help("router", "train")
+    assert "sampling streams" not in router and "Seed of the held-out split" in router
+    overwrite = {name: next(o.help for o in cmd.params if o.name == "overwrite")
+                 for name, cmd in _commands(main) if any(o.name == "overwrite" for o in cmd.params)}
+    assert set(overwrite) >= {"export", "tokens", "effects", "router train", "analyze"}
+    assert overwrite["export"] == "Replace --out when it exists." and all(h.startswith("Replace ") for h in overwrite.values())

@@ -31,8 +31,9 @@ def demo() -> None:
 
 @demo.command(name="train")
 @click.option("--out", type=click.Path(file_okay=False), help="Output directory (default: assets/demo).")
-@click.option("--size", type=click.Choice(["full", "tiny"]), default="full", show_default=True)
-@setting_option("seed")
+@click.option("--size", type=click.Choice(["full", "tiny"]), default="full", show_default=True,
+              help="full: the bundled demo pair (minutes); tiny: a toy network in a few steps (seconds, for tests).")
+@setting_option("seed", help="Seed of the training: initial weights and the synthetic training corpora.")
 @fail_cleanly
 def demo_train(out: str | None, size: str, seed: int) -> None:
     """Train the demo base / reasoning pair on the synthetic task (CPU, minutes)."""

@@ -217,6 +217,19 @@ def open_store(path: str | None):
     return TraceStore(path or default_store_path())
 
 
+def overwrite_option(what: str = "--out", note: str = ""):
+    """--overwrite: replace `what` when it exists (without it a command refuses, naming the flag: `free_output`)."""
+    return click.option("--overwrite", is_flag=True, help=f"Replace {what} when it exists{note}.")
+
+
+def free_output(out: str | os.PathLike[str], overwrite: bool) -> Path:
+    """`out` as a Path, unless it exists and --overwrite was not given: then a CLI error naming --overwrite."""
+    path = Path(out)
+    if path.exists() and not overwrite:
+        raise click.ClickException(f"{path} exists; pass --overwrite to replace it (or choose another --out)")
+    return path
+
+
 def stored_traces(store: Any, keys: tuple[str, ...], hint: str) -> list[Any]:
     """The stored traces under `keys`; else a usage error naming every key not readable there and `hint`, the
     option or argument that gave them as the command's --help shows it (--key, KEY)."""

@@ -13,9 +13,11 @@ from core.cli.common import (
     Bar,
     close_executor,
     fail_cleanly,
+    free_output,
     main,
     make_executor,
     open_store,
+    overwrite_option,
     pair_from_options,
     pair_options,
     pair_or_spec,
@@ -28,7 +30,7 @@ from core.cli.common import (
     store_option,
     stored_traces,
 )
-from core.scoring.registry import DEFAULT_SCORE, SCORES
+from core.scoring.registry import DEFAULT_SCORE
 
 SHOW_ROWS = 15  # rows printed by default
 
@@ -41,13 +43,6 @@ def _positions(value: str) -> str | list[int]:
     except ValueError:
         raise click.BadParameter(f"{value!r} is neither 'spikes' nor a comma-separated list of token positions",
                                  param_hint="--positions") from None
-
-
-def _free(out: str, overwrite: bool) -> Path:
-    path = Path(out)
-    if path.exists() and not overwrite:
-        raise click.ClickException(f"{path} exists; pass --overwrite to replace it (or choose another --out)")
-    return path
 
 
 @main.command()
@@ -64,7 +59,7 @@ def _free(out: str, overwrite: bool) -> Path:
 @click.option("--sample-temperature", type=FiniteFloat(0), default=None,
               help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
 @click.option("--out", default="effects.csv", show_default=True, type=click.Path(dir_okay=False), help="CSV to write.")
-@click.option("--overwrite", is_flag=True, help="Replace --out (stored continuations are reused, not decoded again).")
+@overwrite_option(note=" (stored continuations are reused, not decoded again)")
 @policy_options
 @settings_options("calibration_problems", "max_new_tokens", "temperature", "batch_size")  # --ratio: policy_options
 @ray_option
@@ -80,7 +75,7 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
     writes the rows measured so far). With --ray, the positions of every trace are spread over Ray workers
     (one batch per position, the same rows as in-process)."""
     where = _positions(positions)
-    path = _free(out, overwrite)
+    path = free_output(out, overwrite)
     executor = make_executor(ray_address, opts)
     try:
         pair, store = pair_or_spec(opts, executor), open_store(store_path)
@@ -233,15 +228,17 @@ def curve(store_path: str | None, key: str, samples: int, sample_temperature: fl
 @store_option
 @click.option("--by", type=click.Choice(["token", "tag"]), default="token", show_default=True,
               help="Group by token string or by planning category.")
-@click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True)
+@setting_option("score", dest="score_name", help="Score of mean_score and max_score, and whose top tokens are the "
+                "spikes of spike_rate (a trace's own spikes when it has them).")
 @click.option("--sort", "sort_by", type=click.Choice(["count", "mean_score", "max_score", "spike_rate", "takeover_rate",
-                                                       "mean_effect"]), default="count", show_default=True)
+                                                       "mean_effect"]), default="count", show_default=True,
+              help="Column the rows are ordered by, highest first (mean_effect: with --effects).")
 @click.option("--top", default=SHOW_ROWS, show_default=True, type=click.IntRange(1), help="Rows to print.")
 @click.option("--effects", "effects_path", type=click.Path(exists=True, dir_okay=False),
               help="A `forkpoint effects` CSV: adds the mean measured effect per row.")
 @click.option("--with-branches", is_flag=True, help="Count branches and effect continuations too.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the whole table as CSV.")
-@click.option("--overwrite", is_flag=True, help="Replace --out.")
+@overwrite_option()
 @fail_cleanly
 def tokens(store_path: str | None, by: str, score_name: str, sort_by: str, top: int, effects_path: str | None,
            with_branches: bool, out: str | None, overwrite: bool) -> None:
@@ -251,7 +248,7 @@ def tokens(store_path: str | None, by: str, score_name: str, sort_by: str, top: 
     from core.instruments.token_stats import read_effects, token_stats
     from core.io.csvsafe import write_csv
 
-    path = _free(out, overwrite) if out else None
+    path = free_output(out, overwrite) if out else None
     store = existing_store(store_path)
     traces, bad = store.load_all()
     warn_unreadable(bad)
@@ -287,8 +284,9 @@ def router() -> None:
               help="Width of the one hidden layer (0 = logistic regression).")
 @click.option("--epochs", type=click.IntRange(1), default=300, show_default=True, help="Full-batch Adam steps.")
 @click.option("--out", required=True, help="Folder to write router.safetensors and card.json into.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing router folder.")
-@settings_options("ratio", "window", "score", "seed")
+@overwrite_option("the router folder --out")
+@settings_options("ratio", "window", "score")
+@setting_option("seed", help="Seed of the held-out split of the traces and of the router's initial weights.")
 @fail_cleanly
 def router_train(store_path: str | None, target: str, keys: tuple[str, ...], limit: int, hidden: int, epochs: int,
                  out: str, overwrite: bool, ratio: float, window: int, score: str, seed: int, **opts: Any) -> None:
@@ -296,7 +294,7 @@ def router_train(store_path: str | None, target: str, keys: tuple[str, ...], lim
     from core.decoding.calibration import base_rollouts
     from core.instruments.router_training import train_router
 
-    path = _free(out, overwrite)
+    path = free_output(out, overwrite)
     pair = pair_from_options(opts)
     store = open_store(store_path)
     traces = stored_traces(store, keys, "--key") if keys else base_rollouts(pair, store, limit=limit)

@@ -19,6 +19,7 @@ from core.cli.common import (
     make_executor,
     open_bar,
     open_store,
+    overwrite_option,
     pair_options,
     pair_or_spec,
     ray_option,
@@ -89,7 +90,7 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output file.")
 @click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True,
               help="Score whose top tokens are marked as spikes (every format) and that colours the heatmap (html).")
-@click.option("--overwrite", is_flag=True)
+@overwrite_option()
 @click.option("--parents", is_flag=True, help="Create --out's folder when it does not exist.")
 @fail_cleanly
 def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: str, score_name: str,
