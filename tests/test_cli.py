@@ -532,3 +532,31 @@ def test_help_texts_say_true_things():
                  for name, cmd in _commands(main) if any(o.name == "overwrite" for o in cmd.params)}
     assert set(overwrite) >= {"export", "tokens", "effects", "router train", "analyze"}
     assert overwrite["export"] == "Replace --out when it exists." and all(h.startswith("Replace ") for h in overwrite.values())
+
+
+def test_progress_bars_do_not_flood_a_log(env):
+    """stderr that is not a terminal (CliRunner's, a redirected log): a bar prints when it starts and when it ends
+    (and at most every LOG_INTERVAL_S between), not on every update as it did (303 of 431 lines of one log)."""
+    import re
+
+    result = CliRunner().invoke(main, ["generate", *env["pair"], "--store", env["store"], "--problems",
+                                       env["problems"], "--policy", "early_only", "--max-new-tokens", "4",
+                                       "--batch-size", "1"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    shown = [part for part in re.split(r"[\r\n]", result.stderr) if "trace/s" in part]
+    assert len(shown) <= 2, shown  # a start and an end line, not one per trace
+    assert shown[-1].startswith("generate early_only: 100%") and f"{len(PROBLEMS)}/{len(PROBLEMS)}" in shown[-1]
+    import click
+
+    from core.cli.common import StageBars
+
+    @click.command()
+    def staged() -> None:
+        bars = StageBars()
+        for stage in ("calibrate", "guided"):
+            for done in range(51):
+                bars(stage, done, 50)
+        bars.close()
+
+    shown = [p for p in re.split(r"[\r\n]", CliRunner().invoke(staged, []).stderr) if "problem" in p]
+    assert len(shown) <= 4 and [p.split(":")[0] for p in shown[1::2]] == ["calibrate", "guided"], shown

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from core.cli.common import (
-    Bar,
+    StageBars,
     fail_cleanly,
     main,
     pair_options,
@@ -40,14 +40,11 @@ def demo_train(out: str | None, size: str, seed: int) -> None:
     from core.demo.pair import DEMO_DIR
     from core.demo.train import train_demo_pair
 
-    bars: dict[str, Bar] = {}
-
-    def progress(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, Bar(f"train {stage}", unit="step"))(done, total)
-
-    train_demo_pair(out or DEMO_DIR, size=size, seed=seed, progress=progress)
-    for bar in bars.values():
-        bar.close()
+    bars = StageBars(unit="step", prefix="train ")
+    try:
+        train_demo_pair(out or DEMO_DIR, size=size, seed=seed, progress=bars)
+    finally:
+        bars.close()
 
 
 # The flags the app forwards to app/main.py (app/config.py parses them on the Streamlit side): the pair's

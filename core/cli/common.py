@@ -276,6 +276,7 @@ def problems_and_calibration(problems_path: str | None, calibration_path: str | 
 
 
 _OPEN_BARS: list[Any] = []  # tqdm bars on screen now; closed before an error message is printed
+LOG_INTERVAL_S = 30.0  # on a stderr that is not a terminal (a log file), a bar prints at most this often
 
 
 def close_bars() -> None:
@@ -285,12 +286,22 @@ def close_bars() -> None:
 
 
 def open_bar(**kwargs: Any) -> Any:
-    """A tqdm bar on stderr that `close_bars` clears when the command fails."""
+    """A tqdm bar on stderr that `close_bars` clears when the command fails. On a terminal it redraws in place
+    (and is erased when done); on anything else (a log file, a pipe) it prints when it starts, at most every
+    LOG_INTERVAL_S seconds, and its final count when it ends: tqdm's mininterval, not a line per update."""
     from tqdm import tqdm
 
-    bar = tqdm(leave=False, file=sys.stderr, **kwargs)
+    terminal = sys.stderr.isatty()
+    interval = {} if terminal else {"mininterval": LOG_INTERVAL_S, "maxinterval": LOG_INTERVAL_S}
+    bar = tqdm(leave=not terminal, file=sys.stderr, **interval, **kwargs)
     _OPEN_BARS.append(bar)
     return bar
+
+
+def _advance(bar: Any, done: int, total: int) -> None:
+    """Move a bar to `done` of `total`; tqdm redraws it only as often as its mininterval allows."""
+    bar.total = total
+    bar.update(done - bar.n)
 
 
 class Bar:
@@ -300,9 +311,7 @@ class Bar:
         self.bar = open_bar(desc=desc, unit=unit)
 
     def __call__(self, done: int, total: int) -> None:
-        self.bar.total = total
-        self.bar.n = done
-        self.bar.refresh()
+        _advance(self.bar, done, total)
 
     def close(self) -> None:
         if self.bar in _OPEN_BARS:
@@ -311,19 +320,18 @@ class Bar:
 
 
 class StageBars:
-    """One tqdm bar per stage, driven by core's progress(stage, done, total) callbacks."""
+    """One tqdm bar per stage, driven by core's progress(stage, done, total) callbacks, counting `unit`s."""
 
-    def __init__(self) -> None:
+    def __init__(self, unit: str = "problem", prefix: str = "") -> None:
         self.stage: str | None = None
         self.bar: Any = None
+        self.unit, self.prefix = unit, prefix
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if stage != self.stage:
             self.close()
-            self.stage, self.bar = stage, open_bar(desc=stage, total=total, unit="problem")
-        self.bar.total = total
-        self.bar.n = done
-        self.bar.refresh()
+            self.stage, self.bar = stage, open_bar(desc=self.prefix + stage, total=total, unit=self.unit)
+        _advance(self.bar, done, total)
 
     def close(self) -> None:
         if self.bar is not None:
