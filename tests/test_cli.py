@@ -42,6 +42,11 @@ def test_score_prints_the_top_tokens_and_stores(env):
     ce = [float(line.split()[-4]) for line in lines[1:4]]
     assert ce == sorted(ce, reverse=True)
     assert len(TraceStore(env["store"]).keys()) == 1
+    trace = TraceStore(env["store"]).get(TraceStore(env["store"]).keys()[0])
+    out = run("score", *env["pair"], "--prompt", "What is 2+3?", "--response", "2+3 = 5. The answer is 5.",
+              "--top", str(len(trace)))
+    for token in trace.tokens:  # quoted as lens and takeover quote them: ' The' is not 'The', a space not blank
+        assert repr(token) in out, (token, out)
 
 
 def test_generate_ls_export_analyze(env):

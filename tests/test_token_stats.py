@@ -112,6 +112,10 @@ def test_cli_tokens_prints_and_writes_the_table(tmp_path) -> None:
     table = pd.read_csv(out, keep_default_na=False, na_values=[""])
     assert table["count"].sum() == 90 and table["max_score"].is_monotonic_decreasing
     assert "tokens over 3 traces" in result.output
+    want = token_stats(traces).sort_values("max_score", ascending=False, kind="stable", na_position="last")["token"]
+    shown = result.output.splitlines()[1:-1]  # the rows under the header: each starts with its quoted token
+    assert len(shown) == 15 and all(line.strip().startswith(repr(t)) for line, t in zip(shown, want)), shown
+    assert any(t.startswith(" ") for t in want[:15])  # ' x' shown apart from 'x'
 
 
 @pytest.mark.parametrize("text, says", [

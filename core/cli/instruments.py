@@ -23,6 +23,7 @@ from core.cli.common import (
     pair_or_spec,
     policy_kwargs,
     policy_options,
+    quoted_tokens,
     ray_option,
     read_problems,
     setting_option,
@@ -99,8 +100,9 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
         return
     table = pd.concat(frames, ignore_index=True)
     cols = ["pos", "token", "base_token", "reason_token", "score", "acc_with", "acc_without", "effect", "ci_low", "ci_high"]
-    echo(table.sort_values("effect", ascending=False, kind="stable")[cols].head(SHOW_ROWS)
-               .to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    shown = table.sort_values("effect", ascending=False, kind="stable")[cols].head(SHOW_ROWS)
+    echo(quoted_tokens(shown, "token", "base_token", "reason_token")
+         .to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     echo(f"{len(table)} positions of {len(traces)} traces -> {path} (Spearman ρ of effect and score: "
                f"{effect_correlation(table):.3f}; intervals: Wilson / Newcombe 95%)")
 
@@ -262,7 +264,8 @@ def tokens(store_path: str | None, by: str, score_name: str, sort_by: str, top: 
     table = table.sort_values(sort_by, ascending=False, kind="stable", na_position="last")
     if path is not None:
         write_csv(table, path, what="token table")
-    echo(table.head(top).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    shown = quoted_tokens(table.head(top), "token") if by == "token" else table.head(top)
+    echo(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     echo(f"{len(table)} {by}s over {len(traces)} traces" + (f" -> {path}" if path else ""))
 
 

@@ -24,6 +24,7 @@ from core.cli.common import (
     pair_or_spec,
     policy_kwargs,
     policy_options,
+    quoted_tokens,
     ray_option,
     read_problems,
     setting_option,
@@ -70,7 +71,8 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
     trace = run_score(pair, prompt, response, store=open_store(store_path) if store_path else None)
     frame = trace.frame().assign(_score=score_values(trace.metrics, score_name))  # sign applied (delta_logp)
     cols = list(dict.fromkeys(["pos", "token", score_name, "entropy_base", "rank_base", "reason_top_rank_in_base"]))
-    echo(frame.sort_values("_score", ascending=False, kind="stable")[cols].head(top).to_string(index=False))
+    top_rows = frame.sort_values("_score", ascending=False, kind="stable")[cols].head(top)
+    echo(quoted_tokens(top_rows, "token").to_string(index=False))
     echo(f"key {trace.key}  tokens {len(trace)}")
 
 
