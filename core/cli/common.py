@@ -288,7 +288,12 @@ LOG_INTERVAL_S = 30.0  # on a stderr that is not a terminal (a log file), a bar 
 def close_bars() -> None:
     """Clear every progress bar still on screen (leave=False bars erase their line)."""
     while _OPEN_BARS:
-        _OPEN_BARS.pop().close()
+        _close(_OPEN_BARS.pop())
+
+
+def _close(bar: Any) -> None:
+    bar.close()
+    sys.stderr.flush()  # a left bar's last newline, before what the command prints next
 
 
 def open_bar(**kwargs: Any) -> Any:
@@ -322,7 +327,7 @@ class Bar:
     def close(self) -> None:
         if self.bar in _OPEN_BARS:
             _OPEN_BARS.remove(self.bar)
-        self.bar.close()
+        _close(self.bar)
 
 
 class StageBars:
