@@ -236,7 +236,7 @@ def free_output(out: str | os.PathLike[str], overwrite: bool) -> Path:
     return path
 
 
-def stored_traces(store: Any, keys: tuple[str, ...], hint: str) -> list[Any]:
+def given_traces(store: Any, keys: tuple[str, ...], hint: str) -> list[Any]:
     """The stored traces under `keys`; else a usage error naming every key not readable there and `hint`, the
     option or argument that gave them as the command's --help shows it (--key, KEY)."""
     missing = [k for k in keys if k not in store]

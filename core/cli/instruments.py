@@ -29,7 +29,7 @@ from core.cli.common import (
     setting_option,
     settings_options,
     store_option,
-    stored_traces,
+    given_traces,
 )
 from core.scoring.registry import DEFAULT_SCORE
 
@@ -82,7 +82,7 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
         pair, store = pair_or_spec(opts, executor), open_store(store_path)
         score = opts.get("score") or DEFAULT_SCORE
         if keys:
-            traces = stored_traces(store, keys, "--key")
+            traces = given_traces(store, keys, "--key")
         else:
             traces = _effect_traces(pair, store, problems_path, limit, policy_name, opts, executor, ratio=ratio,
                                     calibration_problems=calibration_problems, max_new_tokens=max_new_tokens,
@@ -181,7 +181,7 @@ def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv
     from core.instruments.lens import lens as run_lens
 
     store = open_store(store_path)
-    trace = stored_traces(store, (key,), "KEY")[0]
+    trace = given_traces(store, (key,), "KEY")[0]
     frame = run_lens(pair_from_options(opts), trace, pos, window=window, k=k)
     if as_csv:
         echo(frame.to_csv(index=False))
@@ -209,7 +209,7 @@ def curve(store_path: str | None, key: str, samples: int, sample_temperature: fl
     from core.instruments.success_curve import success_curve
 
     store = open_store(store_path)
-    trace = stored_traces(store, (key,), "KEY")[0]
+    trace = given_traces(store, (key,), "KEY")[0]
     bar = Bar("curve", unit="t")
     try:
         frame = success_curve(pair_from_options(opts), trace, samples, temperature=sample_temperature, store=store,
@@ -300,7 +300,7 @@ def router_train(store_path: str | None, target: str, keys: tuple[str, ...], lim
     path = free_output(out, overwrite)
     pair = pair_from_options(opts)
     store = open_store(store_path)
-    traces = stored_traces(store, keys, "--key") if keys else base_rollouts(pair, store, limit=limit)
+    traces = given_traces(store, keys, "--key") if keys else base_rollouts(pair, store, limit=limit)
     if len(traces) < 2:
         raise click.ClickException(f"{store.path} holds {len(traces)} base rollout(s) of this pair; generate some "
                                    "first (forkpoint generate --policy base_only) or pass --key")

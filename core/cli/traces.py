@@ -30,7 +30,7 @@ from core.cli.common import (
     setting_option,
     settings_options,
     store_option,
-    stored_traces,
+    given_traces,
 )
 from core.errors import ForkpointError, InvalidInputError
 from core.scoring.registry import GATE_SCORES, score_values
@@ -291,7 +291,7 @@ def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_
 
     at = parse_switches(at_text)
     store = open_store(store_path)
-    parent = stored_traces(store, (key,), "KEY")[0]
+    parent = given_traces(store, (key,), "KEY")[0]
     check_output(store.path, "--store", folder=True)
     pair = pair_from_options(opts)
     made = run_takeover(pair, parent, at, then=then, samples=samples, temperature=temperature,
