@@ -14,6 +14,7 @@ from core.cli.common import (
     close_executor,
     fail_cleanly,
     free_output,
+    given_traces,
     main,
     make_executor,
     open_store,
@@ -29,7 +30,6 @@ from core.cli.common import (
     setting_option,
     settings_options,
     store_option,
-    given_traces,
 )
 from core.scoring.registry import DEFAULT_SCORE
 

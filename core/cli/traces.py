@@ -16,6 +16,7 @@ from core.cli.common import (
     check_output,
     close_executor,
     fail_cleanly,
+    given_traces,
     main,
     make_executor,
     open_store,
@@ -30,7 +31,6 @@ from core.cli.common import (
     setting_option,
     settings_options,
     store_option,
-    given_traces,
 )
 from core.errors import ForkpointError, InvalidInputError
 from core.scoring.registry import GATE_SCORES, score_values
