@@ -114,8 +114,8 @@ def test_user_errors_are_messages_not_tracebacks(env, tmp_path):
     result = CliRunner().invoke(main, ["score", "--base", "x", "--prompt", "x", "--response", "y"])
     assert result.exit_code == 2 and "both --base and --reason" in result.output
     (tmp_path / "folder").mkdir()  # a folder that is not a model: the whole reason, not its first line
-    result = CliRunner().invoke(main, ["score", "--base", str(tmp_path / "folder"), "--reason", str(tmp_path / "folder"),
-                                       "--prompt", "x", "--response", "y"])
+    folder = str(tmp_path / "folder")
+    result = CliRunner().invoke(main, ["score", "--base", folder, "--reason", folder, "--prompt", "x", "--response", "y"])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "--base: Could not load" in result.output and "it has no config.json and no tokenizer file" in result.output
 
@@ -526,7 +526,8 @@ def test_help_texts_say_true_things():
         for opt in cmd.params:
             assert not isinstance(opt, click.Option) or opt.help, (name, opt.opts)
     generate = _help("generate")
-    assert "Gate absolute threshold τ (set by calibration). (default: calibrated on the problems) [Guided]\n" in generate
+    assert "Gate absolute threshold τ (set by calibration). (default: calibrated on the problems) [Guided]\n" \
+        in generate  # no [x<=None]
     assert "Seed of the sampling streams (draws keyed by seed, sample and position). [also read by: RandomPositions, " \
            "EarlyOnly]" in generate
     assert "quantile of base-rollout scores. [also read by: Guided, Router]" in generate  # Guided's calibration

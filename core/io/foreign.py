@@ -291,7 +291,7 @@ def csv_rows(fh: io.TextIOBase, where: str, max_bytes: int = MAX_LINE_BYTES, ski
     for rec in records:
         span = f"lines {rec.first}-{rec.last}" if rec.last > rec.first else f"line {rec.first}"
         if rec.text is None:
-            problem = f"row ({span}) is longer than {max_bytes} bytes (the limit){'; skipped unread' if skipped else ''}"
+            problem = f"row ({span}) is longer than {max_bytes} bytes (the limit)" + ("; skipped unread" if skipped else "")
         elif rec.open_quote:
             problem = (f"a quote opened on line {rec.first} is never closed: {span} were read as one "
                        f"row{and_skipped} (close the quote)")

@@ -197,7 +197,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 
 
 def _folder_lacks(folder: Path) -> list[str]:
-    """What a local folder lacks to be a model directory: config.json, a tokenizer file ([] if neither, or no folder)."""
+    """What a local folder lacks of a model directory: config.json, a tokenizer file ([]: none, or not a folder)."""
     if not folder.is_dir():
         return []
     lacks = [] if (folder / "config.json").is_file() else ["config.json"]
