@@ -42,6 +42,11 @@ def test_score_prints_the_top_tokens_and_stores(env):
     ce = [float(line.split()[-4]) for line in lines[1:4]]
     assert ce == sorted(ce, reverse=True)
     assert len(TraceStore(env["store"]).keys()) == 1
+    trace = TraceStore(env["store"]).get(TraceStore(env["store"]).keys()[0])
+    out = run("score", *env["pair"], "--prompt", "What is 2+3?", "--response", "2+3 = 5. The answer is 5.",
+              "--top", str(len(trace)))
+    for token in trace.tokens:  # quoted as lens and takeover quote them: ' The' is not 'The', a space not blank
+        assert repr(token) in out, (token, out)
 
 
 def test_generate_ls_export_analyze(env):
@@ -108,6 +113,11 @@ def test_user_errors_are_messages_not_tracebacks(env, tmp_path):
     assert result.exit_code != 0 and "does not exist" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(main, ["score", "--base", "x", "--prompt", "x", "--response", "y"])
     assert result.exit_code == 2 and "both --base and --reason" in result.output
+    (tmp_path / "folder").mkdir()  # a folder that is not a model: the whole reason, not its first line
+    folder = str(tmp_path / "folder")
+    result = CliRunner().invoke(main, ["score", "--base", folder, "--reason", folder, "--prompt", "x", "--response", "y"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "--base: Could not load" in result.output and "it has no config.json and no tokenizer file" in result.output
 
 
 # -- policies from the registry (H1) ------------------------------------------------------------------
@@ -362,6 +372,13 @@ def test_ls_counts_the_spikes_the_app_marks(tmp_path):
     assert SpikeRule().top == __import__("core").settings.SPIKE_TOP
 
 
+def test_takeover_refuses_two_switches_at_one_position(tmp_path):
+    """`--at 12=reason,12=base` contradicts itself: a usage error naming --at and 12 (it was "no change", rc 0)."""
+    result = CliRunner().invoke(main, ["takeover", "0" * 16, "--store", str(tmp_path), "--at", "12=reason,12=base"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "Invalid value for --at: position 12 is given twice ('12=reason' and '12=base')" in result.output
+
+
 def test_takeover_switches_a_stored_trace_and_prints_the_child(env):
     """`forkpoint takeover KEY --at 3=reason,5=base`: the child is stored, graded and printed."""
     import re
@@ -371,7 +388,7 @@ def test_takeover_switches_a_stored_trace_and_prints_the_child(env):
     from core.cli.traces import parse_switches
 
     assert parse_switches("3=reason, 5=base,7=42,9='x y'") == {3: "reason", 5: "base", 7: 42, 9: "x y"}
-    for bad in ("3", "x=reason", "3=maybe", "", "3="):
+    for bad in ("3", "x=reason", "3=maybe", "", "3=", "3=reason,3=base", "3=reason,3=reason"):
         with pytest.raises(click.BadParameter) as err:
             parse_switches(bad)
         assert err.value.param_hint == "--at"
@@ -469,3 +486,83 @@ def test_search_finds_a_string_in_every_trace(env):
     assert "3 matches in 2 of 2 traces" in out
     bad = CliRunner().invoke(main, ["search", "(", "--regex", "--store", env["store"]])
     assert bad.exit_code != 0 and "not a valid regular expression" in bad.output and "Traceback" not in bad.output
+
+
+def test_export_of_given_keys_skips_the_unreadable_names_each_and_exits_1(tmp_path):
+    """As the full export: the readable traces are written and every damaged or unknown key is named; the exit
+    code is 1 so scripts notice (it stopped at the first damaged key, with nothing written)."""
+    from tests.fakes import make_trace
+
+    store = TraceStore(tmp_path / "store")
+    keys = [store.put(make_trace(n_tokens=6, seed=s)) for s in range(3)]
+    damaged = store.traces_dir / f"{keys[1]}.parquet"
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    out = tmp_path / "some.jsonl"
+    result = CliRunner().invoke(main, ["export", "--store", str(store.path), "--out", str(out), keys[0], keys[1],
+                                       "feedfacefeedface", keys[2]])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert sorted(t.key for t in read_jsonl(out)) == sorted([keys[0], keys[2]])
+    assert f"{keys[1]}.parquet:" in result.output and "feedfacefeedface.parquet: No trace with key" in result.output
+    assert "2 traces ->" in result.output and "2 unreadable skipped" in result.output
+    none = CliRunner().invoke(main, ["export", "--store", str(store.path), "--out", str(tmp_path / "none.jsonl"),
+                                     keys[1]])
+    assert none.exit_code == 1 and "nothing written" in none.output and not (tmp_path / "none.jsonl").exists()
+
+
+def _help(*names: str) -> str:
+    return CliRunner().invoke(main, [*names, "--help"], terminal_width=2000).output
+
+
+def test_help_texts_say_true_things():
+    """Every option has a help text; no bogus range (x<=None) for an unbounded number; a setting-backed policy
+    option is not claimed by those policies alone; numbers come from the settings table, not literals."""
+    import click
+
+    from core import settings
+
+    for name, cmd in _commands(main):
+        text = _help(*name.split())
+        assert "None]" not in text and "None;" not in text, name
+        for opt in cmd.params:
+            assert not isinstance(opt, click.Option) or opt.help, (name, opt.opts)
+    generate = _help("generate")
+    assert "Gate absolute threshold τ (set by calibration). (default: calibrated on the problems) [Guided]\n" \
+        in generate  # no [x<=None]
+    assert "Seed of the sampling streams (draws keyed by seed, sample and position). [also read by: RandomPositions, " \
+           "EarlyOnly]" in generate
+    assert "quantile of base-rollout scores. [also read by: Guided, Router]" in generate  # Guided's calibration
+    assert f"else its top {settings.SPIKE_TOP:.0%} by --score" in _help("search") and "5%" not in _help("search")
+    router = _help("router", "train")
+    assert "sampling streams" not in router and "Seed of the held-out split" in router
+    overwrite = {name: next(o.help for o in cmd.params if o.name == "overwrite")
+                 for name, cmd in _commands(main) if any(o.name == "overwrite" for o in cmd.params)}
+    assert set(overwrite) >= {"export", "tokens", "effects", "router train", "analyze"}
+    assert overwrite["export"] == "Replace --out when it exists." and all(h.startswith("Replace ") for h in overwrite.values())
+
+
+def test_progress_bars_do_not_flood_a_log(env):
+    """stderr that is not a terminal (CliRunner's, a redirected log): a bar prints when it starts and when it ends
+    (and at most every LOG_INTERVAL_S between), not on every update as it did (303 of 431 lines of one log)."""
+    import re
+
+    result = CliRunner().invoke(main, ["generate", *env["pair"], "--store", env["store"], "--problems",
+                                       env["problems"], "--policy", "early_only", "--max-new-tokens", "4",
+                                       "--batch-size", "1"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    shown = [part for part in re.split(r"[\r\n]", result.stderr) if "trace/s" in part]
+    assert len(shown) <= 2, shown  # a start and an end line, not one per trace
+    assert shown[-1].startswith("generate early_only: 100%") and f"{len(PROBLEMS)}/{len(PROBLEMS)}" in shown[-1]
+    import click
+
+    from core.cli.common import StageBars
+
+    @click.command()
+    def staged() -> None:
+        bars = StageBars()
+        for stage in ("calibrate", "guided"):
+            for done in range(51):
+                bars(stage, done, 50)
+        bars.close()
+
+    shown = [p for p in re.split(r"[\r\n]", CliRunner().invoke(staged, []).stderr) if "problem" in p]
+    assert len(shown) <= 4 and [p.split(":")[0] for p in shown[1::2]] == ["calibrate", "guided"], shown

@@ -281,6 +281,11 @@ def test_cli_curve_prints_the_success_curve_and_its_pivotal_tokens(demo, tmp_pat
     assert list(table["pos"]) == list(want["pos"]) and np.allclose(table["p"], want["p"])
     text = CliRunner().invoke(main, ["curve", trace.key, "--store", str(store.path), "--samples", "3"])
     assert text.exit_code == 0 and "pivotal token" in text.output
+    bad = CliRunner().invoke(main, ["curve", "nope", "--store", str(store.path)])  # KEY as --help shows it
+    assert bad.exit_code == 2 and "Invalid value for KEY: no readable trace 'nope'" in bad.output
+    bad = CliRunner().invoke(main, ["effects", "--key", trace.key, "--key", "nope", "--key", "nope2", "--store",
+                                    str(store.path), "--out", str(tmp_path / "e.csv")])
+    assert bad.exit_code == 2 and "Invalid value for --key: no readable trace 'nope', 'nope2'" in bad.output
 
 
 # -- spread over an executor (the Ray test is in test_scale_ray.py, on that file's Ray) -----------

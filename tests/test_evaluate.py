@@ -315,3 +315,12 @@ def test_stored_recovery_compares_each_configuration_on_the_problems_it_shares_w
     assert table.loc["base_only", "accuracy"] == 0.5 and table.loc["base_only", "problems"] == 2
     with pytest.raises(core.InvalidInputError, match="share none"):
         ev.stored_policy_table([trace("base_only", "a", True), trace("reason_only", "b", True)])
+
+
+def test_a_problem_without_gold_says_what_to_rename() -> None:
+    """No API keyword alone (the CLI has no --answer-field): the names to rename to, and the keyword for Python."""
+    with pytest.raises(InvalidInputError) as err:
+        ev.require_gold([core.Problem("a", "1+1?", "2"), core.Problem("b", "2+2?")])
+    assert "1 of 2 problems" in str(err.value) and str(err.value).endswith(
+        "rename the answer's field to one of answer, final_answer, gold, target, expected_answer (in Python, "
+        "load_problems(..., answer_field=NAME) reads another)")

@@ -281,7 +281,7 @@ def test_import_with_fake_scorer(tmp_path):
     assert calls[0][1] == {"id": "a", "prompt": "What is 2+2?", "gold": "4"}
     assert progress[-1] == (11, 11) and [d for d, _ in progress] == sorted(d for d, _ in progress)
     assert [line for line, _ in result.stored] == [1, 8, 10] and all(k in store for k in result.keys)
-    assert (3, "ModelLoadError: token id 7 is outside the vocabulary") in result.errors
+    assert (3, "token id 7 is outside the vocabulary") in result.errors  # a core error's message, not its class
     assert [line for line, _ in result.errors] == [3, 4, 5, 6, 7, 9, 11]
     assert result.notes == [(8, "id 'a' also on line 1, with other content")]
     stored = store.get(result.keys[2])
@@ -290,6 +290,16 @@ def test_import_with_fake_scorer(tmp_path):
     assert record_lines(store) == dict(result.stored)
     report = result.to_dict()
     assert (report["stored"], report["skipped"], report["failed"], report["complete"]) == (3, 0, 7, True)
+
+
+def test_failure_reasons_show_a_core_message_alone():
+    """Issue: "InvalidInputError: Prompt (6 tokens)..." in the report; a core error's message is written for the
+    user, another error keeps its class (a bare KeyError's message is only the key)."""
+    from core.errors import InvalidInputError
+    from core.io.imports import failure_reason
+
+    assert failure_reason(InvalidInputError("Prompt (6 tokens) is too long")) == "Prompt (6 tokens) is too long"
+    assert failure_reason(KeyError("x")) == "KeyError: 'x'" and failure_reason(RuntimeError()) == "RuntimeError"
 
 
 def test_records_with_an_answer_are_graded_on_import(tmp_path):

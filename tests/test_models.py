@@ -91,10 +91,19 @@ def test_an_older_transformers_is_refused_with_the_fix(monkeypatch, tiny_dirs) -
         core.load_pair(str(tiny_dirs["llama_base"]), str(tiny_dirs["llama_reason"]), device="cpu")
 
 
-def test_directory_without_a_model_is_a_load_error(tmp_path) -> None:
+def test_directory_without_a_model_is_a_load_error(tmp_path, tiny_dirs) -> None:
+    """The message says what the folder lacks, and transformers' reason whole (it was cut after its first line,
+    "Couldn't instantiate the backend tokenizer from one of: ")."""
     (tmp_path / "empty").mkdir()
-    with pytest.raises(core.ModelLoadError, match="empty"):
+    with pytest.raises(core.ModelLoadError) as err:
         core.load_pair(str(tmp_path / "empty"), str(tmp_path / "empty"), device="cpu")
+    message = str(err.value)
+    assert "as a local model directory: it has no config.json and no tokenizer file (tokenizer.json," in message
+    assert message.rstrip(")").endswith("to convert a slow tokenizer to a fast one.") and "\n" not in message
+    (tmp_path / "empty" / "config.json").write_text((tiny_dirs["qwen_base"] / "config.json").read_text())
+    with pytest.raises(core.ModelLoadError, match=r"it has no tokenizer file \(") as err:
+        core.load_pair(str(tmp_path / "empty"), str(tmp_path / "empty"), device="cpu")
+    assert "no config.json" not in str(err.value)
 
 
 def test_unknown_hub_id_offline(monkeypatch, tmp_path) -> None:

@@ -78,6 +78,24 @@ def test_csv_bad_row(tmp_path: Path) -> None:
     assert [p.prompt for p in load_problems(path, skip_bad=True)] == ["ok"]
 
 
+
+def test_csv_unclosed_quote_is_refused_not_merged(tmp_path: Path) -> None:
+    """A quote left open swallowed the next row (c2's prompt was "unterminated,5\nc3,..."): the problem loader
+    now reads CSV as `forkpoint import` does (core.io.foreign.csv_rows) and refuses, or skips, the merged row."""
+    path = tmp_path / "p.csv"
+    path.write_text('id,question,answer\nc1,"What is 2+2?",4\nc2,"unterminated,5\nc3,What is 3+3?,6\n')
+    with pytest.raises(InvalidInputError) as err:
+        load_problems(path)
+    assert str(err.value) == (f"{path}:3: a quote opened on line 3 is never closed: lines 3-4 were read as one row "
+                              "(close the quote)")
+    assert [p.id for p in load_problems(path, skip_bad=True)] == ["c1"]
+    path.write_text('question,answer\n"Two, three?",3\nshort\n\n"multi\nline",4\n')  # a short row lacks its answer
+    assert [(p.prompt, p.gold, p.meta["line"]) for p in load_problems(path)] == [
+        ("Two, three?", "3", 2), ("short", None, 3), ("multi\nline", "4", 6)]
+    path.write_text('"question,answer\nx,1\n')
+    with pytest.raises(InvalidInputError, match="header row opens a quote that is never closed"):
+        load_problems(path, skip_bad=True)
+
 def test_json_list(tmp_path: Path) -> None:
     path = tmp_path / "list.json"
     path.write_text(json.dumps([{"question": "A", "answer": "1"}, {"question": "B"}]), encoding="utf-8")
@@ -106,6 +124,16 @@ def test_bad_lines_name_their_line(tmp_path: Path, row: str, problem: str, caplo
     assert [p.prompt for p in got] == ["fine", "also fine"]
     assert [p.id for p in got] == ["p-0", "p-2"]  # ids stay tied to the row index past a bad row
     assert "p.jsonl:3" in caplog.text
+
+
+def test_no_question_field_says_what_to_do_in_the_cli_and_in_python(tmp_path: Path) -> None:
+    """The CLI has no --question-field: the message names the accepted names to rename to, and the API keyword."""
+    path = write_jsonl(tmp_path / "q.jsonl", [{"text": "hi", "answer": "1"}])
+    with pytest.raises(InvalidInputError) as err:
+        load_problems(path)
+    assert str(err.value) == (f"{path}:1: no question field (tried question, problem, prompt, input, query); fields "
+                              "are: text, answer; rename the question's field to one of the names tried (in Python, "
+                              "load_problems(..., question_field=NAME) reads another)")
 
 
 def test_duplicate_ids(tmp_path: Path) -> None:

@@ -112,3 +112,39 @@ def test_cli_tokens_prints_and_writes_the_table(tmp_path) -> None:
     table = pd.read_csv(out, keep_default_na=False, na_values=[""])
     assert table["count"].sum() == 90 and table["max_score"].is_monotonic_decreasing
     assert "tokens over 3 traces" in result.output
+    want = token_stats(traces).sort_values("max_score", ascending=False, kind="stable", na_position="last")["token"]
+    shown = result.output.splitlines()[1:-1]  # the rows under the header: each starts with its quoted token
+    assert len(shown) == 15 and all(line.strip().startswith(repr(t)) for line, t in zip(shown, want)), shown
+    assert any(t.startswith(" ") for t in want[:15])  # ' x' shown apart from 'x'
+
+
+@pytest.mark.parametrize("text, says", [
+    ('garbage,\n"x\n', "cannot read an effects table"),  # malformed CSV (pandas' ParserError)
+    ("", "cannot read an effects table"),  # empty file (EmptyDataError)
+    ("trace,pos\nab,1\n", "missing: effect"),
+    ("trace,pos,effect\nab,1,high\n", "an effect that is not a number in 1 row(s) (first: 'high' in data row 1)"),
+    ("trace,pos,effect\nab,1,0.5\nab,x,0.5\n", "a pos that is not a whole number in 1 row(s) (first: 'x' in data row 2)"),
+])
+def test_cli_tokens_refuses_a_bad_effects_file(tmp_path, text, says) -> None:
+    from click.testing import CliRunner
+
+    from core.cli import main
+
+    store = core.TraceStore(tmp_path / "store")
+    store.put(make_trace(n_tokens=10, annotate=True))
+    bad = tmp_path / "effects.csv"
+    bad.write_text(text)
+    result = CliRunner().invoke(main, ["tokens", "--store", str(store.path), "--effects", str(bad)])
+    assert result.exit_code == 2  # a usage error, not a traceback
+    assert "--effects" in result.output and says in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_read_effects_reads_what_effects_writes(tmp_path) -> None:
+    from core.instruments.effects import EFFECT_COLUMNS
+    from core.instruments.token_stats import read_effects
+
+    path = tmp_path / "effects.csv"
+    pd.DataFrame([["0123", 4, *[""] * 4, 0.5, 0.25, 0.25, *[0] * 10]], columns=EFFECT_COLUMNS).to_csv(path, index=False)
+    table = read_effects(path)
+    assert (table["trace"].tolist(), table["pos"].tolist(), table["effect"].tolist()) == (["0123"], [4], [0.25])

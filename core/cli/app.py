@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from core.cli.common import (
-    Bar,
+    StageBars,
     fail_cleanly,
     main,
     pair_options,
@@ -31,22 +31,20 @@ def demo() -> None:
 
 @demo.command(name="train")
 @click.option("--out", type=click.Path(file_okay=False), help="Output directory (default: assets/demo).")
-@click.option("--size", type=click.Choice(["full", "tiny"]), default="full", show_default=True)
-@setting_option("seed")
+@click.option("--size", type=click.Choice(["full", "tiny"]), default="full", show_default=True,
+              help="full: the bundled demo pair (minutes); tiny: a toy network in a few steps (seconds, for tests).")
+@setting_option("seed", help="Seed of the training: initial weights and the synthetic training corpora.")
 @fail_cleanly
 def demo_train(out: str | None, size: str, seed: int) -> None:
     """Train the demo base / reasoning pair on the synthetic task (CPU, minutes)."""
     from core.demo.pair import DEMO_DIR
     from core.demo.train import train_demo_pair
 
-    bars: dict[str, Bar] = {}
-
-    def progress(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, Bar(f"train {stage}", unit="step"))(done, total)
-
-    train_demo_pair(out or DEMO_DIR, size=size, seed=seed, progress=progress)
-    for bar in bars.values():
-        bar.close()
+    bars = StageBars(unit="step", prefix="train ")
+    try:
+        train_demo_pair(out or DEMO_DIR, size=size, seed=seed, progress=bars)
+    finally:
+        bars.close()
 
 
 # The flags the app forwards to app/main.py (app/config.py parses them on the Streamlit side): the pair's

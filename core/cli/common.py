@@ -76,6 +76,12 @@ def cli_words(message: str) -> str:
     return re.sub(r"(?<![\w.-])(format|score|store)=(?![\w'\"])", r"--\1", message)  # "give format=" -> "give --format"
 
 
+def quoted_tokens(frame: Any, *columns: str) -> Any:
+    """`frame` with the token texts in `columns` quoted as `lens` and `takeover` print tokens (repr): a space
+    token shows as ' ', and ' add' differs from 'add'. For tables printed to the terminal, not CSV."""
+    return frame.assign(**{c: frame[c].map(repr) for c in columns})
+
+
 def checked_text(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:
     """Click callback for every free-text option or argument: `settings.check_text` (lone surrogates or bytes
     that are not UTF-8, NUL, size) at the edge, a usage error naming the flag, before anything loads."""
@@ -217,6 +223,29 @@ def open_store(path: str | None):
     return TraceStore(path or default_store_path())
 
 
+def overwrite_option(what: str = "--out", note: str = ""):
+    """--overwrite: replace `what` when it exists (without it a command refuses, naming the flag: `free_output`)."""
+    return click.option("--overwrite", is_flag=True, help=f"Replace {what} when it exists{note}.")
+
+
+def free_output(out: str | os.PathLike[str], overwrite: bool) -> Path:
+    """`out` as a Path, unless it exists and --overwrite was not given: then a CLI error naming --overwrite."""
+    path = Path(out)
+    if path.exists() and not overwrite:
+        raise click.ClickException(f"{path} exists; pass --overwrite to replace it (or choose another --out)")
+    return path
+
+
+def given_traces(store: Any, keys: tuple[str, ...], hint: str) -> list[Any]:
+    """The stored traces under `keys`; else a usage error naming every key not readable there and `hint`, the
+    option or argument that gave them as the command's --help shows it (--key, KEY)."""
+    missing = [k for k in keys if k not in store]
+    if missing:
+        raise click.BadParameter(f"no readable trace {', '.join(map(repr, missing))} in {store.path} (see "
+                                 "`forkpoint ls`)", param_hint=hint)
+    return [store.get(k) for k in keys]
+
+
 def read_problems(path: str | None, limit: int | None):
     if path is None:
         from core.demo.pair import demo_problems
@@ -253,21 +282,37 @@ def problems_and_calibration(problems_path: str | None, calibration_path: str | 
 
 
 _OPEN_BARS: list[Any] = []  # tqdm bars on screen now; closed before an error message is printed
+LOG_INTERVAL_S = 30.0  # on a stderr that is not a terminal (a log file), a bar prints at most this often
 
 
 def close_bars() -> None:
     """Clear every progress bar still on screen (leave=False bars erase their line)."""
     while _OPEN_BARS:
-        _OPEN_BARS.pop().close()
+        _close(_OPEN_BARS.pop())
+
+
+def _close(bar: Any) -> None:
+    bar.close()
+    sys.stderr.flush()  # a left bar's last newline, before what the command prints next
 
 
 def open_bar(**kwargs: Any) -> Any:
-    """A tqdm bar on stderr that `close_bars` clears when the command fails."""
+    """A tqdm bar on stderr that `close_bars` clears when the command fails. On a terminal it redraws in place
+    (and is erased when done); on anything else (a log file, a pipe) it prints when it starts, at most every
+    LOG_INTERVAL_S seconds, and its final count when it ends: tqdm's mininterval, not a line per update."""
     from tqdm import tqdm
 
-    bar = tqdm(leave=False, file=sys.stderr, **kwargs)
+    terminal = sys.stderr.isatty()
+    interval = {} if terminal else {"mininterval": LOG_INTERVAL_S, "maxinterval": LOG_INTERVAL_S}
+    bar = tqdm(leave=not terminal, file=sys.stderr, **interval, **kwargs)
     _OPEN_BARS.append(bar)
     return bar
+
+
+def _advance(bar: Any, done: int, total: int) -> None:
+    """Move a bar to `done` of `total`; tqdm redraws it only as often as its mininterval allows."""
+    bar.total = total
+    bar.update(done - bar.n)
 
 
 class Bar:
@@ -277,30 +322,27 @@ class Bar:
         self.bar = open_bar(desc=desc, unit=unit)
 
     def __call__(self, done: int, total: int) -> None:
-        self.bar.total = total
-        self.bar.n = done
-        self.bar.refresh()
+        _advance(self.bar, done, total)
 
     def close(self) -> None:
         if self.bar in _OPEN_BARS:
             _OPEN_BARS.remove(self.bar)
-        self.bar.close()
+        _close(self.bar)
 
 
 class StageBars:
-    """One tqdm bar per stage, driven by core's progress(stage, done, total) callbacks."""
+    """One tqdm bar per stage, driven by core's progress(stage, done, total) callbacks, counting `unit`s."""
 
-    def __init__(self) -> None:
+    def __init__(self, unit: str = "problem", prefix: str = "") -> None:
         self.stage: str | None = None
         self.bar: Any = None
+        self.unit, self.prefix = unit, prefix
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if stage != self.stage:
             self.close()
-            self.stage, self.bar = stage, open_bar(desc=stage, total=total, unit="problem")
-        self.bar.total = total
-        self.bar.n = done
-        self.bar.refresh()
+            self.stage, self.bar = stage, open_bar(desc=self.prefix + stage, total=total, unit=self.unit)
+        _advance(self.bar, done, total)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -15,9 +15,11 @@ from core.cli.common import (
     close_executor,
     fail_cleanly,
     float_list,
+    free_output,
     main,
     make_executor,
     open_store,
+    overwrite_option,
     pair_from_options,
     pair_options,
     pair_or_spec,
@@ -43,7 +45,7 @@ BUDGETS_HELP = ("Comma-separated takeover caps for Guided (share of max-new-toke
 @click.option("--out", required=True, type=click.Path(),
               help="Output folder (report.html and one CSV per table), or a .html file (the report alone).")
 @setting_option("score", dest="score_name")
-@click.option("--overwrite", is_flag=True, help="Replace an existing report in --out.")
+@overwrite_option("the report in --out")
 @click.option("--only", "only", multiple=True, metavar="ANALYSIS",
               help="Run only these analyses (repeatable; names: `core.list_analyses()`, e.g. lorenz, position).")
 @setting_option("report_keep_gib", dest="keep_gib")
@@ -61,9 +63,7 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
 
     as_file = Path(out).suffix.lower() in (".html", ".htm")  # the report file itself, not a folder named so
     check_output(out, "--out", folder=not as_file)
-    html = Path(out) if as_file else Path(out) / "report.html"
-    if html.exists() and not overwrite:
-        raise click.ClickException(f"{html} exists; pass --overwrite to replace it (or choose another --out)")
+    html = free_output(Path(out) if as_file else Path(out) / "report.html", overwrite)
     from core.io.stored_traces import StoredTraces
 
     store = open_store(store_path)

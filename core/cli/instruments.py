@@ -13,21 +13,25 @@ from core.cli.common import (
     Bar,
     close_executor,
     fail_cleanly,
+    free_output,
+    given_traces,
     main,
     make_executor,
     open_store,
+    overwrite_option,
     pair_from_options,
     pair_options,
     pair_or_spec,
     policy_kwargs,
     policy_options,
+    quoted_tokens,
     ray_option,
     read_problems,
     setting_option,
     settings_options,
     store_option,
 )
-from core.scoring.registry import DEFAULT_SCORE, SCORES
+from core.scoring.registry import DEFAULT_SCORE
 
 SHOW_ROWS = 15  # rows printed by default
 
@@ -40,20 +44,6 @@ def _positions(value: str) -> str | list[int]:
     except ValueError:
         raise click.BadParameter(f"{value!r} is neither 'spikes' nor a comma-separated list of token positions",
                                  param_hint="--positions") from None
-
-
-def _free(out: str, overwrite: bool) -> Path:
-    path = Path(out)
-    if path.exists() and not overwrite:
-        raise click.ClickException(f"{path} exists; pass --overwrite to replace it (or choose another --out)")
-    return path
-
-
-def _stored(store: Any, keys: tuple[str, ...]) -> list[Any]:
-    missing = [k for k in keys if k not in store]
-    if missing:
-        raise click.BadParameter(f"no readable trace {missing[0]!r} in {store.path}", param_hint="--key")
-    return [store.get(k) for k in keys]
 
 
 @main.command()
@@ -70,7 +60,7 @@ def _stored(store: Any, keys: tuple[str, ...]) -> list[Any]:
 @click.option("--sample-temperature", type=FiniteFloat(0), default=None,
               help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
 @click.option("--out", default="effects.csv", show_default=True, type=click.Path(dir_okay=False), help="CSV to write.")
-@click.option("--overwrite", is_flag=True, help="Replace --out (stored continuations are reused, not decoded again).")
+@overwrite_option(note=" (stored continuations are reused, not decoded again)")
 @policy_options
 @settings_options("calibration_problems", "max_new_tokens", "temperature", "batch_size")  # --ratio: policy_options
 @ray_option
@@ -86,13 +76,13 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
     writes the rows measured so far). With --ray, the positions of every trace are spread over Ray workers
     (one batch per position, the same rows as in-process)."""
     where = _positions(positions)
-    path = _free(out, overwrite)
+    path = free_output(out, overwrite)
     executor = make_executor(ray_address, opts)
     try:
         pair, store = pair_or_spec(opts, executor), open_store(store_path)
         score = opts.get("score") or DEFAULT_SCORE
         if keys:
-            traces = _stored(store, keys)
+            traces = given_traces(store, keys, "--key")
         else:
             traces = _effect_traces(pair, store, problems_path, limit, policy_name, opts, executor, ratio=ratio,
                                     calibration_problems=calibration_problems, max_new_tokens=max_new_tokens,
@@ -110,8 +100,9 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
         return
     table = pd.concat(frames, ignore_index=True)
     cols = ["pos", "token", "base_token", "reason_token", "score", "acc_with", "acc_without", "effect", "ci_low", "ci_high"]
-    echo(table.sort_values("effect", ascending=False, kind="stable")[cols].head(SHOW_ROWS)
-               .to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    shown = table.sort_values("effect", ascending=False, kind="stable")[cols].head(SHOW_ROWS)
+    echo(quoted_tokens(shown, "token", "base_token", "reason_token")
+         .to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     echo(f"{len(table)} positions of {len(traces)} traces -> {path} (Spearman ρ of effect and score: "
                f"{effect_correlation(table):.3f}; intervals: Wilson / Newcombe 95%)")
 
@@ -190,7 +181,7 @@ def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv
     from core.instruments.lens import lens as run_lens
 
     store = open_store(store_path)
-    trace = _stored(store, (key,))[0]
+    trace = given_traces(store, (key,), "KEY")[0]
     frame = run_lens(pair_from_options(opts), trace, pos, window=window, k=k)
     if as_csv:
         echo(frame.to_csv(index=False))
@@ -218,7 +209,7 @@ def curve(store_path: str | None, key: str, samples: int, sample_temperature: fl
     from core.instruments.success_curve import success_curve
 
     store = open_store(store_path)
-    trace = _stored(store, (key,))[0]
+    trace = given_traces(store, (key,), "KEY")[0]
     bar = Bar("curve", unit="t")
     try:
         frame = success_curve(pair_from_options(opts), trace, samples, temperature=sample_temperature, store=store,
@@ -239,37 +230,42 @@ def curve(store_path: str | None, key: str, samples: int, sample_temperature: fl
 @store_option
 @click.option("--by", type=click.Choice(["token", "tag"]), default="token", show_default=True,
               help="Group by token string or by planning category.")
-@click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True)
+@setting_option("score", dest="score_name", help="Score of mean_score and max_score, and whose top tokens are the "
+                "spikes of spike_rate (a trace's own spikes when it has them).")
 @click.option("--sort", "sort_by", type=click.Choice(["count", "mean_score", "max_score", "spike_rate", "takeover_rate",
-                                                       "mean_effect"]), default="count", show_default=True)
+                                                       "mean_effect"]), default="count", show_default=True,
+              help="Column the rows are ordered by, highest first (mean_effect: with --effects).")
 @click.option("--top", default=SHOW_ROWS, show_default=True, type=click.IntRange(1), help="Rows to print.")
 @click.option("--effects", "effects_path", type=click.Path(exists=True, dir_okay=False),
               help="A `forkpoint effects` CSV: adds the mean measured effect per row.")
 @click.option("--with-branches", is_flag=True, help="Count branches and effect continuations too.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the whole table as CSV.")
-@click.option("--overwrite", is_flag=True, help="Replace --out.")
+@overwrite_option()
 @fail_cleanly
 def tokens(store_path: str | None, by: str, score_name: str, sort_by: str, top: int, effects_path: str | None,
            with_branches: bool, out: str | None, overwrite: bool) -> None:
     """Dataset token statistics over the store: count, scores, spike and takeover rates, measured effects."""
-    import pandas as pd
-
     from core.cli.store import existing_store, warn_unreadable
-    from core.instruments.token_stats import token_stats
+    from core.errors import InvalidInputError
+    from core.instruments.token_stats import read_effects, token_stats
     from core.io.csvsafe import write_csv
 
-    path = _free(out, overwrite) if out else None
+    path = free_output(out, overwrite) if out else None
     store = existing_store(store_path)
     traces, bad = store.load_all()
     warn_unreadable(bad)
     if not with_branches:
         traces = [t for t in traces if t.meta.get("kind") != "branch"]
-    effects = pd.read_csv(effects_path) if effects_path else None
+    try:
+        effects = read_effects(effects_path) if effects_path else None
+    except InvalidInputError as err:
+        raise click.BadParameter(str(err), param_hint="--effects") from None
     table = token_stats(traces, score=score_name, by=by, effects=effects)
     table = table.sort_values(sort_by, ascending=False, kind="stable", na_position="last")
     if path is not None:
         write_csv(table, path, what="token table")
-    echo(table.head(top).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    shown = quoted_tokens(table.head(top), "token") if by == "token" else table.head(top)
+    echo(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     echo(f"{len(table)} {by}s over {len(traces)} traces" + (f" -> {path}" if path else ""))
 
 
@@ -291,8 +287,9 @@ def router() -> None:
               help="Width of the one hidden layer (0 = logistic regression).")
 @click.option("--epochs", type=click.IntRange(1), default=300, show_default=True, help="Full-batch Adam steps.")
 @click.option("--out", required=True, help="Folder to write router.safetensors and card.json into.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing router folder.")
-@settings_options("ratio", "window", "score", "seed")
+@overwrite_option("the router folder --out")
+@settings_options("ratio", "window", "score")
+@setting_option("seed", help="Seed of the held-out split of the traces and of the router's initial weights.")
 @fail_cleanly
 def router_train(store_path: str | None, target: str, keys: tuple[str, ...], limit: int, hidden: int, epochs: int,
                  out: str, overwrite: bool, ratio: float, window: int, score: str, seed: int, **opts: Any) -> None:
@@ -300,10 +297,10 @@ def router_train(store_path: str | None, target: str, keys: tuple[str, ...], lim
     from core.decoding.calibration import base_rollouts
     from core.instruments.router_training import train_router
 
-    path = _free(out, overwrite)
+    path = free_output(out, overwrite)
     pair = pair_from_options(opts)
     store = open_store(store_path)
-    traces = _stored(store, keys) if keys else base_rollouts(pair, store, limit=limit)
+    traces = given_traces(store, keys, "--key") if keys else base_rollouts(pair, store, limit=limit)
     if len(traces) < 2:
         raise click.ClickException(f"{store.path} holds {len(traces)} base rollout(s) of this pair; generate some "
                                    "first (forkpoint generate --policy base_only) or pass --key")

@@ -24,9 +24,13 @@ class FiniteFloat(click.FloatRange):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
-            where = self._describe_range() if (self.min is not None or self.max is not None) else "a finite number"
-            self.fail(f"{value!r} is not a finite number; give a number {where}", param, ctx)
+            where = self._describe_range()
+            self.fail(f"{value!r} is not a finite number" + (f"; give a number {where}" if where else ""), param, ctx)
         return super().convert(number, param, ctx)
+
+    def _describe_range(self) -> str:
+        """click's range text ("0.0<=x<=1.0"), or "" when unbounded (click would print "x<=None" in --help)."""
+        return super()._describe_range() if self.min is not None or self.max is not None else ""
 
 
 def _range_type(kind: type, low: float | None, high: float | None, choices: tuple[str, ...] = (),
@@ -125,13 +129,15 @@ def policy_options(fn):
     Gate parameters (--tau, --lam) default to "calibrate on the problems".
     """
     specs = list_policies()
-    users = {name: [s.label for s in specs if any(p.name == name for p in s.params)] for name in policy_params()}
+    users = {name: [s.label for s in specs if name in s.calibration or any(p.name == name for p in s.params)]
+             for name in policy_params()}  # the policies that take it, or whose calibration reads it (ratio)
     options = [click.option("--policy", "policy_name", type=click.Choice([s.name for s in specs]), default="base_only",
                             show_default=True, help="Takeover policy: " + "; ".join(f"{s.name} ({s.help.rstrip('.')})" for s in specs))]
     for name, p in policy_params().items():
         who = f" [{', '.join(users[name])}]"
-        if name in settings.SETTINGS:
-            options.append(setting_option(name, p, help=settings.SETTINGS[name].help + who))
+        if name in settings.SETTINGS:  # a setting has its own use beyond these policies (the seed: all sampling)
+            options.append(setting_option(name, p, help=f"{settings.SETTINGS[name].help} [also read by: "
+                                                       f"{', '.join(users[name])}]"))
             continue
         default = None if (p.optional or p.from_gate) else p.default
         note = " (default: none)" if p.optional else " (default: calibrated on the problems)" if p.from_gate else ""

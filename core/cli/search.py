@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from core import settings
 from core.cli.common import checked_text, echo, fail_cleanly, main, store_option
 from core.cli.store import existing_store, warn_unreadable
 from core.scoring.registry import DEFAULT_SCORE, SCORES
@@ -18,7 +19,8 @@ SHOWN = ["key", "problem", "pos", "match", "score", "spike", "tag", "source", "c
 @click.option("--ignore-case", "-i", is_flag=True, help="Match regardless of case.")
 @click.option("--score", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True,
               help="The score reported for each match (the highest over the tokens it covers).")
-@click.option("--spikes-only", is_flag=True, help="Only matches on a spike (the top 5% of the trace by --score).")
+@click.option("--spikes-only", is_flag=True,
+              help=f"Only matches on a spike (the trace's spikes, else its top {settings.SPIKE_TOP:.0%} by --score).")
 @click.option("--tags", is_flag=True, help="Add each match's planning tag (loads spaCy).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many rows.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV (every column) instead of a table.")

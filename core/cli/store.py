@@ -19,6 +19,7 @@ from core.cli.common import (
     make_executor,
     open_bar,
     open_store,
+    overwrite_option,
     pair_options,
     pair_or_spec,
     ray_option,
@@ -89,23 +90,25 @@ def ls(store_path: str | None, unreadable: bool, as_csv: bool) -> None:
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output file.")
 @click.option("--score", "score_name", type=click.Choice(SCORES), default=DEFAULT_SCORE, show_default=True,
               help="Score whose top tokens are marked as spikes (every format) and that colours the heatmap (html).")
-@click.option("--overwrite", is_flag=True)
+@overwrite_option()
 @click.option("--parents", is_flag=True, help="Create --out's folder when it does not exist.")
 @fail_cleanly
 def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: str, score_name: str,
            overwrite: bool, parents: bool) -> None:
-    """Export traces (all readable ones, or the given keys) as JSONL, CSV, Parquet or self-contained HTML."""
+    """Export traces (all readable ones, or the given keys) as JSONL, CSV, Parquet or self-contained HTML.
+
+    Unreadable traces are skipped and named; when a given KEY is among them, the rest are exported and the
+    command exits 1."""
 
     from core.views.exports import export as run_export
 
     check_output(out, "--out", parents=parents, offer_parents=True)
     store = existing_store(store_path)
-    if keys:  # keys the user named must all be there: no silent drop
-        traces = [store.get(k) for k in open_bar(iterable=keys, desc="read", unit="trace")]
-        bad: list[tuple[Path, str]] = []
-    else:
-        traces, bad = store.load_all()
-        warn_unreadable(bad)
+    traces, bad = store.load_all(open_bar(iterable=keys, desc="read", unit="trace") if keys else None)
+    warn_unreadable(bad)
+    if keys and not traces:
+        raise click.ClickException(f"none of the {len(keys)} key(s) given is a readable trace (see above); "
+                                   "nothing written")
     from core.io.notes import attach_notes
 
     bad_notes: list[tuple[Path, str]] = []
@@ -125,6 +128,8 @@ def export(store_path: str | None, keys: tuple[str, ...], fmt: str | None, out: 
         raise click.BadParameter(f"cannot write {out}: {os_error_reason(exc)}", param_hint="--out") from exc
     left_out = [f"{len(bad)} unreadable skipped"] * bool(bad) + [f"{len(bad_notes)} without their damaged notes"] * bool(bad_notes)
     echo(f"{len(traces)} traces -> {out}" + (f" ({'; '.join(left_out)})" if left_out else ""))
+    if keys and bad:  # a key the user named is missing from the file: scripts must notice
+        sys.exit(1)
 
 
 @main.command(name="import")

@@ -16,6 +16,7 @@ from core.cli.common import (
     check_output,
     close_executor,
     fail_cleanly,
+    given_traces,
     main,
     make_executor,
     open_store,
@@ -24,6 +25,7 @@ from core.cli.common import (
     pair_or_spec,
     policy_kwargs,
     policy_options,
+    quoted_tokens,
     ray_option,
     read_problems,
     setting_option,
@@ -69,7 +71,8 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
     trace = run_score(pair, prompt, response, store=open_store(store_path) if store_path else None)
     frame = trace.frame().assign(_score=score_values(trace.metrics, score_name))  # sign applied (delta_logp)
     cols = list(dict.fromkeys(["pos", "token", score_name, "entropy_base", "rank_base", "reason_top_rank_in_base"]))
-    echo(frame.sort_values("_score", ascending=False, kind="stable")[cols].head(top).to_string(index=False))
+    top_rows = frame.sort_values("_score", ascending=False, kind="stable")[cols].head(top)
+    echo(quoted_tokens(top_rows, "token").to_string(index=False))
     echo(f"key {trace.key}  tokens {len(trace)}")
 
 
@@ -235,14 +238,19 @@ def calibrate(store_path: str | None, problems_path: str | None, limit: int, rat
 
 def parse_switches(text: str) -> dict[int, Any]:
     """`12=reason,40=base,7=1234,9="text"` -> core.takeover's `at` (a quoted string is typed as its tokens
-    later, by the pair). Raises click.BadParameter naming --at."""
+    later, by the pair). Raises click.BadParameter naming --at, also for a position given twice."""
     out: dict[int, Any] = {}
+    given: dict[int, str] = {}
     for part in [p for p in text.split(",") if p.strip()]:
         pos, sep, what = part.partition("=")
         pos, what = pos.strip(), what.strip()
         if not sep or not pos.isdigit() or not what:
             raise click.BadParameter(f"takes POS=WHO pairs (WHO: reason, base, a token id or a quoted string), "
                                      f"got {part.strip()!r}", param_hint="--at")
+        if int(pos) in given:
+            raise click.BadParameter(f"position {int(pos)} is given twice ({given[int(pos)]!r} and {part.strip()!r}); "
+                                     "give each position one switch", param_hint="--at")
+        given[int(pos)] = part.strip()
         if what in ("reason", "base"):
             out[int(pos)] = what
         elif what.isdigit():
@@ -283,11 +291,9 @@ def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_
 
     at = parse_switches(at_text)
     store = open_store(store_path)
-    if key not in store:
-        raise click.BadParameter(f"no readable trace {key!r} in {store.path} (see `forkpoint ls`)", param_hint="KEY")
+    parent = given_traces(store, (key,), "KEY")[0]
     check_output(store.path, "--store", folder=True)
     pair = pair_from_options(opts)
-    parent = store.get(key)
     made = run_takeover(pair, parent, at, then=then, samples=samples, temperature=temperature,
                         max_new_tokens=max_new_tokens, store=store, on_trace=grade_trace)
     for child in made if isinstance(made, list) else [made]:

@@ -200,7 +200,8 @@ def require_gold(problems: Any) -> None:
         raise InvalidInputError(
             f"{len(missing)} of {len(ps)} problems of {bench!r} have no gold answer (first: id "
             f"{first['id']!r}, {first['prompt'][:60]!r}); evaluation grades every trace, so each problem needs "
-            f"one (a field named one of {', '.join(ANSWER_FIELDS)}, or load_problems(..., answer_field=...))")
+            f"one: rename the answer's field to one of {', '.join(ANSWER_FIELDS)} (in Python, "
+            "load_problems(..., answer_field=NAME) reads another)")
 
 
 def policy_config_label(policy: dict | None) -> str:

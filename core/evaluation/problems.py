@@ -6,7 +6,7 @@ Field names are configurable; when not given they are detected: GSM8K style (`qu
 
 from __future__ import annotations
 
-import csv
+import io
 import json
 import logging
 from collections.abc import Iterable, Iterator
@@ -16,7 +16,7 @@ from typing import Any
 
 from core.errors import InvalidInputError
 from core.evaluation.grading import last_boxed
-from core.io.foreign import MAX_DEPTH, MAX_LINE_BYTES, json_depth_exceeds
+from core.io.foreign import MAX_DEPTH, MAX_LINE_BYTES, csv_rows, json_depth_exceeds
 from core.record.problems import (  # noqa: F401  (the field names are re-exported: load_problems documents them)
     ANSWER_FIELDS,
     GSM8K_MARK,
@@ -67,7 +67,7 @@ def load_problems(
         raise InvalidInputError(f"unknown problem file type {path.name!r}; use one of: .{', .'.join(PROBLEM_FORMATS)}")
     if not path.is_file():
         raise InvalidInputError(f"problem file {str(path)!r} does not exist")
-    return problems_from_rows(_rows(path, kind), path.stem, where=str(path), question_field=question_field,
+    return problems_from_rows(_rows(path, kind, skip_bad), path.stem, where=str(path), question_field=question_field,
                               answer_field=answer_field, id_field=id_field, limit=limit, skip_bad=skip_bad)
 
 
@@ -107,19 +107,23 @@ class _Bad:
     problem: str
 
 
-def _rows(path: Path, kind: str) -> Iterator[tuple[int, Any]]:
+def _rows(path: Path, kind: str, skip_bad: bool = False) -> Iterator[tuple[int, Any]]:
     """(line number, parsed row or _Bad) for every data row; row indices stay stable past bad rows."""
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"cannot read problem file {str(path)!r}: {exc}") from exc
     if kind == "csv":
-        reader = csv.DictReader(text.splitlines(keepends=True))
-        for row in reader:
-            if None in row:  # more cells than header columns
-                yield reader.line_num, _Bad("row has more cells than the header has columns")
-            else:
-                yield reader.line_num, {k: v for k, v in row.items() if v is not None}
+        rows = csv_rows(io.StringIO(text, newline=""), str(path), skipped=skip_bad)
+        head = next(rows, None)
+        header = head.cells if head is not None else []
+        for row in rows:  # a row's line is its last, as the csv module counts
+            if row.cells is None:  # a quote left open merged lines: refused, never read as one problem
+                yield row.first, _Bad(row.problem)
+            elif len(row.cells) > len(header):
+                yield row.last, _Bad("row has more cells than the header has columns")
+            else:  # a short row lacks its last fields
+                yield row.last, dict(zip(header, row.cells))
     elif kind == "json":
         if json_depth_exceeds(text):
             raise InvalidInputError(f"{path}: JSON nested deeper than {MAX_DEPTH} levels (the limit)")

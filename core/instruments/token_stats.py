@@ -5,6 +5,7 @@ scores, spike and takeover rates and measured effects; and the occurrences behin
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,14 +66,43 @@ def occurrence_frame(traces: Sequence[Trace], *, score: str | None = None, by: s
                          for c, parts in cols.items()})
 
 
+def check_effects(effects: pd.DataFrame, where: str = "effects") -> pd.DataFrame:
+    """`effects` with numeric pos and effect columns, or InvalidInputError naming `where` and what is wrong: a
+    missing column (trace, pos, effect: `takeover_effects` rows), a pos that is not a whole number, an effect
+    that is not a number (an empty effect is a missing measurement)."""
+    missing = {"trace", "pos", "effect"} - set(effects.columns)
+    if missing:
+        raise InvalidInputError(f"{where} needs the columns trace, pos and effect (from takeover_effects, as "
+                                f"`forkpoint effects` writes them); missing: {', '.join(sorted(missing))}")
+    pos = pd.to_numeric(effects["pos"], errors="coerce")
+    effect = pd.to_numeric(effects["effect"], errors="coerce")
+    _refuse(effects["pos"], pos.isna() | (pos % 1 != 0), f"{where}: a pos that is not a whole number")
+    _refuse(effects["effect"], effect.isna() & effects["effect"].notna(), f"{where}: an effect that is not a number")
+    return effects.assign(pos=pos.astype(np.int64), effect=effect)
+
+
+def _refuse(values: pd.Series, bad: pd.Series, what: str) -> None:
+    if bad.any():
+        first = int(np.flatnonzero(bad.to_numpy())[0])
+        raise InvalidInputError(f"{what} in {int(bad.sum())} row(s) (first: {values.iloc[first]!r} in data row "
+                                f"{first + 1})")
+
+
+def read_effects(path: str | Path) -> pd.DataFrame:
+    """An effects table from a CSV file (`forkpoint effects --out`), checked by `check_effects`; InvalidInputError
+    naming the file when it cannot be read as a CSV (empty, malformed) or is not an effects table."""
+    try:
+        table = pd.read_csv(path, dtype={"trace": str})
+    except (OSError, ValueError) as err:  # pandas' EmptyDataError and ParserError are ValueErrors
+        raise InvalidInputError(f"cannot read an effects table from {path}: {' '.join(str(err).split())}") from err
+    return check_effects(table, str(path))
+
+
 def _effects(effects: pd.DataFrame | None) -> dict[str, dict[int, float]]:
     """trace key -> {pos: mean effect} from `takeover_effects` rows (several runs of a position average)."""
     if effects is None or effects.empty:
         return {}
-    missing = {"trace", "pos", "effect"} - set(effects.columns)
-    if missing:
-        raise InvalidInputError(f"effects needs the columns trace, pos and effect (from takeover_effects); "
-                                f"missing: {', '.join(sorted(missing))}")
+    effects = check_effects(effects)
     out: dict[str, dict[int, float]] = {}
     for (key, pos), value in effects.groupby(["trace", "pos"])["effect"].mean().items():
         out.setdefault(str(key), {})[int(pos)] = float(value)

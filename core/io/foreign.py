@@ -261,46 +261,74 @@ def _csv_cells(text: str) -> list[str]:
     return next(csv.reader([text]), [])
 
 
-def _csv_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tuple[int, str]]:
+@dataclass(frozen=True)
+class CsvRow:
+    """One CSV record: its cells, or (cells None) why it cannot be read as one row; the lines it spans."""
+
+    first: int
+    last: int
+    cells: list[str] | None
+    problem: str = ""
+
+
+def csv_rows(fh: io.TextIOBase, where: str, max_bytes: int = MAX_LINE_BYTES, skipped: bool = True
+             ) -> Iterator[CsvRow]:
+    """The records of a CSV text stream (opened with newline=""), header first, blank rows left out. A record
+    that cannot be one row is a CsvRow with `problem` instead of cells: over `max_bytes`, a quote never closed,
+    or quotes out of step that merged lines (`skipped`: the reader skips such rows, and the problem says so).
+    A header that cannot be read raises InvalidInputError naming `where`. The one CSV splitter of foreign
+    files and problem files."""
     csv.field_size_limit(max(max_bytes, csv.field_size_limit()))
+    records = _csv_texts(fh, max_bytes)
+    head = next(records, None)
+    if head is None:
+        return
+    if head.text is None or head.open_quote:
+        why = "is longer than the size limit" if head.text is None else "opens a quote that is never closed"
+        raise InvalidInputError(f"{where}: the CSV header row {why}")
+    yield CsvRow(head.first, head.last, _csv_cells(head.text))
+    and_skipped = " and skipped" if skipped else ""
+    for rec in records:
+        span = f"lines {rec.first}-{rec.last}" if rec.last > rec.first else f"line {rec.first}"
+        if rec.text is None:
+            problem = f"row ({span}) is longer than {max_bytes} bytes (the limit)" + ("; skipped unread" if skipped else "")
+        elif rec.open_quote:
+            problem = (f"a quote opened on line {rec.first} is never closed: {span} were read as one "
+                       f"row{and_skipped} (close the quote)")
+        elif rec.text_after_quote and rec.last > rec.first:  # a quote left open swallowed the lines after it
+            problem = (f"quotes out of step: a quote on line {rec.first} closes on line {rec.last} before more "
+                       f"text, so {span} were read as one row{and_skipped} (check the quotes on line {rec.first})")
+        else:
+            cells = _csv_cells(rec.text)
+            if any(cell.strip() for cell in cells):
+                yield CsvRow(rec.first, rec.last, cells)
+            continue
+        yield CsvRow(rec.first, rec.last, None, problem)
+
+
+def _csv_records(path: Path, max_bytes: int) -> Iterator[ForeignRecord | tuple[int, str]]:
     # surrogateescape: bytes that are not UTF-8 become lone surrogates, which _parse_foreign reports
     with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
-        records = _csv_texts(fh, max_bytes)
-        head = next(records, None)
+        rows = csv_rows(fh, str(path), max_bytes)
+        head = next(rows, None)
         if head is None:
             return
-        if head.text is None or head.open_quote:
-            why = "is longer than the size limit" if head.text is None else "opens a quote that is never closed"
-            raise InvalidInputError(f"{path}: the CSV header row {why}")
-        header = _csv_cells(head.text)
+        header = head.cells
         for name in header:
             check_text(name, f"{path}: the CSV header", from_bytes=True)
         missing = [name for name in ("id", "prompt", "response") if name not in header]
         if missing:
             raise InvalidInputError(f"{path}: the CSV header lacks {', '.join(missing)} (has: {', '.join(header)})")
-        for rec in records:
-            span = f"lines {rec.first}-{rec.last}" if rec.last > rec.first else f"line {rec.first}"
-            if rec.text is None:
-                yield rec.first, f"row ({span}) is longer than {max_bytes} bytes (the limit); skipped unread"
+        for rec in rows:
+            if rec.cells is None:
+                yield rec.first, rec.problem
                 continue
-            if rec.open_quote:
-                yield rec.first, (f"a quote opened on line {rec.first} is never closed: {span} were read as one "
-                                  "row and skipped (close the quote)")
+            if len(rec.cells) != len(header):
+                hint = f" (the row runs over lines {rec.first}-{rec.last}: is a quote left open on line " \
+                       f"{rec.first}?)" if rec.last > rec.first else ""
+                yield rec.first, f"row has {len(rec.cells)} cells, the header has {len(header)}{hint}"
                 continue
-            if rec.text_after_quote and rec.last > rec.first:  # a quote left open swallowed the lines after it
-                yield rec.first, (f"quotes out of step: a quote on line {rec.first} closes on line {rec.last} "
-                                  f"before more text, so {span} were read as one row and skipped (check the quotes "
-                                  f"on line {rec.first})")
-                continue
-            row = _csv_cells(rec.text)
-            if not any(cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                hint = f" (the row runs over {span}: is a quote left open on line {rec.first}?)" \
-                    if rec.last > rec.first else ""
-                yield rec.first, f"row has {len(row)} cells, the header has {len(header)}{hint}"
-                continue
-            obj: dict[str, Any] = dict(zip(header, row))
+            obj: dict[str, Any] = dict(zip(header, rec.cells))
             if obj.get("answer") == "":
                 obj["answer"] = None
             try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import GradingError, StoreError, WriteError
+from core.errors import ForkpointError, GradingError, StoreError, WriteError
 from core.io.atomic import os_error_reason
 from core.io.foreign import (  # noqa: F401  (re-exported)
     IMPORT_FORMATS,
@@ -39,6 +39,14 @@ from core.settings import Progress
 from core.trace import Trace, request_key
 
 log = logging.getLogger(__name__)
+
+
+def failure_reason(exc: Exception) -> str:
+    """Why a record failed, as the report says it: a core error's message alone (its class is no news to a
+    user); any other error's class too, since that is all a bare KeyError('x') or an empty message says."""
+    if isinstance(exc, ForkpointError) and str(exc).strip():
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc).strip() else type(exc).__name__
 
 
 @dataclass
@@ -203,7 +211,7 @@ class _Run:
         except Exception as exc:  # noqa: BLE001  one record's failure (any kind) never takes the rest down
             if not type(exc).__module__.startswith("core"):
                 log.warning("line %d: %s", rec.line, exc, exc_info=True)
-            return self.outcome("failed", rec.line, why=f"{type(exc).__name__}: {exc}")
+            return self.outcome("failed", rec.line, why=failure_reason(exc))
         self.outcome("stored", rec.line, key)
 
     def grade(self, trace: Trace, line: int) -> None:

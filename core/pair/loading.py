@@ -203,6 +203,19 @@ def _where(source: str) -> tuple[str, str | None, bool]:
     return repo, gguf_file, local
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")  # any one: a tokenizer
+
+
+def _folder_lacks(folder: Path) -> list[str]:
+    """What a local folder lacks of a model directory: config.json, a tokenizer file ([]: none, or not a folder)."""
+    if not folder.is_dir():
+        return []
+    lacks = [] if (folder / "config.json").is_file() else ["config.json"]
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        lacks.append(f"tokenizer file ({', '.join(TOKENIZER_FILES[:-1])} or {TOKENIZER_FILES[-1]})")
+    return lacks
+
+
 def _load_failed(err: Exception, source: str, gguf_file: str | None, local: bool, trust_remote_code: bool) -> ModelLoadError:
     if gguf_file:
         where = "GGUF file (is its architecture and quantisation supported by transformers' GGUF loader?)"
@@ -210,12 +223,16 @@ def _load_failed(err: Exception, source: str, gguf_file: str | None, local: bool
         where = "local model directory"
     else:
         where = "local directory or Hugging Face hub id (is the network reachable?)"
-    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    detail = " ".join(str(err).split()) or type(err).__name__  # all of it, on one line
     if not trust_remote_code and any(s in str(err) for s in ("model type", "does not recognize", "Unrecognized",
                                                              "trust_remote_code", "custom code")):
-        first_line += (" — if this model ships its own code and you trust its author, pass --trust-remote-code "
-                       "(trust_remote_code=True in Python); it is off by default because it runs that code")
-    return ModelLoadError(f"Could not load {source!r} as a {where}: {first_line}")
+        detail += (" — if this model ships its own code and you trust its author, pass --trust-remote-code "
+                   "(trust_remote_code=True in Python); it is off by default because it runs that code")
+    lacks = _folder_lacks(Path(source).expanduser()) if local and not gguf_file else []
+    if lacks:
+        detail = (f"it has no {' and no '.join(lacks)}; a model directory holds config.json, the tokenizer files "
+                  f"and the weights, as save_pretrained writes them (transformers: {detail})")
+    return ModelLoadError(f"Could not load {source!r} as a {where}: {detail}")
 
 
 _LOAD_ERRORS = (OSError, ValueError, KeyError, ImportError, RuntimeError)

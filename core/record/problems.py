@@ -45,7 +45,8 @@ def problem_fields(row: dict[str, Any], *, question_field: str | None = None, an
     q_name = pick_field(row, question_field, QUESTION_FIELDS, "question")
     if q_name is None:
         raise InvalidInputError(f"no question field (tried {', '.join(QUESTION_FIELDS)}); fields are: "
-                                f"{', '.join(map(str, row))}; pass question_field=")
+                                f"{', '.join(map(str, row))}; rename the question's field to one of the names tried "
+                                "(in Python, load_problems(..., question_field=NAME) reads another)")
     prompt = field_text(row[q_name])
     if prompt is None:
         raise InvalidInputError(f"empty question in field {q_name!r}")
