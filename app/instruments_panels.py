@@ -29,6 +29,7 @@ from core.instruments.success_curve import pivot_correlation, success_curve
 from core.instruments.token_stats import occurrences, token_stats
 from core.scoring.registry import score_label
 from core.trace import Trace
+from core.views.presentation import quoted_tokens
 
 TRACE_PAGE = Path(__file__).resolve().parent / "screens" / "trace.py"
 PROBLEMS_PAGE = Path(__file__).resolve().parent / "screens" / "problems.py"
@@ -178,8 +179,11 @@ def _lens_panel(ctx: Context, trace: Trace) -> None:
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def _token_table(path: str, keys: tuple[str, ...], score: str, by: str) -> pd.DataFrame:
-    return token_stats(resources.stored_traces(path, keys), score=score, by=by)
+def _token_table(path: str, keys: tuple[str, ...], score: str, by: str, stamp: int) -> pd.DataFrame:
+    """Token statistics with the effects measured on these traces (`stamp`: the store's size, so new ones count)."""
+    measured = _measured(path, keys, score, stamp)
+    return token_stats(resources.stored_traces(path, keys), score=score, by=by,
+                       effects=None if measured.empty else measured)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -208,9 +212,13 @@ def _token_statistics(ctx: Context, keys: tuple[str, ...]) -> None:
     path, score = ctx.settings.store_path, ctx.settings.score
     by = st.radio("Group by", ["token", "tag"], horizontal=True, key="ts_by",
                   format_func=lambda b: "token string" if b == "token" else "planning category")
-    table = _token_table(path, keys, score, by)
-    event = st.dataframe(table, hide_index=True, width="stretch", key="ts_table", on_select="rerun",
-                         selection_mode="single-row")
+    table = _token_table(path, keys, score, by, len(ctx.store.summaries()))
+    shown = quoted_tokens(table, "token") if by == "token" else table  # ' ' and ' we' visible as what they are
+    empty = ["mean_effect"] if len(shown) and shown["mean_effect"].isna().all() else []  # no effect measured yet
+    if empty:
+        st.caption("mean_effect: shown once takeover effects are measured (Trace page, Instruments).")
+    event = st.dataframe(shown.drop(columns=empty), hide_index=True, width="stretch", key="ts_table",
+                         on_select="rerun", selection_mode="single-row")
     rows = event.selection.rows if event is not None else []
     if rows:
         value = table.iloc[rows[0]][by]

@@ -71,7 +71,9 @@ def test_measure_effects_then_lens_then_dataset(tiny_dirs, tmp_path, monkeypatch
     # the Dataset page: token statistics, the measured effect, the histogram
     at.switch_page("screens/dataset.py").run()
     _ok(at)
-    assert at.dataframe(key="ts_table").value is not None  # the first instruments tab: token statistics
+    shown = at.dataframe(key="ts_table").value  # the first instruments tab: token statistics, tokens quoted
+    assert len(shown) and all(t[0] == t[-1] and t[0] in "'\"" for t in shown["token"])
+    assert shown["mean_effect"].notna().any()  # an effect is measured here, so its column is shown
     assert not any("measured positions" in str(c.value) for c in at.caption)  # lazy: a closed tab runs nothing
     at.session_state[INSTRUMENTS_TAB_KEY] = "Effect vs disagreement"
     at.run()

@@ -76,12 +76,6 @@ def cli_words(message: str) -> str:
     return re.sub(r"(?<![\w.-])(format|score|store)=(?![\w'\"])", r"--\1", message)  # "give format=" -> "give --format"
 
 
-def quoted_tokens(frame: Any, *columns: str) -> Any:
-    """`frame` with the token texts in `columns` quoted as `lens` and `takeover` print tokens (repr): a space
-    token shows as ' ', and ' add' differs from 'add'. For tables printed to the terminal, not CSV."""
-    return frame.assign(**{c: frame[c].map(repr) for c in columns})
-
-
 def checked_text(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:
     """Click callback for every free-text option or argument: `settings.check_text` (lone surrogates or bytes
     that are not UTF-8, NUL, size) at the edge, a usage error naming the flag, before anything loads."""

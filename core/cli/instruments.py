@@ -24,7 +24,6 @@ from core.cli.common import (
     pair_or_spec,
     policy_kwargs,
     policy_options,
-    quoted_tokens,
     ray_option,
     read_problems,
     setting_option,
@@ -32,6 +31,7 @@ from core.cli.common import (
     store_option,
 )
 from core.scoring.registry import DEFAULT_SCORE
+from core.views.presentation import quoted_tokens
 
 SHOW_ROWS = 15  # rows printed by default
 

@@ -25,7 +25,6 @@ from core.cli.common import (
     pair_or_spec,
     policy_kwargs,
     policy_options,
-    quoted_tokens,
     ray_option,
     read_problems,
     setting_option,
@@ -35,6 +34,7 @@ from core.cli.common import (
 from core.errors import ForkpointError, InvalidInputError
 from core.scoring.registry import GATE_SCORES, score_values
 from core.settings import check_text
+from core.views.presentation import quoted_tokens
 
 TOP_ROWS = 10  # rows `forkpoint score` prints by default
 

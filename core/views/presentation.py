@@ -375,3 +375,9 @@ def token_diff(original: Trace, branch: Trace, start: int, score: str = DEFAULT_
     for col in ("pos_original", "pos_branch"):
         df[col] = df[col].astype("Int64")
     return df
+
+
+def quoted_tokens(frame: Any, *columns: str) -> Any:
+    """`frame` with the token texts in `columns` quoted as `lens` and `takeover` print tokens (repr): a space
+    token shows as ' ', and ' add' differs from 'add'. For tables shown to a reader (terminal, app), not CSV."""
+    return frame.assign(**{c: frame[c].map(repr) for c in columns})
