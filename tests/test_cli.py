@@ -197,7 +197,7 @@ def _bad_inputs(tmp):
         (["generate", "--store", "/proc/x"], "--store"), (["generate", "--ratio", "1"], "--ratio"),
         (["generate", "--device", "gpu7"], "--device"),
         (["generate", "--policy", "guided", "--tau", "0.1"], "--lam"), (["generate", "--policy", "guided", "--lam", "2"], "--tau"), (["score", "--prompt", "x", "--response", "y", "--device", "cuda:x"], "--device"),
-        (["score", "--prompt", "x", "--response", ""], "--response"),
+        (["score", "--prompt", "x", "--response", ""], "--response"), (["score", "--prompt", " ", "--response", "y"], "--prompt"),
         (["score", "--prompt", "x", "--response", "y", "--dtype", "float8"], "--dtype"),
         (["calibrate", "--ratio", "0"], "--ratio"), (["calibrate", "--window", "0"], "--window"),
         (["eval", "--limit", "-3"], "--limit"), (["eval", "--limit", "0"], "--limit"),

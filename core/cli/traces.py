@@ -51,7 +51,8 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
     """Score a response under both models and print the most disagreeing tokens."""
     from core.scoring.teacher_forced import score as run_score
 
-
+    if not prompt.strip():  # as generate --prompt: an empty problem scores nothing anyone asked
+        raise click.BadParameter("is empty: give the problem text", param_hint="--prompt")
     if response.startswith("@"):
         source = response[1:]
         try:
