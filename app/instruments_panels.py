@@ -190,7 +190,9 @@ def _token_table(path: str, keys: tuple[str, ...], score: str, by: str, stamp: i
 def _measured(path: str, keys: tuple[str, ...], score: str, stamp: int) -> pd.DataFrame:
     """Effects rebuilt from the stored continuations (`stamp`: the store's size, so new ones show)."""
     store = resources.get_store(path)
-    frames = [stored_effects(store, trace, score=score) for trace in resources.stored_traces(path, keys)]
+    kids = store.children_index()
+    frames = [stored_effects(store, trace, score=score, children=kids.get(trace.key, []))
+              for trace in resources.stored_traces(path, keys)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -168,6 +168,7 @@ def test_delete_and_children_tree(tmp_path):
         store.put(t)
     assert store.children(root.key) == [b2.key, b1.key]
     assert store.children(b2.key) == []
+    assert store.children_index() == {root.key: [b2.key, b1.key], b1.key: [b11.key]}  # every parent, one listing
     tree = store.tree(b11.key)
     assert tree["key"] == root.key
     assert [c["key"] for c in tree["children"]] == [b2.key, b1.key]
@@ -175,6 +176,7 @@ def test_delete_and_children_tree(tmp_path):
     assert tree["children"][1]["children"][0]["branch_pos"] == 12
     store.delete(b1.key)
     assert b1.key not in store and store.children(root.key) == [b2.key]
+    assert store.children_index() == {root.key: [b2.key], b1.key: [b11.key]}  # a new listing, a new index
     assert store.tree(b11.key)["key"] == b11.key  # its stored ancestry now starts at itself
     with pytest.raises(StoreError):
         store.delete(b1.key)

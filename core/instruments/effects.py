@@ -195,13 +195,15 @@ def _effect_row(trace: Trace, pos: int, with_: list[Trace], without: list[Trace]
     }
 
 
-def stored_effects(store: Any, trace: Trace, *, score: str = settings.SCORE) -> pd.DataFrame:
+def stored_effects(store: Any, trace: Trace, *, score: str = settings.SCORE,
+                   children: Sequence[str] | None = None) -> pd.DataFrame:
     """The `takeover_effects` rows that the continuations already in `store` give (no decoding): one per
     (position, temperature) with both arms measured. base_token / reason_token are then the token each
-    arm wrote most often at pos (no tokenizer is needed)."""
+    arm wrote most often at pos (no tokenizer is needed). `children`: the trace's children keys when known
+    (`store.children_index()` once for many traces: each `store.children` call lists the store)."""
     check_score(score)
     arms: dict[tuple[int, float], dict[str, list[Trace]]] = {}
-    for key in store.children(trace.key):
+    for key in store.children(trace.key) if children is None else children:
         meta = store.meta(key)  # the footer: a switchboard's children (most of them) are never read whole here
         switch = meta.get("branch") or {}
         if switch.get("who") not in ("reason", "base") or meta.get("correct") is None:

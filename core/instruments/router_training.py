@@ -57,9 +57,9 @@ def gate_labels(traces: Sequence[Trace], ratio: float, window: int, score: str) 
 
 def effect_labels(store: Any, traces: Sequence[Trace], score: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per trace, (measured positions, whether the reasoner's token there helped: effect > 0)."""
-    out = []
+    out, kids = [], store.children_index()
     for t in traces:
-        rows = stored_effects(store, t, score=score)
+        rows = stored_effects(store, t, score=score, children=kids.get(t.key, []))
         out.append((rows["pos"].to_numpy(dtype=np.int64), rows["effect"].to_numpy(dtype=np.float64) > 0))
     return out
 

@@ -23,9 +23,13 @@ def root_of(rows: list[SummaryRow], problem_id: str) -> str | None:
     return min(roots, key=lambda r: (str(r.get("created") or ""), r["key"]))["key"] if roots else None
 
 
-def children(rows: list[SummaryRow], key: str) -> list[str]:
-    """Keys of the traces whose parent is `key`, by branch position then creation time."""
-    return [r["key"] for r in sorted((r for r in rows if r.get("parent") == key), key=branch_order)]
+def children_index(rows: list[SummaryRow]) -> dict[str, list[str]]:
+    """Each parent's children keys, by branch position then creation time: one pass over `rows` for all of them."""
+    kids: dict[str, list[SummaryRow]] = {}
+    for r in rows:
+        if r.get("parent"):
+            kids.setdefault(r["parent"], []).append(r)
+    return {parent: [r["key"] for r in sorted(group, key=branch_order)] for parent, group in kids.items()}
 
 
 def tree(rows: list[SummaryRow], key: str) -> dict[str, Any]:

@@ -434,7 +434,11 @@ class TraceStore:
 
     def children(self, key: str) -> list[str]:
         """Keys of the traces whose parent is `key`, by branch position then creation time."""
-        return branch_tree.children(self._listing().rows, key)
+        return self._listing().children(key)
+
+    def children_index(self) -> dict[str, list[str]]:
+        """`children` of every parent from one listing (a listing stats every file: for many traces, ask once)."""
+        return self._listing().children_index()
 
     def tree(self, key: str) -> dict[str, Any]:
         """The branch tree holding `key`: the oldest stored ancestor, with nested "children" lists."""
