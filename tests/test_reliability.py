@@ -120,7 +120,7 @@ def test_a_torn_index_line_does_not_swallow_the_next_append(tmp_path):
     assert fresh.index.entries[key] and fresh.bad_index_lines == 1
 
 
-def test_index_replaced_by_a_folder_gives_a_clear_error(tmp_path):
+def test_index_replaced_by_a_folder_gives_a_clear_error_and_repair_sets_it_aside(tmp_path):
     store = TraceStore(tmp_path / "s")
     store.put(make_trace(10, seed=1))
     store.index_path.unlink()
@@ -128,7 +128,14 @@ def test_index_replaced_by_a_folder_gives_a_clear_error(tmp_path):
     with pytest.raises(StoreError, match="index.jsonl is a folder"):
         TraceStore(store.path).summaries()
     code, out = cli("ls", "--store", str(store.path))
-    assert code == 1 and "is a folder" in out
+    assert code == 1 and "is a folder" in out and "forkpoint repair" in out
+    (store.index_path / "kept.txt").write_text("the user's")
+    code, out = cli("repair", "--store", str(store.path))  # sets the folder aside, kept, and rebuilds the index
+    assert code == 0, out
+    aside = list(store.damaged_dir.glob("index.jsonl.folder.*"))
+    assert len(aside) == 1 and (aside[0] / "kept.txt").read_text() == "the user's"
+    assert TraceStore(store.path).keys() == [k for k in TraceStore(store.path).summaries()["key"]]
+    assert store.index_path.is_file() and len(TraceStore(store.path).summaries()) == 1
 
 
 # -- damaged traces never block: re-runs, put, listing, export, analyze ----------------------------------

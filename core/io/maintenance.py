@@ -128,8 +128,8 @@ def repair(store: TraceStore) -> RepairReport:
     report = RepairReport(store.path)
     if not store.exists():
         raise StoreError(f"No store at {store.path}")
-    if store.index_path.is_dir():
-        raise StoreError(f"{store.index_path} is a folder, not the index file; move it away, then repair")
+    if store.index_path.is_dir():  # the index is a cache: the folder is set aside like a damaged file, kept
+        report.set_aside.append(("index", store.set_aside_index_folder(), "a folder in place of the index file"))
     check = verify(store)
     for path, why in check.damaged:
         key = path.name[: -len(".parquet")]

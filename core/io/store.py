@@ -181,6 +181,13 @@ class TraceStore:
         log.warning("set damaged side file %s aside as %s%s", path, target, f" ({why})" if why else "")
         return target
 
+    def set_aside_index_folder(self) -> Path:
+        """Move a folder that stands where the index file goes into damaged/ (kept; the index is rebuilt)."""
+        target = self._move_aside(self.index_path, f"{self.index_path.name}.folder.{_stamp()}",
+                                  f"No folder {self.index_path}", f"Cannot move {self.index_path} aside")
+        log.warning("set the folder %s, in place of the store's index, aside as %s", self.index_path, target)
+        return target
+
     def _move_aside(self, path: Path, name: str, missing: str, failed: str) -> Path:
         """Move `path` into damaged/ as `name` (durably); `missing` / `failed` are the errors' messages."""
         target = self.damaged_dir / name

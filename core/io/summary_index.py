@@ -213,8 +213,8 @@ class SummaryIndex:
         """StoreError when the index path is a folder (it is a file or absent in a healthy store)."""
         if self.path.is_dir():
             raise StoreError(
-                f"{self.path} is a folder, not the store's index file; move it away "
-                "(the index is a cache: it is rebuilt from the trace files)"
+                f"{self.path} is a folder, not the store's index file; `forkpoint repair` sets it aside into "
+                "damaged/ and rebuilds the index (a cache of the trace files: nothing is lost)"
             )
 
     def refresh(self) -> None:
