@@ -246,6 +246,22 @@ def test_html_names_local_models_by_their_file_name_unless_asked(tmp_path):
     assert "/home/someone/models/SmolLM2-135M" in kept and "/srv/m/smol.Q8_0.gguf" in kept
 
 
+def test_html_shows_bidirectional_controls_as_code_points_everywhere(tmp_path):
+    """A right-to-left override in the prompt (or anywhere in the record) mirrored the rest of its line on the
+    page: the page holds no bidirectional control at all, each is shown as its code point; the hover card gets
+    the same set to escape (token_view.js `visible`)."""
+    from core import settings
+    from core.views.html_page import html_page
+    from core.views.token_payload import view_payload
+
+    trace = make_trace(text="ok \u202eyes\u2066 no", seed=4,
+                       meta={"problem": {"id": "p\u202e1", "prompt": "How many? \u202eevil\u202c done"}})
+    page = html_page([trace])
+    assert not re.search(f"[{settings.BIDI_CONTROLS}]", page)
+    assert "How many? <span class=\"fp-ctl\">U+202E</span>evil<span class=\"fp-ctl\">U+202C</span> done" in page
+    assert view_payload(trace)["hover"]["bidi"] == settings.BIDI_CONTROLS
+
+
 def test_html_is_self_contained_with_settings(tmp_path, traces):
     page = export(traces, tmp_path / "t.html", score="jsd").read_text(encoding="utf-8")
     assert not re.search(r"https?://", page)

@@ -142,7 +142,7 @@ def test_bidirectional_controls_show_as_code_points_and_reorder_nothing():
     assert not any(c in out for c in "\u202e\u2066\u200f")
     shown = "".join(s["text"] for s in parse(out).spans)
     assert shown == "ab U+202Ecd" + "U+2066 eU+200Ff"
-    assert out.count('class="ctl"') == 3
+    assert out.count('class="fp-ctl"') == 3
 
 
 def test_markers_match_annotations():

@@ -69,7 +69,7 @@ HEATMAP_CSS = """
 .fp-heatmap .tok.note.bm::after { content: "🔖"; }
 .fp-heatmap .tok.fx { border-top: 4px solid var(--fx); }
 .fp-heatmap .nl { color: #9ca3af; }
-.fp-heatmap .ctl { font-size: 0.65em; color: #6b7280; border: 1px dotted #9ca3af; border-radius: 2px; }
+.fp-ctl { font-size: 0.65em; color: #6b7280; border: 1px dotted #9ca3af; border-radius: 2px; }
 .fp-heatmap .seg { border-left: 4px solid #9ca3af; padding: 2px 0 6px 8px; margin: 6px 0; }
 .fp-heatmap .seg-think { border-left-color: #a78bfa; background: #faf5ff; }
 .fp-heatmap .seg-answer { border-left-color: #34d399; background: #f0fdf4; }
@@ -129,12 +129,16 @@ def _visible(text: str) -> str:
 _BIDI = re.compile(f"[{settings.BIDI_CONTROLS}]")
 
 
+def text_html(text: str) -> str:
+    """Model or user text as element content that shows literally: escaped, and bidirectional controls as their
+    code points (an override in a prompt or a token would mirror everything after it). Not for attributes."""
+    out = html.escape(text, quote=True)
+    return _BIDI.sub(lambda m: f'<span class="fp-ctl">U+{ord(m.group()):04X}</span>', out) if _BIDI.search(out) else out
+
+
 def _token_html(text: str) -> str:
-    """Escaped token text with newlines shown as ↵ and a line break, and bidirectional controls as their code
-    points (an override typed or generated in one token would mirror every token after it)."""
-    out = html.escape(text.replace("\r\n", "\n"), quote=True)
-    if _BIDI.search(out):
-        out = _BIDI.sub(lambda m: f'<span class="ctl">U+{ord(m.group()):04X}</span>', out)
+    """`text_html` of a token, with newlines shown as ↵ and a line break."""
+    out = text_html(text.replace("\r\n", "\n"))
     return out.replace("\n", '<span class="nl">↵</span><br>') if "\n" in out else out
 
 

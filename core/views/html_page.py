@@ -17,6 +17,7 @@ from core.views.heatmap import (
     describe_spike_rule,
     heatmap_css,
     legend_html,
+    text_html,
     tokens_html,
 )
 
@@ -145,7 +146,7 @@ def html_page(
     """A self-contained HTML page (inline CSS/JS, no external resources) with each trace's heatmap. Models are
     named by hub id or file name; `model_paths=True` keeps a local model's absolute path."""
     check_score(score)
-    esc = html.escape
+    esc = text_html  # element content; the one attribute below is html.escape'd
     parts = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -160,7 +161,7 @@ def html_page(
         rows = "".join(f"<tr><td>{esc(label)}</td><td>{esc(value)}</td></tr>"
                        for label, value in settings_rows(trace, meta))
         parts += [
-            f'<section class="trace" data-key="{esc(str(trace.key), quote=True)}">',
+            f'<section class="trace" data-key="{html.escape(str(trace.key), quote=True)}">',
             f"<h2>{esc(str(problem.get('id', 'trace')))} <span class='muted'>{esc(str(trace.key))}</span></h2>",
             f'<table class="settings">{rows}</table>',
             "<details><summary>prompt</summary>"

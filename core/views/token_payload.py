@@ -18,7 +18,7 @@ from core.annotate import rank_shift
 from core.annotate.spikes import spikes
 from core.scoring.registry import DEFAULT_SCORE, score_values
 from core.trace import Trace
-from core.views.heatmap import front_end_source, heatmap_css, legend_html, tokens_html
+from core.views.heatmap import front_end_source, heatmap_css, legend_html, text_html, tokens_html
 from core.views.presentation import flip_changes, hover_data, tail
 
 
@@ -50,6 +50,7 @@ def view_payload(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear"
                        vmax=hi, reference=reference, offset=start, colours=colours)
     hover = hover_data(trace, score, decode, k)
     hover["offset"] = int(start)
+    hover["bidi"] = settings.BIDI_CONTROLS  # the card shows these as escapes (token_view.js `visible`)
     return {
         "html": body,
         "version": hashlib.blake2b(body.encode("utf-8"), digest_size=8).hexdigest(),
@@ -72,7 +73,7 @@ def stream_html(trace: Trace, start: int, text: str, *, score: str = DEFAULT_SCO
     `prefix`: the parent's part as an earlier call returned it (`stream_prefix`), so each update draws only text."""
     if prefix is None:
         prefix = stream_prefix(trace, start, score=score, scale=scale, decode=decode)
-    live = f"<span class='fp-live'>{html.escape(text)}</span>" + ("" if done else "<span style='color:#2563eb'>▍</span>")
+    live = f"<span class='fp-live'>{text_html(text)}</span>" + ("" if done else "<span style='color:#2563eb'>▍</span>")
     cut = prefix.rfind("</div>")
     body = prefix[:cut] + live + prefix[cut:] if cut >= 0 else prefix + live
     return framed_view(body)

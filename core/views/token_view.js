@@ -61,14 +61,17 @@ function fmtP(p, mode) {
   return String(Number(Number(p).toPrecision(3)));
 }
 
-function visible(s) {
-  return JSON.stringify(String(s).replace(/\r/g, "␍").replace(/\n/g, "↵").replace(/\t/g, "⇥"));
+// A token quoted for the card; `bidi` (the payload's, core.settings.BIDI_CONTROLS) characters shown as \uXXXX:
+// applied, an override would mirror the rest of the card's line.
+function visible(s, bidi) {
+  const q = JSON.stringify(String(s).replace(/\r/g, "␍").replace(/\n/g, "↵").replace(/\t/g, "⇥"));
+  return bidi ? q.replace(new RegExp(`[${bidi}]`, "g"), (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`) : q;
 }
 
 function buildCard(card, hover, pos, mode) {
   card.replaceChildren();
   const src = hover.source[pos];
-  card.appendChild(el("div", "fp-card-title", `#${pos + (hover.offset || 0)}  ${visible(hover.tokens[pos])}  · ${src}`));
+  card.appendChild(el("div", "fp-card-title", `#${pos + (hover.offset || 0)}  ${visible(hover.tokens[pos], hover.bidi)}  · ${src}`));
   const score = el("div", "fp-card-score", `${hover.score_name}: ${fmt(hover.score[pos])}`);
   card.appendChild(score);
   if (hover.tags && hover.tags[pos] && !["", "none", "execute", "execution", "other"].includes(hover.tags[pos])) {
@@ -100,7 +103,7 @@ function buildCard(card, hover, pos, mode) {
       const row = el("tr", id === emitted ? "emitted" : "alt");
       row.dataset.token = String(id); // a click forces this token here (the switchboard)
       row.title = id === emitted ? "the emitted token" : "click: force this token here";
-      row.appendChild(el("td", "fp-top-tok", visible(hover.vocab[String(id)] ?? `#${id}`)));
+      row.appendChild(el("td", "fp-top-tok", visible(hover.vocab[String(id)] ?? `#${id}`, hover.bidi)));
       row.appendChild(el("td", "fp-top-p", fmtP(hover.prob[side][pos][j], mode)));
       col.appendChild(row);
     });
