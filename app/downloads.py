@@ -13,6 +13,8 @@ from core.scoring.registry import DEFAULT_SCORE
 from core.trace import Trace
 from core.views.exports import FORMATS, export
 
+EAGER_MAX = 50  # traces the Export page writes as soon as chosen; more wait for "Prepare" (5,600: 27-67 s a format)
+
 
 def file_name(keys: Sequence[str], fmt: str) -> str:
     """forkpoint-<key8>.<ext> for one trace, forkpoint-<n>-traces.<ext> for several (a format with sidecars, CSV,

@@ -327,6 +327,27 @@ def test_generate_says_what_the_gate_calibration_stored(env):
                for t in _texts(at.success)), _texts(at.success)
 
 
+def test_a_large_export_is_written_when_asked_and_reads_each_trace_once(env, monkeypatch):
+    """A filtered set past downloads.EAGER_MAX waits for "Prepare" (the whole 5,600-trace store was written at once,
+    in every format clicked, 27-67 s each, before anyone asked to download); then each trace is read once."""
+    from app import downloads
+
+    at = env.open()
+    _second_trace(env)
+    monkeypatch.setattr(downloads, "EAGER_MAX", 1)
+    reads, get = [], TraceStore.get
+    monkeypatch.setattr(TraceStore, "get", lambda self, key: reads.append(key) or get(self, key))
+    at.switch_page("screens/export.py").run()
+    reads.clear()  # the open trace's own page reads it; what follows reads only for the file
+    at.radio(key="ex_scope").set_value("filtered").run()
+    _ok(at)
+    assert not at.get("download_button") and reads == []  # nothing written or read yet
+    at.button(key="ex_prepare").click().run()
+    _ok(at)
+    assert "forkpoint-2-traces.jsonl" in at.get("download_button")[0].proto.label
+    assert sorted(reads) == sorted(TraceStore(env.store).keys())
+
+
 def test_export_page_offers_the_open_trace(env, tmp_path):
     at = env.open()
     key = at.session_state["trace_key"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import resources, state
+from app import downloads, resources, state
 from app.context import get_context
 from app.downloads import export_file_bytes, file_name, mime_type
 from app.filters import trace_filter
@@ -14,18 +14,20 @@ from core.io.notes import attach_notes, notes_stamp
 from core.views.exports import FORMATS
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
+@st.cache_data(show_spinner=False, max_entries=2)  # a whole store's file is hundreds of MB: keep the last two
 def export_bytes(path: str, keys: tuple[str, ...], fmt: str, score: str, pair_tag: str, rule_key: str,
-                 _pair=None, _rule=None, notes_tag: str = "") -> bytes:
-    """The exported file's bytes for stored traces under the sidebar's spike rule (cached by keys and settings).
-    Token strings come from the loaded pair only when every trace was made with its vocabulary (as on the
-    Trace page); otherwise from the tokenizer the traces record, else "#id"."""
-    traces = attach_notes(path, [resources.load_trace(path, k) for k in keys])  # notes travel with the file
+                 _pair=None, _rule=None, notes_tag: str = "") -> tuple[bytes, list[str]]:
+    """(the exported file's bytes, a line per trace left out as unreadable) for stored traces under the sidebar's
+    spike rule (cached by keys and settings). Token strings come from the loaded pair only when every trace was
+    made with its vocabulary (as on the Trace page); otherwise from the tokenizer the traces record, else "#id"."""
+    read, bad = resources.get_store(path).load_all(keys)  # read once, not through the per-trace view cache
+    traces = attach_notes(path, read)  # notes travel with the file
     decode = resources.decoder(_pair)
     if decode is not None and any(resources.decoder(_pair, t) is None for t in traces):
         decode = None
-    return export_file_bytes(traces, fmt, score, decode,
+    data = export_file_bytes(traces, fmt, score, decode,
                              top=None if _rule is None else _rule.top, gate=None if _rule is None else _rule.gate)
+    return data, [f"{p.name}: {why}" for p, why in bad]
 
 
 def _filtered_keys(ctx) -> tuple[str, ...]:
@@ -60,12 +62,23 @@ def main() -> None:
     s = ctx.settings
     name = file_name(keys, fmt)
     tag = "none" if ctx.pair is None else repr(ctx.pair.fingerprint())
+    args = (s.store_path, keys, fmt, s.score, tag, s.rule.key())
+    asked = ss.get("ex_prepared") == (args, notes_stamp(s.store_path, keys))
+    if len(keys) > downloads.EAGER_MAX and not asked:
+        st.caption(f"{len(keys)} traces: the file is made when you ask (a few thousand take a minute or more).")
+        st.button(f"Prepare {name}", key="ex_prepare", type="primary", on_click=ss.__setitem__,
+                  args=("ex_prepared", (args, notes_stamp(s.store_path, keys))))
+        return
     try:
-        data = export_bytes(s.store_path, keys, fmt, s.score, tag, s.rule.key(), ctx.pair, s.rule,
-                            notes_tag=notes_stamp(s.store_path, keys))  # a new note makes a new file
+        with st.spinner(f"Writing {len(keys)} trace(s) as {FORMATS[fmt].label} …"):
+            data, skipped = export_bytes(*args, ctx.pair, s.rule,
+                                         notes_tag=notes_stamp(s.store_path, keys))  # a new note makes a new file
     except ForkpointError as err:
         st.error(f"Export failed: {md_escape(err, 400)}")
         return
+    if skipped:
+        st.warning(md_escape(f"{len(skipped)} trace(s) could not be read and are left out (`forkpoint verify` "
+                             f"checks the store): {'; '.join(skipped[:3])}", 600))
     st.download_button(f"Download {name}", data=data, file_name=name, mime=mime_type(fmt), type="primary",
                        key="ex_download", on_click="ignore")
     st.caption(f"{len(data) / 1024:.1f} KiB · every file carries each trace's reproducibility record, the spikes "
