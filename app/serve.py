@@ -59,9 +59,9 @@ def middleware() -> list[Middleware]:
     return [Middleware(HostGuard), Middleware(FirstPaint)]
 
 
-def _load_pair() -> None:
+def _preload() -> None:
     """The pair the app was started with, into the process's cache (app/resources.load_pair, st.cache_resource:
-    the first session finds it there, or waits on the same load)."""
+    the first session finds it there, or waits on the same load); then the store's full read."""
     # deferred: app.resources pulls in torch and transformers, which the launcher's module import must not wait on
     from app import first_paint, resources
     from app.config import parse_args, script_args
@@ -70,17 +70,25 @@ def _load_pair() -> None:
         first_paint.warm()  # a shared link's first shell builds its token view with these modules
     except Exception as err:  # noqa: BLE001 - the first shell imports them itself
         logging.getLogger(__name__).info("first paint warm-up failed: %s", err)
+    config = parse_args(script_args(sys.argv))
     try:
-        resources.load_pair(parse_args(script_args(sys.argv)).pair)
+        resources.load_pair(config.pair)
     except Exception as err:  # noqa: BLE001 - the first session loads it again and shows the error
         logging.getLogger(__name__).info("pair preload failed: %s", err)
+    try:  # then the store's full read, which the Problems page's damaged-file list waits on (5.5 s at 5,600 traces)
+        path = resources.store_path(config.store)
+        if resources.get_store(path).exists():
+            resources.deep_check(path).result(wait_s=0)
+    except Exception as err:  # noqa: BLE001 - the Problems page starts the read itself and shows any error
+        logging.getLogger(__name__).info("store read-ahead failed: %s", err)
 
 
 @asynccontextmanager
 async def lifespan(_app: Any) -> AsyncIterator[None]:
     """At server start, load the models in the background: a shared link opened right after `forkpoint app`
-    starts waits for them less (its first page drew nothing until they were loaded). Startup is not delayed."""
-    threading.Thread(target=_load_pair, name="forkpoint-preload", daemon=True).start()
+    starts waits for them less (its first page drew nothing until they were loaded); then start the store's full
+    read (app/resources.DeepCheck). Startup is not delayed."""
+    threading.Thread(target=_preload, name="forkpoint-preload", daemon=True).start()
     yield
 
 

@@ -594,6 +594,29 @@ def test_the_problems_page_does_not_wait_for_the_stores_full_read(env, monkeypat
     assert set(table["file"]) == {str(path)}
 
 
+def test_the_server_start_reads_the_store_ahead_after_the_pair(env, monkeypatch):
+    """`forkpoint app` starts the store's full read after loading the pair (a first visit to Problems on 5,600
+    traces waited 7 s for it), and never creates a store that is not there."""
+    from app import config, serve
+
+    env.open()  # a store with a trace
+    order = []
+    monkeypatch.setattr(resources, "load_pair", lambda spec: order.append("pair"))
+    monkeypatch.setattr(TraceStore, "unreadable", lambda self: order.append(("read", str(self.path))) or [])
+    monkeypatch.setattr(sys, "argv", [str(config.APP_DIR / "serve.py"), "--store", str(env.store)])
+    serve._preload()
+    check = resources.deep_check(resources.store_path(str(env.store)))
+    for _ in range(100):
+        if not check.running():
+            break
+        time.sleep(0.05)
+    assert order == ["pair", ("read", resources.store_path(str(env.store)))]
+    missing = env.store.parent / "no_store_here"
+    monkeypatch.setattr(sys, "argv", [str(config.APP_DIR / "serve.py"), "--store", str(missing)])
+    serve._preload()
+    assert not missing.exists() and order[-1] == "pair"
+
+
 def test_a_deep_check_hands_each_finished_read_out_once_then_reads_again():
     """`DeepCheck.result`: a read that finished after its page stopped waiting is handed out (no second read)
     when the page reruns; its error is raised once, not read again and again; later calls read anew."""
