@@ -34,9 +34,8 @@ MIN_COLUMN_PX = 220  # a narrower column wraps every other word: more columns th
 COMPARE_CSS = """
 .fp-cmp-grid { display: grid; gap: 0 10px; max-height: 460px; overflow: auto; border: 1px solid #e5e7eb;
   border-radius: 6px; padding: 0 8px 6px; }
-.fp-cmp-head { overflow-wrap: anywhere; }
 .fp-cmp-head { position: sticky; top: 0; z-index: 2; background: #fff; border-bottom: 1px solid #e5e7eb;
-  font: 12px/1.4 system-ui, sans-serif; padding: 6px 0 4px; }
+  font: 12px/1.4 system-ui, sans-serif; padding: 6px 0 4px; overflow-wrap: anywhere; }
 .fp-cmp-head b { font-size: 13px; }
 .fp-cmp-head .ok { color: #15803d; } .fp-cmp-head .bad { color: #b91c1c; } .fp-cmp-head .na { color: #6b7280; }
 .fp-compare { min-width: 0; padding-top: 4px; }

@@ -227,11 +227,11 @@ def switch_controls(ctx: Context, trace: Trace) -> None:
     row.selectbox("After a switch, the rest is written by", list(THEN_LABELS), format_func=THEN_LABELS.get,
                   key="sw_then", width=260)
     hist, i = ss.get("sw_hist") or [], int(ss.get("sw_i") or 0)
-    pair_of = row.container(horizontal=True, gap="small", width="content")  # back and forward wrap together
-    pair_of.button("◀ back", key="sw_back", disabled=i <= 0, on_click=_nav_button, args=(-1,),
-                   help="The previous switch state (key b, or the browser's Back)")
-    pair_of.button("forward ▶", key="sw_fwd", disabled=i >= len(hist) - 1, on_click=_nav_button, args=(1,),
-                   help="The next switch state (key f, or the browser's Forward)")
+    history_nav = row.container(horizontal=True, gap="small", width="content")  # back and forward wrap together
+    history_nav.button("◀ back", key="sw_back", disabled=i <= 0, on_click=_nav_button, args=(-1,),
+                       help="The previous switch state (key b, or the browser's Back)")
+    history_nav.button("forward ▶", key="sw_fwd", disabled=i >= len(hist) - 1, on_click=_nav_button, args=(1,),
+                       help="The next switch state (key f, or the browser's Forward)")
     if row.button("Which takeovers matter?", key="sw_matter", disabled=ctx.pair is None or not trace.n_takeovers,
                   help="Switch each takeover off in turn and see whether the answer still holds."):
         bar = st.progress(0.0, text="switching each takeover off …")

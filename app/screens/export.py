@@ -62,17 +62,15 @@ def main() -> None:
     s = ctx.settings
     name = file_name(keys, fmt)
     tag = "none" if ctx.pair is None else repr(ctx.pair.fingerprint())
-    args = (s.store_path, keys, fmt, s.score, tag, s.rule.key())
-    asked = ss.get("ex_prepared") == (args, notes_stamp(s.store_path, keys))
-    if len(keys) > downloads.EAGER_MAX and not asked:
+    args, notes = (s.store_path, keys, fmt, s.score, tag, s.rule.key()), notes_stamp(s.store_path, keys)
+    if len(keys) > downloads.EAGER_MAX and ss.get("ex_prepared") != (args, notes):
         st.caption(f"{len(keys)} traces: the file is made when you ask (a few thousand take a minute or more).")
         st.button(f"Prepare {name}", key="ex_prepare", type="primary", on_click=ss.__setitem__,
-                  args=("ex_prepared", (args, notes_stamp(s.store_path, keys))))
+                  args=("ex_prepared", (args, notes)))
         return
     try:
         with st.spinner(f"Writing {len(keys)} trace(s) as {FORMATS[fmt].label} …"):
-            data, skipped = export_bytes(*args, ctx.pair, s.rule,
-                                         notes_tag=notes_stamp(s.store_path, keys))  # a new note makes a new file
+            data, skipped = export_bytes(*args, ctx.pair, s.rule, notes_tag=notes)  # a new note makes a new file
     except ForkpointError as err:
         st.error(f"Export failed: {md_escape(err, 400)}")
         return
