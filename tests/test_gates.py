@@ -125,6 +125,8 @@ def test_a_calibrated_gate_records_its_ratio_in_every_trace_and_keeps_the_keys_o
     made, typed = (generate_many(pair, prompts[90:92], p, max_new_tokens=8) for p in (policy, by_hand))
     assert [t.meta["calibration"] for t in made] == [policy.fit] * 2 and "calibration" not in typed[0].meta
     assert [t.key for t in made] == [t.key for t in typed]
+    child = core.takeover(pair, made[0], {2: 7})  # a child of a calibrated trace carries its lineage's calibration
+    assert child.meta["parent"] == made[0].key and child.meta["calibration"] == policy.fit
 
 
 # -- the learned router -----------------------------------------------------------------------------------

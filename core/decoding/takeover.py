@@ -321,6 +321,8 @@ def _child(pair: ModelPair, trace: Trace, first: int, at: dict[int, Switch], the
     row.meta.update(parent=trace.key, root=root, branch_pos=int(first), policy=plan.record(),
                     switches={str(p): w for p, w in sorted(in_force.items())}, switched=record,
                     then=extra["then"])
+    if trace.meta.get("calibration"):  # the lineage's gate: how it was calibrated travels with its children
+        row.meta["calibration"] = trace.meta["calibration"]
     return Child(row, in_force, int(first))
 
 
