@@ -121,6 +121,9 @@ def test_compare_page_scores_a_stored_response_against_two_reasoners(tiny_dirs, 
     assert comp.names == ["qwen_reason", "qwen_base (base itself)"]
     store = core.TraceStore(tmp_path / "store")
     assert {t.key for t in comp.traces} <= set(store.keys())  # stored: the Dataset page can compare them
+    source = store.get(at.session_state["cmp_key"])
+    assert {t.meta["problem"]["id"] for t in comp.traces} == {source.meta["problem"]["id"]} != {None}  # listed by it
+    assert any("scored traces are in the store" in str(c.value) for c in at.caption)  # and the page says so
     np.testing.assert_allclose(comp.traces[1].metrics["kl_base_reason"], 0.0, atol=1e-5)
     frames = at.dataframe
     assert len(frames) >= 2

@@ -35,22 +35,24 @@ def _pairs(ctx, sources: list[str]) -> list:
     return [ctx.pair] + [_reasoner_pair(fp, src, ctx.pair) for src in sources]
 
 
-def _pick_response(ctx) -> tuple[str, list[int]] | None:
+def _pick_response(ctx) -> tuple[dict, list[int]] | None:
     df = ctx.store.summaries()
     if df.empty:
         st.info("The store holds no traces: make one on the Trace or Generate page, then compare its response.")
         return None
     df = df.sort_values("created", ascending=False)
-    labels = {str(k): f"{p if isinstance(p, str) else '—'} · {n} tokens · {str(k)[:8]}"
-              for k, p, n in zip(df["key"], df["problem"], df["n_tokens"])}
+    labels = {str(k): f"{p if isinstance(p, str) else '—'} · {pol if isinstance(pol, str) else kind} · {n} tokens · "
+                      f"{str(k)[:8]}"
+              for k, p, pol, kind, n in zip(df["key"], df["problem"], df["policy"], df["kind"], df["n_tokens"])}
     keys = list(labels)
     open_key = st.session_state.get("trace_key")
     if st.session_state.get("cmp_key") not in keys:  # first visit, or the chosen trace is gone: the open trace
         st.session_state["cmp_key"] = open_key if open_key in keys else keys[0]
     key = st.selectbox("Response (a stored trace)", keys, format_func=labels.get, key="cmp_key")
     trace = resources.load_trace(ctx.settings.store_path, key)
-    prompt = str((trace.meta.get("problem") or {}).get("prompt") or "")
-    return prompt, [int(i) for i in trace.token_ids]
+    problem = trace.meta.get("problem") or {}  # its id travels to the scored traces (the Problems page lists it)
+    return {"id": problem.get("id"), "prompt": str(problem.get("prompt") or ""), "gold": problem.get("gold")}, \
+        [int(i) for i in trace.token_ids]
 
 
 def main() -> None:
@@ -90,6 +92,9 @@ def main() -> None:
     if made_for != picked:
         st.info("The last comparison was of another response: press Compare to score this one.")
         return
+    if keep:
+        st.caption(f"The {len(comp.traces)} scored traces are in the store (kind score, one per reasoner, problem "
+                   f"{md_escape(made_for[0].get('id') or '—')}): the Dataset page compares the reasoners.")
     _show(ctx, comp)
 
 
