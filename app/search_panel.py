@@ -11,6 +11,7 @@ from app.view import md_code, md_escape
 from core import settings
 from core.analysis.search import search_traces, spiking_keys
 from core.errors import ForkpointError
+from core.scoring.registry import score_label
 
 FILTER_KEY = "search_filter"  # {"pattern": str, "keys": [trace keys]}: the Traces table shows only these
 
@@ -34,7 +35,7 @@ def search_tab(ctx) -> None:
     only = c4.toggle("Spikes only", key="search_spikes")
     if not pattern:
         st.caption("A token string (leading spaces count: ' Wait') or a regular expression; each match shows its "
-                   f"{md_escape(s.score)} score, whether it spikes, and the trace's outcome.")
+                   f"{md_escape(score_label(s.score))} score, whether it spikes, and the trace's outcome.")
         return
     store = resources.get_store(s.store_path)
     top = s.rule.top or settings.SPIKE_TOP  # a calibrated gate has no top: the default top-p marks spikes here
@@ -46,15 +47,19 @@ def search_tab(ctx) -> None:
         return
     spiking = spiking_keys(found)
     shown = found[found["spike"]] if only else found
-    st.caption(f"{len(shown)} match{'es' if len(shown) != 1 else ''} of {md_code(pattern)} in "
+    quoted = md_code(repr(pattern))  # ' add', not add: a leading space is part of what is searched
+    if shown.empty:
+        st.info(f"No {'spiking ' if only and len(found) else ''}match of {quoted} in the store's responses"
+                + (f" ({len(found)} without a spike: turn *Spikes only* off)." if only and len(found) else
+                   ": try *Any case*, fewer characters, or *Regex*."))
+        return
+    st.caption(f"{len(shown)} match{'es' if len(shown) != 1 else ''} of {quoted} in "
                f"{shown['key'].nunique()} traces; {int(found['spike'].sum())} on a spike (in {len(spiking)} traces). "
                "Choose a row to open its trace at that token.")
     if st.button(f"Show only the {len(spiking)} traces where it spikes in the Traces table", key="search_filter_btn",
                  disabled=not spiking):
         st.session_state[FILTER_KEY] = {"pattern": pattern, "keys": spiking}
         st.rerun()
-    if shown.empty:
-        return
     table = shown.reset_index(drop=True)
     st.dataframe(table, key="search_table", on_select=lambda: _open(table), selection_mode="single-row",
                  hide_index=True, width="stretch",

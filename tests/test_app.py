@@ -257,6 +257,10 @@ def test_search_opens_a_hit_at_its_token_and_filters_the_traces_table(env):
         assert set(at.dataframe[0].value["key"]) == set(spiking)
         at.button(key="search_filter_clear").click().run()
         assert len(at.dataframe[0].value) == len(store.keys())
+    assert any(f"of `{needle!r}`" in str(c.value) for c in at.caption)  # quoted: a leading space shows
+    at.text_input(key="search_pattern").input("zzzq no such text").run()  # no match: said, no row hint, no button
+    _ok(at)
+    assert any("No match of" in t for t in _texts(at.info)) and "search_filter_btn" not in {b.key for b in at.button}
 
 
 def _run_entropy_gated(at: AppTest, n: int, threshold: float) -> None:

@@ -55,6 +55,8 @@ def traces_tab(ctx, bad: list) -> None:
     more = f" (+{len(bad)} damaged, listed below)" if bad else ""
     st.caption(f"{len(shown)} of {len(table)} readable traces{more} · score: {score_label(s.score)} · "
                "click a column header to sort; choose a row to open it.")
+    if shown.empty:
+        st.info("No trace matches the filters and the search above: clear them to see every trace.")
     st.dataframe(
         shown, key="problems_traces", on_select=lambda: _open_selected_trace(shown), selection_mode="single-row",
         hide_index=True, width="stretch", column_order=TRACE_COLUMNS,
