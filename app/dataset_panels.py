@@ -12,7 +12,6 @@ import streamlit as st
 
 from app import resources
 from app.view import select_rows
-from core.analysis import tables as A
 from core.analysis.registry import Analysis, figure_table_names, run_analysis
 from core.reports import report as R
 
@@ -52,15 +51,8 @@ def analysis_figure(spec: Analysis, tables: Mapping[str, pd.DataFrame], choice: 
 
 
 def _tidy(name: str, fig: go.Figure) -> None:
-    """Display fixes: one legend entry for the faint per-trace Lorenz curves, a named pooled planning
-    category, readable log-axis ticks."""
-    if name == "lorenz":
-        first = True
-        for tr in fig.data:
-            if tr.name not in ("equality", A.POOLED):
-                tr.update(legendgroup="traces", name="per trace (a few)", showlegend=first, hovertemplate=None)
-                first = False
-    elif name == "enrichment":
+    """Display fixes: a named pooled planning category, readable log-axis ticks."""
+    if name == "enrichment":
         for tr in fig.data:
             tr.x = ["all planning" if str(x) == "planning" else x for x in tr.x]
     elif name == "entropy_iou":

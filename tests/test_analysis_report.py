@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 import os
 
 import numpy as np
@@ -77,8 +78,12 @@ def test_report_html_offline_and_escaped(tmp_path):
     from core.analysis.registry import list_analyses
 
     for heading in [s.label for s in list_analyses() if s.figure and not s.options and s.name != "recovery"] + [
-            "Reasoner rank (all)", "Reasoner rank (spikes)", "decision pairs"]:
+            "Reasoner rank (all)", "Reasoner rank (spikes)", "Decision pairs"]:
         assert f"<h2>{heading}</h2>" in doc, heading
+    for spec in list_analyses():  # every section says what it shows (the registry's help), under its heading
+        if spec.name != "recovery" and (spec.figure or spec.name == "decision_pairs"):
+            assert f"<p class='note'>{html.escape(spec.help)}</p>" in doc, spec.name
+    assert '"legendgroup":"traces"' in doc  # the per-trace Lorenz curves share one legend entry
     with pytest.raises(ForkpointError, match="exists"):
         R.report_html(_traces(), path)
     R.report_html(_traces(1), path, overwrite=True, segment="think")

@@ -41,9 +41,12 @@ def lorenz_figure(df: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="equality", line={"dash": "dot", "color": "grey"}))
     labels = [lab for lab in df["trace"].unique() if lab != A.POOLED]
-    for lab in labels[:MAX_TRACE_CURVES]:
+    shown = labels[:MAX_TRACE_CURVES]
+    for j, lab in enumerate(shown):  # one legend entry for all of them; each names its trace on hover
         part = df[df["trace"] == lab]
-        fig.add_trace(go.Scatter(x=part["x"], y=part["y"], mode="lines", name=str(lab)[:12], opacity=0.35, line={"width": 1}))
+        fig.add_trace(go.Scatter(x=part["x"], y=part["y"], mode="lines", name=f"per trace ({len(shown)} of {len(labels)})",
+                                 legendgroup="traces", showlegend=j == 0, opacity=0.35, line={"width": 1},
+                                 hovertext=str(lab)[:12], hoverinfo="text+x+y"))
     part = df[df["trace"] == A.POOLED]
     if len(part):
         fig.add_trace(go.Scatter(x=part["x"], y=part["y"], mode="lines", name=A.POOLED, line={"width": 3, "color": "black"}))
@@ -158,8 +161,9 @@ def report_tables(
     return tables
 
 
-def figures(tables: dict[str, pd.DataFrame]) -> list[tuple[str, go.Figure]]:
-    """(heading, figure) of every registered analysis whose tables are present (one per option value)."""
+def figures(tables: dict[str, pd.DataFrame]) -> list[tuple[str, str, go.Figure]]:
+    """(heading, what it shows, figure) of every registered analysis whose tables are present (one per option
+    value)."""
     out = []
     for spec in list_analyses():
         if spec.figure is None:
@@ -169,7 +173,7 @@ def figures(tables: dict[str, pd.DataFrame]) -> list[tuple[str, go.Figure]]:
             names = figure_table_names(spec, **choice)
             if all(n in tables for n in names):
                 heading = spec.label + "".join(f" ({v})" for v in choice.values())
-                out.append((heading, globals()[spec.figure](*[tables[n] for n in names])))
+                out.append((heading, spec.help, globals()[spec.figure](*[tables[n] for n in names])))
     return out
 
 
@@ -224,7 +228,8 @@ def main_rows(df: pd.DataFrame) -> pd.DataFrame:
 def _table_html(df: pd.DataFrame, max_rows: int = 50) -> str:
     shown = df.head(max_rows)
     note = f"<p class='note'>showing {len(shown)} of {len(df)} rows</p>" if len(df) > max_rows else ""
-    return shown.to_html(index=False, escape=True, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0) + note
+    table = shown.to_html(index=False, escape=True, na_rep="–", float_format=lambda v: f"{v:.4g}", border=0)
+    return f"<div class='scroll'>{table}</div>{note}"  # a wide table scrolls inside the page, not the page
 
 
 def report_html(
@@ -245,16 +250,19 @@ def report_html(
     items = _keeping(as_list(traces), keep_gib)  # the header's token count reads them once more
     tables = report_tables(items, outdir, score=score, top=top, segment=segment, only=only, keep_gib=keep_gib)
     parts = []
-    for i, (heading, fig) in enumerate(figures(tables)):
+    for i, (heading, about, fig) in enumerate(figures(tables)):
         body = fig.to_html(full_html=False, include_plotlyjs=(i == 0))
-        parts.append(f"<h2>{html.escape(heading)}</h2>\n{body}")
+        parts.append(f"<h2>{html.escape(heading)}</h2>\n<p class='note'>{html.escape(about)}</p>\n{body}")
     for spec in list_analyses():
         if spec.detail in tables and spec.detail != "decision_pairs":
-            parts.append(f"<h2>{html.escape(spec.label)}: {html.escape(spec.detail)}</h2>\n{_table_html(tables[spec.detail])}")
+            parts.append(f"<h2>{html.escape(spec.label)}: the table ({html.escape(spec.detail.replace('_', ' '))})"
+                         f"</h2>\n{_table_html(tables[spec.detail])}")
     if "decision_pairs" in tables:
         pairs = tables["decision_pairs"].copy()
         pairs["prefix"] = pairs["prefix"].map(lambda s: ("…" + s[-80:]) if len(s) > 80 else s)
-        parts.append(f"<h2>decision pairs</h2>\n{_table_html(pairs)}")
+        spec = next(a for a in list_analyses() if a.name == "decision_pairs")
+        parts.append(f"<h2>{html.escape(spec.label)}</h2>\n<p class='note'>{html.escape(spec.help)}</p>\n"
+                     f"{_table_html(pairs)}")
     seg = segment or "whole response"
     header = (
         f"<h1>forkpoint analysis</h1><p>{len(items)} traces, {sum(len(t) for t in items)} tokens; "
@@ -263,6 +271,7 @@ def report_html(
     style = (
         "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
         "table{border-collapse:collapse;font-size:13px}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
+        ".scroll{overflow-x:auto;max-width:100%}"
         ".note{color:#666;font-size:12px}"
     )
     doc = (
