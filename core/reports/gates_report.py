@@ -28,7 +28,8 @@ NOTE = ("Each gate's knob is set by one equal-ρ calibration on base rollouts of
         "(wrong_to_right), and the reverse. reason_evals_per_token: the reasoner's evaluations decoding needs per "
         "token (a lazy gate asks it only where it fires; Guided and the random / early baselines score every "
         "position). reason_forwards_per_token: the reasoner's forwards of one row counted while decoding, per token "
-        "(NaN where the traces came from the store or from an executor's workers). wall_s_per_token: the decoding "
+        "(one forward reads a block of positions, so it can be below the evaluations; – where the traces came from "
+        "the store or from an executor's workers, and nothing was counted). wall_s_per_token: the decoding "
         "seconds the traces record, per generated token; the machine's load moves it.")
 
 
