@@ -110,7 +110,7 @@ def test_the_analysis_report_has_the_rank_shift_table(tmp_path):
     assert tables["rank_shift"].set_index("group").loc["takeovers", "n"] == sum(t.n_takeovers for t in traces)
     path = report_html(traces, str(tmp_path / "r.html"), score="cross_entropy", top=0.05)
     page = Path(path).read_text(encoding="utf-8")
-    assert "<h2>Rank shift: rank_shift</h2>" in page and "shifted_share" in page
+    assert "<h2>Rank shift: the table (rank shift)</h2>" in page and "shifted_share" in page
 
 
 def test_heatmap_colouring_mode_is_categorical():
