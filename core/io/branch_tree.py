@@ -32,14 +32,12 @@ def children_index(rows: list[SummaryRow]) -> dict[str, list[str]]:
     return {parent: [r["key"] for r in sorted(group, key=branch_order)] for parent, group in kids.items()}
 
 
-def tree(rows: list[SummaryRow], key: str) -> dict[str, Any]:
+def tree(rows: list[SummaryRow], key: str, kids: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The branch tree holding `key` (one of `rows`): the oldest ancestor in `rows`, with nested
-    "children" lists (a cycle of parents, impossible in a healthy store, is cut)."""
+    "children" lists (a cycle of parents, impossible in a healthy store, is cut). `kids`: `children_index(rows)`
+    when the caller holds it already."""
     by_key = {r["key"]: r for r in rows}
-    kids: dict[str, list[SummaryRow]] = {}
-    for r in rows:
-        if r.get("parent"):
-            kids.setdefault(r["parent"], []).append(r)
+    kids = children_index(rows) if kids is None else kids
     root, seen = key, {key}
     while (parent := by_key[root].get("parent")) in by_key and parent not in seen:
         root = parent
@@ -47,7 +45,6 @@ def tree(rows: list[SummaryRow], key: str) -> dict[str, Any]:
 
     def node(k: str, path: frozenset[str]) -> dict[str, Any]:
         r = by_key[k]
-        ordered = sorted(kids.get(k, []), key=branch_order)
         return {
             "key": k,
             "kind": r.get("kind"),
@@ -56,7 +53,7 @@ def tree(rows: list[SummaryRow], key: str) -> dict[str, Any]:
             "created": r.get("created"),
             "correct": r.get("correct"),
             "n_takeovers": r.get("n_takeovers"),
-            "children": [node(c["key"], path | {k}) for c in ordered if c["key"] not in path | {k}],
+            "children": [node(c, path | {k}) for c in kids.get(k, []) if c not in path | {k}],
         }
 
     return node(root, frozenset())

@@ -449,10 +449,10 @@ class TraceStore:
 
     def tree(self, key: str) -> dict[str, Any]:
         """The branch tree holding `key`: the oldest stored ancestor, with nested "children" lists."""
-        rows = self._listing().rows
-        if not any(r["key"] == key for r in rows):
+        listing = self._listing()
+        if not any(r["key"] == key for r in listing.rows):
             raise StoreError(f"No readable trace with key {key!r} in {self.path}")
-        return branch_tree.tree(rows, key)
+        return branch_tree.tree(listing.rows, key, listing.children_index())
 
 
 def _stamp() -> str:
