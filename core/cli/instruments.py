@@ -30,6 +30,7 @@ from core.cli.common import (
     settings_options,
     store_option,
 )
+from core.errors import InvalidInputError
 from core.scoring.registry import DEFAULT_SCORE
 from core.views.presentation import quoted_tokens
 
@@ -246,7 +247,6 @@ def tokens(store_path: str | None, by: str, score_name: str, sort_by: str, top: 
            with_branches: bool, out: str | None, overwrite: bool) -> None:
     """Dataset token statistics over the store: count, scores, spike and takeover rates, measured effects."""
     from core.cli.store import existing_store, warn_unreadable
-    from core.errors import InvalidInputError
     from core.instruments.token_stats import read_effects, token_stats
     from core.io.csvsafe import write_csv
 
