@@ -70,7 +70,8 @@ def _make_rollouts(pair, store, settings) -> None:
                       window=int(st.session_state["gate_window"]), score=settings.score, store=store,
                       max_new_tokens=resources.max_new_tokens(pair))
         resources.calibrated_gate.clear()
-        state.notice("success", f"Stored {len(problems)} base rollouts of this pair; the gate is calibrated on them.")
+        state.notice("success", f"Made {len(problems)} base rollouts of this pair (kept apart from your traces); "
+                                  "the gate is calibrated on them.")
     except ForkpointError as err:
         state.notice("error", f"Could not make base rollouts: {err}")
     st.rerun()

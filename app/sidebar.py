@@ -98,7 +98,8 @@ def _rule(store_path: str, score: str, pair: core.ModelPair | None) -> SpikeRule
     store = resources.get_store(store_path)
     try:
         gate: Gate = resources.calibrated_gate(store_path, repr(pair.fingerprint()), score, float(ss["gate_ratio"]),
-                                               int(ss["gate_window"]), len(store.keys()), pair)
+                                               int(ss["gate_window"]),
+                                               len(store.keys()) + len(store.calibration_store().keys()), pair)
     except ForkpointError as err:
         st.warning(f"{err}. Showing top p% spikes instead.")
         return fallback

@@ -312,9 +312,10 @@ def test_a_failed_generation_leaves_its_error_and_no_live_progress(env, monkeypa
     assert not at.get("progress") and "gen_cancel" not in {b.key for b in at.button}
 
 
-def test_generate_says_what_the_gate_calibration_stored(env):
-    """A Guided run calibrates on base rollouts of held-out problems and stores them (the next calibration reuses
-    them): the store grew by 32 traces for 8 asked, and the page only spoke of the 8."""
+def test_generate_keeps_the_gate_calibrations_rollouts_apart_and_says_so(env):
+    """A Guided run calibrates on base rollouts of held-out problems: they go to the store's calibration store (the
+    next calibration reuses them), not among the user's traces (the store grew by 32 traces for 8 asked, listed and
+    analysed with them), and the page says so."""
     at = env.open()
     at.switch_page("screens/generate.py").run()
     before = set(TraceStore(env.store).keys())
@@ -324,10 +325,10 @@ def test_generate_says_what_the_gate_calibration_stored(env):
     at.button(key="gen_run").click().run()
     _ok(at)
     new = set(TraceStore(env.store).keys()) - before
-    rows = TraceStore(env.store).summaries().set_index("key").loc[sorted(new)]
-    calibration = int((rows["policy"] == "base_only").sum())
-    assert calibration >= 1 and len(new) == calibration + 1
-    assert any("1 trace(s) stored" in t and f"also stored {calibration} BaseOnly rollouts" in t
+    rollouts = TraceStore(env.store).calibration_store().summaries()
+    assert len(new) == 1 and TraceStore(env.store).get(new.pop()).meta["policy"]["name"] == "guided"
+    assert len(rollouts) >= 1 and set(rollouts["policy"]) == {"base_only"}
+    assert any("1 trace(s) stored" in t and f"made {len(rollouts)} BaseOnly rollouts" in t and "kept apart" in t
                for t in _texts(at.success)), _texts(at.success)
 
 
@@ -666,8 +667,9 @@ def test_gate_without_rollouts_of_this_pair_says_so_and_makes_them(env):
     at.button(key="make_rollouts").click().run()
     assert not at.exception
     assert any("τ =" in t for t in _texts(at.sidebar.caption)), _texts(at.sidebar.warning)
-    rows = TraceStore(env.store).summaries()
+    rows = TraceStore(env.store).calibration_store().summaries()  # kept apart from the user's traces
     assert len(rows) == len(PROBLEMS) and set(rows["policy"]) == {"base_only"}
+    assert not TraceStore(env.store).keys()
 
 
 def test_forkpoint_app_rejects_a_bad_port_with_a_message():

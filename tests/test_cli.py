@@ -131,10 +131,12 @@ def test_generate_guided_honours_score_budget_and_calibration(env):
               "--max-new-tokens", "8")
     assert "holding out" in out
     store = TraceStore(env["store"])
-    traces = [store.get(k) for k in store.keys()]
-    guided = [t for t in traces if t.meta["policy"]["name"] == "guided"]
-    base = [t for t in traces if t.meta["policy"]["name"] == "base_only"]
+    guided = [store.get(k) for k in store.keys()]  # the calibration's rollouts are kept apart from them
+    rollouts = store.calibration_store()
+    base = [rollouts.get(k) for k in rollouts.keys()]
     held = min(2, len(PROBLEMS) // 4 or 1)  # split_calibration: at most a quarter, at least one
+    assert {t.meta["policy"]["name"] for t in guided} == {"guided"}
+    assert {t.meta["policy"]["name"] for t in base} == {"base_only"}
     assert len(base) == held and len(guided) == len(PROBLEMS) - held  # held out: calibrated on, not generated
     assert not {t.meta["problem"]["prompt"] for t in base} & {t.meta["problem"]["prompt"] for t in guided}
     params = guided[0].meta["policy"]["params"]

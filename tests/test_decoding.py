@@ -536,8 +536,15 @@ def test_calibrate_from_the_store_uses_only_this_pairs_rollouts(pair, llama_pair
     assert not has_base_rollouts(pair, store) and has_base_rollouts(llama_pair, store)
     with pytest.raises(core.InvalidInputError, match="No base rollouts"):
         core.calibrate(pair, store=store)
+    listed = store.keys()
     made = core.calibrate(pair, PROMPTS[:2], ratio=0.1, window=5, max_new_tokens=12, store=store)
     assert has_base_rollouts(pair, store) and len(base_rollouts(pair, store)) == 2
+    # the rollouts are kept apart from the user's traces (never listed with them), and reused next time
+    rollouts = store.calibration_store()
+    assert store.keys() == listed and len(rollouts.keys()) == 2 and rollouts.n_written == 2
+    assert sorted(t.key for t in base_rollouts(pair, store)) == sorted(rollouts.keys())
+    again = core.calibrate(pair, PROMPTS[:2], ratio=0.1, window=5, max_new_tokens=12, store=store)
+    assert again == made and rollouts.n_written == 2 and store.keys() == listed
     from_store = core.calibrate(pair, ratio=0.1, window=5, store=store)
     assert from_store.window == made.window and math.isclose(from_store.tau, made.tau, rel_tol=1e-9)
     assert math.isclose(from_store.lam, made.lam, rel_tol=1e-9)

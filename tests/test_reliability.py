@@ -258,6 +258,29 @@ def test_verify_repair_remove(tmp_path):
     assert code == 0 and "No unreadable" in out
 
 
+def test_verify_and_repair_cover_the_calibration_store(tmp_path):
+    """The gate calibration's rollouts live in a store of their own under the user's (calibration/): a damaged
+    rollout fails `verify` and is set aside by `repair` there, the user's traces untouched."""
+    store = TraceStore(tmp_path / "s")
+    mine = store.put(make_trace(20, seed=1))
+    rollouts = store.calibration_store()
+    made = [rollouts.put(make_trace(20, seed=s)) for s in (2, 3)]
+    assert store.keys() == [mine] and sorted(rollouts.keys()) == sorted(made)
+    assert verify(TraceStore(store.path)).ok
+    damage(trace_path(rollouts, made[0]), "page")
+    code, out = cli("verify", "--store", str(store.path))
+    report = json.loads(out)
+    assert code == 1 and report["readable"] == 1 and not report["damaged"]
+    assert report["calibration"]["readable"] == 1
+    assert [d["path"] for d in report["calibration"]["damaged"]] == [str(trace_path(rollouts, made[0]))]
+    code, out = cli("repair", "--store", str(store.path))
+    report = json.loads(out)
+    assert code == 0 and not report["set_aside"] and [e["key"] for e in report["calibration"]["set_aside"]] == [made[0]]
+    again = TraceStore(store.path)
+    assert again.keys() == [mine] and again.calibration_store().keys() == [made[1]]
+    assert verify(again).ok and (store.calibration_store().path / "damaged").is_dir()
+
+
 # -- temp files, short writes, full disks, permissions ----------------------------------------------
 
 

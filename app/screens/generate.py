@@ -156,7 +156,7 @@ def main() -> None:
         if gated and in_sample:
             st.warning("Every problem of the set is chosen, so the gate is calibrated in-sample (on the problems "
                        "it then runs on). Choose fewer problems to hold some out.")
-        stored_before, failed = set(ctx.store.keys()), None
+        rollouts_before, failed = set(ctx.store.calibration_store().keys()), None
         try:
             policy = build_policy(ctx.pair, name, {**params, **{k: v for k, v in calib.items()
                                                                   if k not in ("ratio", "rho")}},
@@ -176,11 +176,11 @@ def main() -> None:
         return
     st.session_state["gen_last"] = [t.key for t in traces]
     st.session_state["gen_note"] = None
-    calibration_rollouts = len(set(ctx.store.keys()) - stored_before - {t.key for t in traces})
+    made = len(set(ctx.store.calibration_store().keys()) - rollouts_before)
     st.success(f"{len(traces)} trace(s) stored in {ctx.settings.store_path}; they are on the Problems page."
-               + (f" Calibrating the gate also stored {calibration_rollouts} BaseOnly rollouts of held-out problems "
-                  "(ungraded; the next calibration on them reuses them instead of generating again)."
-                  if calibration_rollouts > 0 else ""))
+               + (f" Calibrating the gate made {made} BaseOnly rollouts of held-out problems, kept apart from "
+                  "your traces (the store's calibration folder; the next calibration reuses them)."
+                  if made > 0 else ""))
     note = policy.diagnose(traces)
     if note:
         st.session_state["gen_note"] = note

@@ -3,7 +3,8 @@
 The gate (tau, lam, window) is fit on BaseOnly rollouts of *this* pair: made for the given prompts
 (stored ones reused, by request key, which includes the fingerprint), or, without prompts, read from
 the store's existing rollouts whose recorded fingerprint is this pair's. Rollouts of another pair are
-never used.
+never used. Rollouts made for a calibration go to the store's calibration store (`rollout_store`), apart
+from the user's own traces: a Guided run's calibration adds nothing to what the app lists and analyses.
 """
 
 from __future__ import annotations
@@ -55,17 +56,27 @@ def _is_this_pair(trace: Trace, pair: ModelPair) -> bool:
     return (trace.meta.get("request") or {}).get("pair") == pair.fingerprint()
 
 
+def rollout_store(store: Any) -> Any:
+    """Where a calibration makes (and next time reuses) its base rollouts: a TraceStore's calibration store,
+    kept apart from the user's traces; any other store, or None, as it is."""
+    side = getattr(store, "calibration_store", None)
+    return side() if callable(side) else store
+
+
 def base_rollouts(pair: ModelPair, store: Any, limit: int | None = None) -> list[Trace]:
-    """The store's BaseOnly rollouts made with this pair (models and prompt formats), at most `limit`."""
+    """The store's BaseOnly rollouts made with this pair (models and prompt formats), at most `limit`: the
+    calibrations' own first, then the user's BaseOnly runs (and the rollouts of stores from before the
+    calibration store)."""
     if store is None:
         return []
-    out = []
-    for key in _candidate_keys(store):
-        trace = store.get(key)
-        if _is_this_pair(trace, pair):
-            out.append(trace)
-            if limit is not None and len(out) >= limit:
-                break
+    out, own = [], rollout_store(store)
+    for where in (own, store) if own is not store else (store,):
+        for key in _candidate_keys(where):
+            trace = where.get(key)
+            if _is_this_pair(trace, pair):
+                out.append(trace)
+                if limit is not None and len(out) >= limit:
+                    return out
     return out
 
 
@@ -93,8 +104,8 @@ def calibrate(pair: ModelPair, prompts: Sequence[Any] | None = None, ratio: floa
         if not len(prompts):
             raise InvalidInputError("calibrate needs at least one prompt")
         traces = generate_many(pair, list(prompts), BaseOnly(), batch_size=batch_size, max_new_tokens=max_new_tokens,
-                               temperature=temperature, top_p=top_p, seed=seed, store=store, progress=progress,
-                               executor=executor)
+                               temperature=temperature, top_p=top_p, seed=seed, store=rollout_store(store),
+                               progress=progress, executor=executor)
     else:
         traces = base_rollouts(pair, store, limit=limit)
         if not traces:
@@ -240,7 +251,7 @@ def build_policy(pair: ModelPair | None, name: str, params: dict[str, Any] | Non
                                         "rollouts calibrate it")
             rollouts = generate_many(pair, list(calibrate_on), BaseOnly(), batch_size=batch_size,
                                      max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                     store=store, progress=progress, executor=executor)
+                                     store=rollout_store(store), progress=progress, executor=executor)
         rollouts = list(rollouts)
         policy = make_policy(name, **equal_rho(name, rollouts, rho, params=params, pair=pair,
                                                max_new_tokens=max_new_tokens))

@@ -19,6 +19,7 @@ import pandas as pd
 
 from core import settings
 from core.annotate.spikes import Gate, calibrate_gate
+from core.decoding.calibration import rollout_store
 from core.decoding.policies import (
     BaseOnly,
     EarlyOnly,
@@ -108,15 +109,17 @@ def config_label(ratio: float, budget: float | None) -> str:
 
 def calibration_rollouts(pair: Any, calibration: Sequence[Any], *, keep: dict[str, list[Any]] | None = None,
                          progress: Progress | None = None, **common: Any) -> list[Any]:
-    """Base rollouts of `calibration` (one sample each, stored and reused); kept under "calibration"."""
+    """Base rollouts of `calibration` (one sample each, stored and reused in the store's calibration store,
+    apart from the evaluation's traces); kept under "calibration"."""
     if not calibration:
         raise InvalidInputError("the sweep needs calibration problems (held out from the evaluation set)")
     held: dict[str, Any] = {}
+    store = rollout_store(common.get("store"))
     with stream_records(pair, {"calibration": list(calibration)}, {"calibration": BaseOnly()},
-                        **{**common, "samples": 1}, keep=held, progress=progress):
+                        **{**common, "samples": 1, "store": store}, keep=held, progress=progress):
         pass  # only the kept rollouts are needed
     if keep is not None:
-        keep_traces(keep, "calibration", held["calibration"], common.get("store"))
+        keep_traces(keep, "calibration", held["calibration"], store)
     return held["calibration"]  # with a store, keys read back one trace at a time
 
 

@@ -41,10 +41,12 @@ class StoreCheck:
     index_error: str | None = None
     set_aside: list[Path] = field(default_factory=list)
     damaged_side_files: list[tuple[Path, str]] = field(default_factory=list)  # notes, ... that cannot be read
+    calibration: StoreCheck | None = None  # the store's calibration store (calibration/), when it has one
 
     @property
     def ok(self) -> bool:
-        return not self.damaged and not self.damaged_side_files and self.index_error is None
+        return (not self.damaged and not self.damaged_side_files and self.index_error is None
+                and (self.calibration is None or self.calibration.ok))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready report."""
@@ -56,6 +58,7 @@ class StoreCheck:
             "index_lines": self.index_lines, "bad_index_lines": self.bad_index_lines,
             "index_error": self.index_error, "set_aside": [str(p) for p in self.set_aside],
             "damaged_side_files": [{"path": str(p), "reason": r} for p, r in self.damaged_side_files],
+            **({"calibration": self.calibration.to_dict()} if self.calibration is not None else {}),
         }  # fmt: skip
 
 
@@ -70,11 +73,12 @@ class RepairReport:
     removed_temp_files: list[Path] = field(default_factory=list)
     index_lines_before: int = 0
     index_lines_after: int = 0
+    calibration: RepairReport | None = None  # the store's calibration store (calibration/), when it has one
 
     @property
     def ok(self) -> bool:
         """True when every damaged file found was moved aside (False: some are still in the way)."""
-        return not self.failed
+        return not self.failed and (self.calibration is None or self.calibration.ok)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready report."""
@@ -85,6 +89,7 @@ class RepairReport:
             "failed": [{"path": str(p), "reason": r} for p, r in self.failed],
             "removed_temp_files": [str(p) for p in self.removed_temp_files],
             "index_lines_before": self.index_lines_before, "index_lines_after": self.index_lines_after,
+            **({"calibration": self.calibration.to_dict()} if self.calibration is not None else {}),
         }  # fmt: skip
 
 
@@ -93,10 +98,19 @@ def damaged_side_files(store: TraceStore) -> list[tuple[Path, str]]:
     return sorted(found for check in SIDE_FILES.values() for found in check(store))
 
 
+def _calibration(store: TraceStore) -> TraceStore | None:
+    """The store's calibration store when there is one (a store of its own, checked and repaired the same way)."""
+    rollouts = store.calibration_store()
+    return rollouts if rollouts.exists() else None
+
+
 def verify(store: TraceStore) -> StoreCheck:
     """Read every trace file in full (page checksums, footer checksum, key), every side file, and check
-    the index and temp files."""
+    the index and temp files; the same for the store's calibration store."""
     check = StoreCheck(store.path)
+    rollouts = _calibration(store)
+    if rollouts is not None:
+        check.calibration = verify(rollouts)
     for key, path in store.trace_files():
         check.n_files += 1
         if not KEY_RE.match(key):
@@ -124,10 +138,14 @@ def verify(store: TraceStore) -> StoreCheck:
 
 def repair(store: TraceStore) -> RepairReport:
     """Set every damaged trace file and side file aside (into damaged/), remove dead writers' temp files
-    and rewrite the index from the readable files. A re-run then recomputes what was set aside."""
+    and rewrite the index from the readable files (the store's calibration store too). A re-run then recomputes
+    what was set aside."""
     report = RepairReport(store.path)
     if not store.exists():
         raise StoreError(f"No store at {store.path}")
+    rollouts = _calibration(store)
+    if rollouts is not None:
+        report.calibration = repair(rollouts)
     if store.index_path.is_dir():  # the index is a cache: the folder is set aside like a damaged file, kept
         report.set_aside.append(("index", store.set_aside_index_folder(), "a folder in place of the index file"))
     check = verify(store)

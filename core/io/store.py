@@ -6,6 +6,8 @@ Layout under the store root:
                            file identity (inode, size, mtime_ns) it describes and a CRC of the line
     damaged/               damaged trace files set aside by a re-run, `put` or `repair` (never deleted),
                            and damaged side files (e.g. notes/<key>.json) set aside by `repair`
+    calibration/           a store of its own (this layout again): the gate calibration's base rollouts,
+                           kept apart from the user's traces and reused by the next calibration
 
 The Parquet files are the truth. A file appears only through `write_atomic` (temp file, fsync,
 rename), so a killed writer leaves the whole trace or nothing, plus at worst a temp file, which the
@@ -56,6 +58,7 @@ from core.trace import SCHEMA_VERSION, Trace
 log = logging.getLogger(__name__)
 
 DEFAULT_STORE_DIR = "./forkpoint-store"
+CALIBRATION_DIR = "calibration"
 
 
 def default_store_path() -> Path:
@@ -80,6 +83,7 @@ class TraceStore:
         self._listed: Listing | None = None  # see _listing
         self._lock = threading.Lock()
         self.n_written, self.last_written = 0, ""  # what this object stored (named when a later write fails)
+        self._calibration: TraceStore | None = None
         self.removed_temp_files: list[Path] = []
         self.live_temp_files: list[Path] = []
         if self.traces_dir.is_dir():
@@ -93,6 +97,13 @@ class TraceStore:
     def exists(self) -> bool:
         """Whether the store folder exists (a store is created by its first `put`)."""
         return self.path.is_dir()
+
+    def calibration_store(self) -> TraceStore:
+        """The store of the gate calibration's base rollouts (`calibration/` under this one): made when a gate
+        is calibrated, never listed or analysed with the user's own traces, reused by the next calibration."""
+        if self._calibration is None:
+            self._calibration = TraceStore(self.path / CALIBRATION_DIR)
+        return self._calibration
 
     def _path(self, key: str) -> Path:
         return self.traces_dir / f"{check_key(key)}.parquet"
