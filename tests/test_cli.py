@@ -107,6 +107,35 @@ def test_eval_table_has_every_policy(env):
     assert "| policy |" in text and out.with_suffix(".html").exists()
 
 
+def test_eval_out_refuses_a_file_it_did_not_write_and_a_rerun_into_its_own_output_resumes(env):
+    """eval --out follows the --overwrite convention of export, tokens and analyze: an existing file that eval
+    did not write (the CSV, or the .md / .html beside it) is refused untouched, before any trace is made; a
+    rerun into eval's own output is a resume and rewrites it; --overwrite replaces a foreign file."""
+    args = ["eval", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--ratios", "0.2",
+            "--max-new-tokens", "6", "--no-entropy-gated"]
+    foreign = env["tmp"] / "notes.csv"
+    foreign.write_text("my notes\n")
+    refused = CliRunner().invoke(main, [*args, "--out", str(foreign)])
+    assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+    assert f"{foreign} exists and is not `forkpoint eval` output; pass --overwrite" in refused.output
+    assert foreign.read_text() == "my notes\n" and TraceStore(env["store"]).keys() == []
+    plot = env["tmp"] / "mine.html"  # the recovery plot of --out mine.csv would replace it
+    plot.write_text("<p>mine</p>")
+    refused = CliRunner().invoke(main, [*args, "--out", str(env["tmp"] / "mine.csv")])
+    assert refused.exit_code == 1 and f"{plot} exists" in refused.output and "--overwrite" in refused.output
+    assert plot.read_text() == "<p>mine</p>" and not (env["tmp"] / "mine.csv").exists()
+
+    out = env["tmp"] / "eval.csv"
+    run(*args, "--out", str(out))
+    first = pd.read_csv(out)
+    (out.with_suffix(".md")).write_text("stale")
+    run(*args, "--out", str(out))  # a resumed run: every trace read back from the store, its own files rewritten
+    pd.testing.assert_frame_equal(pd.read_csv(out), first)
+    assert out.with_suffix(".md").read_text().startswith("| policy |")
+    run(*args, "--out", str(foreign), "--overwrite")
+    pd.testing.assert_frame_equal(pd.read_csv(foreign), first)
+
+
 def test_user_errors_are_messages_not_tracebacks(env, tmp_path):
     result = CliRunner().invoke(main, ["score", "--base", str(tmp_path / "nope"), "--reason", str(tmp_path / "nope"),
                                        "--prompt", "x", "--response", "y"])
@@ -209,6 +238,7 @@ def _bad_inputs(tmp):
         (["eval", "--shard", "x"], "--shard"), (["eval", "--budgets", "2"], "--budgets"),
         (["eval", "--out", "/proc/x/t.csv"], "--out"), (["eval", "--dtype", "int4"], "--dtype"),
         (["eval", "--out", str(tmp / "missing_dir" / "t.csv")], "--out"),
+        (["eval", "--out", str(tmp / "t.md")], "--out"), (["eval", "--out", str(tmp / "t.html")], "--out"),
         ([*rep, "--top-p", "5"], "--top-p"), ([*rep, "--ratios", "1"], "--ratios"), ([*rep, "--limit", "0"], "--limit"),
         ([*rep, "--samples", "0"], "--samples"), ([*rep, "--window", "0"], "--window"),
         (["reproduce", "--problems", str(src), "--out", "/proc/x"], "--out"),

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -222,11 +223,16 @@ def overwrite_option(what: str = "--out", note: str = ""):
     return click.option("--overwrite", is_flag=True, help=f"Replace {what} when it exists{note}.")
 
 
-def free_output(out: str | os.PathLike[str], overwrite: bool) -> Path:
-    """`out` as a Path, unless it exists and --overwrite was not given: then a CLI error naming --overwrite."""
+def free_output(out: str | os.PathLike[str], overwrite: bool, *, own: Callable[[Path], bool] | None = None,
+                command: str = "") -> Path:
+    """`out` as a Path, unless it exists and --overwrite was not given: then a CLI error naming --overwrite.
+
+    `own(path)`: whether an existing `out` is this resumable command's own output (`command`, e.g. "eval"), which
+    a rerun rewrites without --overwrite; anything else that exists is still refused."""
     path = Path(out)
-    if path.exists() and not overwrite:
-        raise click.ClickException(f"{path} exists; pass --overwrite to replace it (or choose another --out)")
+    if path.exists() and not overwrite and not (own is not None and own(path)):
+        whose = f" and is not `forkpoint {command}` output" if own is not None else ""
+        raise click.ClickException(f"{path} exists{whose}; pass --overwrite to replace it (or choose another --out)")
     return path
 
 

@@ -156,13 +156,18 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 @click.option("--no-entropy-gated", is_flag=True, help="Skip the entropy-gated variant (the paper's cheap gate).")
 @click.option("--skip-first", default=0, show_default=True, type=click.IntRange(0), help=SKIP_FIRST_HELP)
 @click.option("--shard", help="i/n: run only the i-th of n deterministic shards (rerun without it to summarise).")
-@click.option("--out", type=click.Path(dir_okay=False), help="Write the table as CSV, plus .md and a recovery plot .html.")
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="Write the table as CSV, plus .md and a recovery plot .html beside it. A rerun into files "
+                   "`forkpoint eval` wrote rewrites them (the run resumes from the store); any other existing file "
+                   "is refused without --overwrite.")
+@overwrite_option("--out (and its .md, .html)", " and `forkpoint eval` did not write it (a rerun rewrites eval's own "
+                  "output without --overwrite)")
 @ray_option
 @fail_cleanly
 def eval_(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
           ratios: str, budgets: str, window: int, samples: int, temperature: float, top_p: float,
           max_new_tokens: int, baseline_rho: tuple[str, ...], no_entropy_gated: bool, skip_first: int,
-          shard: str | None, out: str | None, ray_address: str | None, **opts: Any) -> None:
+          shard: str | None, out: str | None, overwrite: bool, ray_address: str | None, **opts: Any) -> None:
     """Accuracy (and the shares wrong and ungraded), pass@k, realised rate and recovery: base, reasoner, Guided
     and the entropy-gated variant at each ratio r (and cap), and the random / early baselines at Guided's
     realised rate and at 0.25. Every trace is stored; reruns resume."""
@@ -172,6 +177,7 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     ratio_list, budget_list, shard_at = float_list(ratios, "ratio", "--ratios"), _budgets(budgets), _shard(shard)
     if out:
         check_output(out, "--out", parents=False)  # found missing only after hours of work would lose the table
+        _free_eval_outputs(Path(out), overwrite)
     check_output(open_store(store_path).path, "--store", folder=True)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
@@ -196,6 +202,34 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     echo(f"recovery against: {table['reference'].iloc[0]}")
     if out:
         _write_eval_outputs(raw, table, markdown, Path(out))
+
+
+EVAL_SIDE_SUFFIXES = (".md", ".html")  # written beside eval's CSV: the table as Markdown, the recovery plot
+
+
+def _free_eval_outputs(out: Path, overwrite: bool) -> None:
+    """Refuse (naming --overwrite) an existing --out, .md or .html that is not eval's own output; a rerun into
+    eval's own CSV (and the files beside it) resumes and rewrites them."""
+    if out.suffix.lower() in EVAL_SIDE_SUFFIXES:
+        raise click.BadParameter(f"{out} would be replaced by the {out.suffix} written beside the CSV; give the CSV's "
+                                 "name, e.g. eval.csv", param_hint="--out")
+    own = _is_eval_table(out)
+    for path in (out, *(out.with_suffix(s) for s in EVAL_SIDE_SUFFIXES)):
+        free_output(path, overwrite, own=lambda _path: own, command="eval")
+
+
+def _is_eval_table(path: Path) -> bool:
+    """Whether `path` is a CSV that `forkpoint eval` wrote: its header holds every column of the policy table."""
+    import csv
+
+    from core.evaluation.harness import POLICY_TABLE_COLUMNS
+
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader([fh.readline(1 << 16)]), [])  # the first line only, however large the file
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return set(POLICY_TABLE_COLUMNS) <= set(header)
 
 
 def _write_eval_outputs(raw, table, markdown: str, out: Path) -> None:

@@ -14,9 +14,11 @@ from core.cli.common import (
     close_executor,
     fail_cleanly,
     float_list,
+    free_output,
     main,
     make_executor,
     open_store,
+    overwrite_option,
     pair_from_options,
     pair_options,
     pair_or_spec,
@@ -43,7 +45,12 @@ from core.cli.common import (
 @click.option("--router", "router_path", type=click.Path(file_okay=False),
               help="A trained router's folder (forkpoint router train). Default: one is trained on the calibration "
                    "rollouts (target gate) into OUT/router.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (gates.csv, gates.html).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Output directory (gates.csv, gates.html, and router/ when one is trained here). A rerun into a "
+                   "folder `forkpoint gates` wrote rewrites its files (the run resumes from the store); other files "
+                   "of those names are refused without --overwrite, and any other file there is left alone.")
+@overwrite_option("a shoot-out file in --out (gates.csv, gates.html, router/)", " and `forkpoint gates` did not "
+                  "write it (a rerun rewrites the shoot-out's own files without --overwrite)")
 @setting_option("samples")
 @setting_option("temperature")
 @setting_option("top_p")
@@ -53,7 +60,8 @@ from core.cli.common import (
 @ray_option
 @fail_cleanly
 def gates(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
-          ratios: str, gate_names: str | None, router_path: str | None, out: str, samples: int, temperature: float,
+          ratios: str, gate_names: str | None, router_path: str | None, out: str, overwrite: bool, samples: int,
+          temperature: float,
           top_p: float, max_new_tokens: int, seed: int, batch_size: int, ray_address: str | None,
           **opts: Any) -> None:
     """The gate shoot-out: every gate at each equal takeover rate ρ (realised ρ, accuracy, pass@k, recovery, flips
@@ -68,6 +76,7 @@ def gates(store_path: str | None, problems_path: str | None, calibration_path: s
     if unknown:
         raise click.BadParameter(f"unknown gate {unknown[0]!r}; choose from: {', '.join(GATES)}", param_hint="--gates")
     check_output(out, "--out", folder=True)
+    _free_gates_outputs(Path(out), overwrite, router="router" in chosen and router_path is None)
     store = open_store(store_path)
     check_output(store.path, "--store", folder=True)
     problems, calibration = problems_and_calibration(problems_path, calibration_path, limit)
@@ -106,3 +115,26 @@ def gates(store_path: str | None, problems_path: str | None, calibration_path: s
                                                             "wall_s_per_token"]))
     where = "averaged over benchmarks" if summary["benchmark"].iloc[0] == "average" else summary["benchmark"].iloc[0]
     click.echo(f"({where}; recovery against: {table['reference'].iloc[0]}) -> {paths['csv']}, {paths['html']}")
+
+
+def _free_gates_outputs(out: Path, overwrite: bool, *, router: bool) -> None:
+    """Refuse (naming --overwrite) a gates.csv, gates.html or (`router`: one is trained here) router/ in `out` that
+    is not a shoot-out's own: a rerun into the folder `forkpoint gates` wrote resumes and rewrites them."""
+    from core.decoding.router import read_card
+    from core.errors import InvalidInputError
+    from core.reports.gates import read_gates
+
+    def readable(read: Any, path: Path) -> bool:
+        try:
+            read(path)
+        except InvalidInputError:
+            return False
+        return True
+
+    table = out / "gates.csv"
+    own_table = table.is_file() and readable(read_gates, table)
+    free_output(table, overwrite, own=lambda _path: own_table, command="gates")
+    free_output(out / "gates.html", overwrite, own=lambda _path: own_table, command="gates")  # written with gates.csv
+    if router:  # trained before the shoot-out: an interrupted run leaves it without gates.csv
+        free_output(out / "router", overwrite, own=lambda path: path.is_dir() and readable(read_card, path),
+                    command="gates")
