@@ -108,7 +108,7 @@ SETTINGS: dict[str, Setting] = {
                 "gate is calibrated to each."),
         Setting("effect_samples", 8, "Continuations per arm (the reasoner / the base writes the token) and position "
                 "in takeover effects and the success curve.", 1, None),
-        Setting("demo_measure_problems", 500, "Test problems the demo card is measured on.", 1, None),
+        Setting("demo_measure_problems", 500, "The demo card is measured on the first N test problems.", 1, None),
         Setting("demo_measure_samples", 8, "Samples per problem for the demo card's pass@k.", 1, None),
         Setting("demo_measure_max_new_tokens", 96, "Most response tokens per demo-card rollout (the demo task's "
                 "answers are short).", 1, None),

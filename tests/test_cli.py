@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -247,7 +248,9 @@ def _bad_inputs(tmp):
         (["export", "--out", "/proc/x.jsonl"], "--out"),
         (["import", str(src), "--report", "/proc/x"], "--report"),
         (["import", str(src), "--store", "/proc/x"], "--store"),
-        (["demo", "measure", "--n", "0"], "--n"), (["app", "--max-new-tokens", "0"], "--max-new-tokens"),
+        (["demo", "measure", "--limit", "0"], "--limit"),
+        (["demo", "measure", "--n", "0"], "--limit"),  # an old spelling still checked, named as the new one
+        (["gates", "--ratios", "5", "--out", str(tmp / "g")], "--gate-rhos"), (["app", "--max-new-tokens", "0"], "--max-new-tokens"),
     ]  # fmt: skip
 
 
@@ -296,13 +299,51 @@ def test_every_float_option_refuses_nan_and_infinities_before_any_model_loads(tm
                 assert flag in result.output and "finite" in result.output, (args, result.output)
             checked.append(f"{name} {flag}")
     assert {"generate --temperature", "generate --ratio", "generate --tau", "generate --lam", "eval --temperature",
-            "effects --sample-temperature"} <= set(checked), checked
+            "effects --sample-temperature", "curve --sample-temperature", "takeover --sample-temperature"} <= set(checked), checked
     for listed in ("--ratios", "--budgets"):  # comma-separated float lists go through the settings table's check
         result = CliRunner().invoke(main, ["eval", listed, "0.1,nan", "--store", str(store)])
         assert result.exit_code == 2 and listed in result.output, result.output
         result = CliRunner().invoke(main, ["eval", listed, "inf", "--store", str(store)])
         assert result.exit_code == 2 and listed in result.output, result.output
     assert list(store.iterdir()) == []
+
+
+# one spelling per concept in every command that has it (dest -> flag), and the older spellings still read
+SPELLINGS = {"sample_temperature": "--sample-temperature", "calibration": "--calibration", "gate_rhos": "--gate-rhos",
+             "router_path": "--router", "path": "--router"}
+OLD_SPELLINGS = [  # (command, arguments with an old spelling, dest, value read, the old flag)
+    ("takeover", ["KEY", "--at", "1=reason", "--temperature", "0.9"], "sample_temperature", 0.9, "--temperature"),
+    ("generate", ["--calibrate-on", "in-sample"], "calibration", "in-sample", "--calibrate-on"),
+    ("gates", ["--ratios", "0.1", "--out", "OUT"], "gate_rhos", "0.1", "--ratios"),
+    ("generate", ["--path", "DIR"], "path", "DIR", "--path"),
+    ("effects", ["--path", "DIR"], "path", "DIR", "--path"),
+    ("demo measure", ["--n", "3"], "n", 3, "--n"),
+]
+
+
+def test_one_spelling_per_concept_with_the_old_spellings_hidden_but_working():
+    """The audit's duplicates (--temperature / --sample-temperature for a stored trace's children, --calibrate-on /
+    --calibration, gates --ratios / reproduce --gate-rhos, --path / --router, demo measure --n / --limit): one
+    spelling in every command, the old one still parsed into the same value and shown nowhere in --help."""
+    import click
+
+    found = {}
+    for name, cmd in _commands(main):
+        for opt in cmd.params:
+            if isinstance(opt, click.Option) and opt.name in SPELLINGS:
+                assert opt.opts[0] == SPELLINGS[opt.name], (name, opt.opts)
+                found.setdefault(SPELLINGS[opt.name], set()).add(name)
+    assert found == {"--sample-temperature": {"takeover", "curve", "effects"},
+                     "--calibration": {"generate", "eval", "gates", "reproduce"},
+                     "--gate-rhos": {"gates", "reproduce"}, "--router": {"generate", "effects", "gates", "reproduce"}}
+    commands = dict(_commands(main))
+    assert [o.opts for o in commands["demo measure"].params if o.name == "n"] == [["--limit", "--n"]]
+    for name, args, dest, value, old in OLD_SPELLINGS:
+        cmd = commands[name]
+        ctx = cmd.make_context(name, list(args))
+        assert ctx.params[dest] == value, (name, args, ctx.params[dest])
+        shown = cmd.get_help(ctx)
+        assert not re.search(rf"(?<![\w-]){re.escape(old)}(?![\w-])", shown), (name, old)
 
 
 def test_every_command_takes_its_defaults_and_ranges_from_the_settings_table():
@@ -342,10 +383,12 @@ def test_every_command_takes_its_defaults_and_ranges_from_the_settings_table():
                  ("generate", "top_p"), ("app", "max_new_tokens"), ("score", "dtype"), ("demo train", "seed"),
                  ("demo measure", "n")]:
         assert must in checked, must
-    ratios = {name: next(o.default for o in cmd.params if o.name == "ratios") for name, cmd in commands(main)
-              if any(o.name == "ratios" for o in cmd.params)}  # fmt: skip
-    assert ratios == {"eval": str(settings.RATIO), "reproduce": ",".join(map(str, settings.RATIOS)),
-                      "gates": ",".join(map(str, settings.GATE_RHOS))}
+    def defaults(dest):
+        return {name: next(o.default for o in cmd.params if o.name == dest) for name, cmd in commands(main)
+                if any(o.name == dest for o in cmd.params)}
+
+    assert defaults("ratios") == {"eval": str(settings.RATIO), "reproduce": ",".join(map(str, settings.RATIOS))}
+    assert defaults("gate_rhos") == {"gates": ",".join(map(str, settings.GATE_RHOS)), "reproduce": None}
     top_p = settings.SETTINGS["top_p"]
     assert top_p.range_text() == "in (0, 1]" and top_p.check(1.0) == 1.0
     for bad in (0.0, 1.5, float("nan"), "x", True):
@@ -438,7 +481,7 @@ def test_takeover_switches_a_stored_trace_and_prints_the_child(env):
     typed = store.get(re.search(r"key ([0-9a-f]+)", out).group(1))
     assert {str(s) for s in typed.source[2:]} <= {"forced", "base"} and str(typed.source[2]) == "forced"
     assert typed.n_takeovers == 0 and "0 takeovers" in out and "forced" in out
-    out = run("takeover", key, "--store", env["store"], "--at", "4=reason", "--samples", "3", "--temperature", "0.9",
+    out = run("takeover", key, "--store", env["store"], "--at", "4=reason", "--samples", "3", "--sample-temperature", "0.9",
               *env["pair"])
     keys = re.findall(r"key ([0-9a-f]+)  parent", out)
     assert len(keys) + out.count("no change") == 3 and len(set(keys)) == len(keys)

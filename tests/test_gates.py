@@ -291,7 +291,7 @@ def test_cli_gates_out_refuses_files_it_did_not_write_and_a_rerun_resumes(tmp_pa
                                 for i in range(4)))
     store = str(tmp_path / "store")
     args = ["gates", "--base", str(tiny_dirs["qwen_base"]), "--reason", str(tiny_dirs["qwen_reason"]), "--device",
-            "cpu", "--store", store, "--problems", str(problems), "--gates", "guided,early_only", "--ratios", "0.2",
+            "cpu", "--store", store, "--problems", str(problems), "--gates", "guided,early_only", "--gate-rhos", "0.2",
             "--max-new-tokens", "6"]
     out = tmp_path / "shootout"
     out.mkdir()

@@ -1010,12 +1010,12 @@ def test_demo_measure_never_writes_into_the_installed_package(tmp_path, monkeypa
     calls = []
     monkeypatch.setattr(card, "write_card", lambda source, **kw: calls.append((Path(source), kw["out"])))
     monkeypatch.chdir(tmp_path)
-    code, out = cli("demo", "measure", "--n", "2", "--samples", "1")
+    code, out = cli("demo", "measure", "--limit", "2", "--samples", "1")
     assert code == 0 and calls == [(DEMO_DIR, tmp_path)], (out, calls)
     assert f"{tmp_path / 'CARD.md'} and {tmp_path / 'measure.json'}" in out  # says where it wrote
-    code, out = cli("demo", "measure", "--n", "2", "--out", str(DEMO_DIR))
+    code, out = cli("demo", "measure", "--limit", "2", "--out", str(DEMO_DIR))
     assert code == 2 and "--out" in out and "installed" in out
-    code, out = cli("demo", "measure", "--n", "2", "--out", str(tmp_path / "card"))
+    code, out = cli("demo", "measure", "--limit", "2", "--out", str(tmp_path / "card"))
     assert code == 0 and calls[-1] == (DEMO_DIR, tmp_path / "card")
 
 

@@ -20,11 +20,16 @@ import click
 from core import settings
 from core.cli.options import (  # noqa: F401  (re-exported: every command imports its options from here)
     FiniteFloat,
+    calibration_option,
     float_list,
+    gate_rhos_option,
+    option,
     policy_kwargs,
     policy_options,
     policy_params,
     preset_setting_option,
+    router_folder_option,
+    sample_temperature_option,
     setting_option,
     settings_options,
 )

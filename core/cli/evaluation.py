@@ -13,9 +13,11 @@ from core.cli.common import (
     echo,
     check_output,
     close_executor,
+    calibration_option,
     fail_cleanly,
     float_list,
     free_output,
+    gate_rhos_option,
     main,
     make_executor,
     open_store,
@@ -26,6 +28,7 @@ from core.cli.common import (
     preset_setting_option,
     problems_and_calibration,
     ray_option,
+    router_folder_option,
     setting_option,
     StageBars,
     store_option,
@@ -142,8 +145,8 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 @store_option
 @click.option("--problems", "problems_path", help="Problem source: JSONL/CSV file, hf:<dataset id>[:config][:split], "
               "or gsm8k / math500 / aime24 / aime25 / amc23 / olympiadbench (default: the demo test set).")
-@click.option("--calibration", "calibration_path", help="Problems whose base rollouts calibrate the gate (default: "
-              "demo calibration set, or the first quarter of --problems).")
+@calibration_option("the demo calibration set with the demo test set, else the first quarter of --problems "
+                    "(held out: not evaluated)")
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
 @click.option("--ratios", default=str(settings.RATIO), show_default=True, help=RATIOS_HELP)
 @click.option("--budgets", default="none", show_default=True, help=BUDGETS_HELP)
@@ -164,7 +167,7 @@ def _shard(text: str | None) -> tuple[int, int] | None:
                   "output without --overwrite)")
 @ray_option
 @fail_cleanly
-def eval_(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
+def eval_(store_path: str | None, problems_path: str | None, calibration: str | None, limit: int | None,
           ratios: str, budgets: str, window: int, samples: int, temperature: float, top_p: float,
           max_new_tokens: int, baseline_rho: tuple[str, ...], no_entropy_gated: bool, skip_first: int,
           shard: str | None, out: str | None, overwrite: bool, ray_address: str | None, **opts: Any) -> None:
@@ -181,12 +184,12 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     check_output(open_store(store_path).path, "--store", folder=True)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
-    problems, calibration = problems_and_calibration(problems_path, calibration_path, limit)
+    problems, calibration_set = problems_and_calibration(problems_path, calibration, limit)
     if shard_at:
         problems = shard_of(problems, shard_at)
     bars = StageBars()
     try:
-        table = budget_sweep(pair, problems, calibration, ratio_list, budgets=budget_list,
+        table = budget_sweep(pair, problems, calibration_set, ratio_list, budgets=budget_list,
                              window=window, samples=samples, store=open_store(store_path), temperature=temperature,
                              top_p=top_p, max_new_tokens=max_new_tokens, progress=bars, executor=executor,
                              baseline_rhos=_baseline_rhos(baseline_rho), entropy_gated=not no_entropy_gated,
@@ -260,8 +263,7 @@ def _write_eval_outputs(raw, table, markdown: str, out: Path) -> None:
 @click.option("--problems", "problems", multiple=True, required=True,
               help="Benchmark: [NAME=]SOURCE, SOURCE a JSONL/CSV file, hf:<dataset id>[:config][:split], or gsm8k / "
                    "math500 / aime24 / aime25 / amc23 / olympiadbench. Repeat for several benchmarks.")
-@click.option("--calibration", multiple=True, help="Problems for the gate's calibration rollouts (default: held out "
-              "from --problems).")
+@calibration_option("held out from --problems", multiple=True)
 @setting_option("calibration_problems", help="How many problems to hold out for calibration when --calibration is "
                 "not given.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (report.html, CSVs; "
@@ -279,10 +281,9 @@ def _write_eval_outputs(raw, table, markdown: str, out: Path) -> None:
 @click.option("--no-entropy-gated", is_flag=True, help="Skip the entropy-gated variant (the paper's cheap gate).")
 @click.option("--skip-first", default=0, show_default=True, type=click.IntRange(0), help=SKIP_FIRST_HELP)
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems of each benchmark.")
-@click.option("--gate-rhos", "gate_rhos", default=None, help="Also run the gate shoot-out (forkpoint gates) at these "
-              "comma-separated target ρ, as a section of the report (e.g. 0.02,0.05).")
-@click.option("--router", "router_path", type=click.Path(file_okay=False), help="With --gate-rhos: a trained router's "
-              "folder, so the learned gate joins the shoot-out.")
+@gate_rhos_option(None, "Also run the gate shoot-out (forkpoint gates) at these comma-separated target takeover "
+                  "rates ρ, each in (0, 1), as a section of the report (e.g. 0.02,0.05).")
+@router_folder_option("With --gate-rhos: a trained router's folder, so the learned gate joins the shoot-out.")
 @preset_setting_option("samples")
 @preset_setting_option("temperature")
 @preset_setting_option("top_p")
@@ -369,7 +370,7 @@ def _reference(text: str | None) -> Any:
 @click.option("--out", type=click.Path(file_okay=False),
               help="Where CARD.md and measure.json go (default: the demo pair's folder in a checkout; the working "
                    "directory when the pair is the installed package's, which is never written).")
-@setting_option("demo_measure_problems", dest="n", flag="--n")
+@setting_option("demo_measure_problems", dest="n", flag="--limit", aliases=["--n"])  # --n: its old spelling
 @setting_option("demo_measure_samples", dest="samples", flag="--samples")
 @fail_cleanly
 def demo_measure(demo_dir: str | None, out: str | None, n: int, samples: int) -> None:

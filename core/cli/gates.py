@@ -10,11 +10,13 @@ import click
 from core import settings
 from core.cli.common import (
     StageBars,
+    calibration_option,
     check_output,
     close_executor,
     fail_cleanly,
     float_list,
     free_output,
+    gate_rhos_option,
     main,
     make_executor,
     open_store,
@@ -24,6 +26,7 @@ from core.cli.common import (
     pair_or_spec,
     problems_and_calibration,
     ray_option,
+    router_folder_option,
     setting_option,
     store_option,
 )
@@ -34,17 +37,16 @@ from core.cli.common import (
 @store_option
 @click.option("--problems", "problems_path", help="Problem source: JSONL/CSV file, hf:<dataset id>[:config][:split], "
               "or a benchmark short name (default: the demo test set).")
-@click.option("--calibration", "calibration_path", help="Problems whose base rollouts set every gate's knob "
-              "(default: the demo calibration set with the demo test set, else the first quarter of --problems).")
+@calibration_option("the demo calibration set with the demo test set, else the first quarter of --problems "
+                    "(held out: not run)")
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
-@click.option("--ratios", default=",".join(map(str, settings.GATE_RHOS)), show_default=True,
-              help="Comma-separated target takeover rates ρ, each in (0, 1): every gate is calibrated to each.")
+@gate_rhos_option(",".join(map(str, settings.GATE_RHOS)), "Comma-separated target takeover rates ρ, each in (0, 1): "
+                  "every gate is calibrated to each.", aliases=["--ratios"])  # --ratios: its old spelling
 @click.option("--gates", "gate_names", default=None,
               help="Comma-separated gates (default: the shoot-out's whole line-up, core.reports.gates.GATES; an "
                    "unknown name is refused with the list).")
-@click.option("--router", "router_path", type=click.Path(file_okay=False),
-              help="A trained router's folder (forkpoint router train). Default: one is trained on the calibration "
-                   "rollouts (target gate) into OUT/router.")
+@router_folder_option("A trained router's folder (forkpoint router train). Default: one is trained on the "
+                      "calibration rollouts (target gate) into OUT/router.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Output directory (gates.csv, gates.html, and router/ when one is trained here). A rerun into a "
                    "folder `forkpoint gates` wrote rewrites its files (the run resumes from the store); other files "
@@ -59,8 +61,8 @@ from core.cli.common import (
 @setting_option("batch_size")
 @ray_option
 @fail_cleanly
-def gates(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
-          ratios: str, gate_names: str | None, router_path: str | None, out: str, overwrite: bool, samples: int,
+def gates(store_path: str | None, problems_path: str | None, calibration: str | None, limit: int | None,
+          gate_rhos: str, gate_names: str | None, router_path: str | None, out: str, overwrite: bool, samples: int,
           temperature: float,
           top_p: float, max_new_tokens: int, seed: int, batch_size: int, ray_address: str | None,
           **opts: Any) -> None:
@@ -70,7 +72,7 @@ def gates(store_path: str | None, problems_path: str | None, calibration_path: s
     from core.evaluation.harness import to_markdown
     from core.reports.gates import GATES, compare_gates, gate_summary, write_gates
 
-    rho_list = float_list(ratios, "ratio", "--ratios")
+    rho_list = float_list(gate_rhos, "ratio", "--gate-rhos")
     chosen = [g.strip() for g in gate_names.split(",") if g.strip()] if gate_names else list(GATES)
     unknown = [g for g in chosen if g not in GATES]
     if unknown:
@@ -79,7 +81,7 @@ def gates(store_path: str | None, problems_path: str | None, calibration_path: s
     _free_gates_outputs(Path(out), overwrite, router="router" in chosen and router_path is None)
     store = open_store(store_path)
     check_output(store.path, "--store", folder=True)
-    problems, calibration = problems_and_calibration(problems_path, calibration_path, limit)
+    problems, calibration_set = problems_and_calibration(problems_path, calibration, limit)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
@@ -92,19 +94,19 @@ def gates(store_path: str | None, problems_path: str | None, calibration_path: s
             from core.evaluation.sweep import calibration_rollouts
             from core.instruments.router_training import train_router
 
-            rollouts = calibration_rollouts(pair, calibration, progress=None, **common)
+            rollouts = calibration_rollouts(pair, calibration_set, progress=None, **common)
             router_path = str(Path(out) / "router")
             made = train_router(pair, list(rollouts), "gate", out=router_path, seed=seed)
             click.echo(f"router trained on {len(rollouts)} calibration rollouts (held-out AUROC "
                        f"{made.card['held_out_auroc'] or float('nan'):.3f}) -> {router_path}", err=True)
-        table = compare_gates(pair, problems, calibration, rho_list, gates=chosen, router=router_path,
+        table = compare_gates(pair, problems, calibration_set, rho_list, gates=chosen, router=router_path,
                               progress=bars, **common)
     finally:
         bars.close()
         close_executor(executor)
-    info = {"pair": pair.spec() if hasattr(pair, "spec") else str(pair), "ratios": rho_list, "gates": chosen,
+    info = {"pair": pair.spec() if hasattr(pair, "spec") else str(pair), "gate_rhos": rho_list, "gates": chosen,
             "router": router_path, "problems": problems_path or "demo test set", "limit": limit,
-            "calibration": calibration_path or "held out", **{k: v for k, v in common.items()
+            "calibration": calibration or "held out", **{k: v for k, v in common.items()
                                                               if k not in ("store", "executor")},
             "store": str(store.path)}
     paths = write_gates(out, table, info)

@@ -9,7 +9,6 @@ import click
 
 from core.cli.common import (
     echo,
-    FiniteFloat,
     Bar,
     close_executor,
     fail_cleanly,
@@ -26,6 +25,7 @@ from core.cli.common import (
     policy_options,
     ray_option,
     read_problems,
+    sample_temperature_option,
     setting_option,
     settings_options,
     store_option,
@@ -58,8 +58,7 @@ def _positions(value: str) -> str | list[int]:
 @click.option("--positions", default="spikes", show_default=True,
               help="'spikes' (each trace's top tokens by --score) or comma-separated token positions.")
 @setting_option("effect_samples", dest="samples", flag="--samples")
-@click.option("--sample-temperature", type=FiniteFloat(0), default=None,
-              help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
+@sample_temperature_option()
 @click.option("--out", default="effects.csv", show_default=True, type=click.Path(dir_okay=False), help="CSV to write.")
 @overwrite_option(note=" (stored continuations are reused, not decoded again)")
 @policy_options
@@ -199,8 +198,7 @@ def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv
 @store_option
 @click.argument("key")
 @setting_option("effect_samples", dest="samples", flag="--samples")
-@click.option("--sample-temperature", type=FiniteFloat(0), default=None,
-              help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
+@sample_temperature_option()
 @click.option("--csv", "as_csv", is_flag=True, help="Print the whole curve as CSV.")
 @fail_cleanly
 def curve(store_path: str | None, key: str, samples: int, sample_temperature: float | None, as_csv: bool,
