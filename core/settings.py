@@ -93,7 +93,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("rho", None, "Equal-ρ calibration: set the gate's knob (τ/λ, a threshold, the router's cut) on base "
                 "rollouts so that it takes over this share of tokens (unset: off, the knob as given).", 0.0, 1.0,
                 open_low=True, open_high=True, step=0.005),
-        Setting("calibration_problems", 32, "Problems whose base rollouts calibrate the gate.", 1, None),
+        Setting("calibration_problems", 32, "Most problems whose base rollouts calibrate the gate: the first of a given "
+                "calibration set, else held out from the problems (at most a quarter).", 1, None),
         Setting("score", "cross_entropy", "Disagreement score for spikes, gates and colour scales.", None, None),
         Setting("spike_top", 0.01, "Spikes: the top fraction of tokens by score (per trace or dataset).", 0.0, 1.0,
                 open_low=True, step=0.001),

@@ -137,6 +137,29 @@ def test_eval_out_refuses_a_file_it_did_not_write_and_a_rerun_into_its_own_outpu
     pd.testing.assert_frame_equal(pd.read_csv(foreign), first)
 
 
+def test_generate_eval_and_gates_calibrate_on_the_first_calibration_problems_of_a_source(env):
+    """One count of calibration problems, the setting (--calibration-problems): generate, eval and gates take the
+    first N of --calibration SOURCE (eval and gates used every problem of it, and a quarter of --problems)."""
+    calib = env["tmp"] / "calib.jsonl"
+    calib.write_text("".join(json.dumps({"id": f"c{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)})
+                             + "\n" for i in range(1, 6)))
+    asked = {f"What is {i} + {i}?" for i in range(1, 6)}
+    common = [*env["pair"], "--problems", env["problems"], "--calibration", str(calib), "--calibration-problems", "2",
+              "--max-new-tokens", "6"]
+    runs = {"generate": ["--policy", "guided"], "eval": ["--ratios", "0.2", "--no-entropy-gated"],
+            "gates": ["--gates", "guided", "--gate-rhos", "0.2", "--out", str(env["tmp"] / "gates")]}
+    for command, args in runs.items():
+        store = env["tmp"] / f"store-{command}"
+        run(command, "--store", str(store), *common, *args)
+        prompts = [t.meta["problem"]["prompt"] for t in TraceStore(store).load_all()[0]]
+        calibrated = {p for p in prompts if p in asked}
+        assert calibrated == {"What is 1 + 1?", "What is 2 + 2?"}, (command, calibrated)
+    held = CliRunner().invoke(main, ["eval", *env["pair"], "--store", str(env["tmp"] / "held"), "--problems",
+                                     env["problems"], "--calibration-problems", "1", "--ratios", "0.2",
+                                     "--max-new-tokens", "6", "--no-entropy-gated"], catch_exceptions=False)
+    assert held.exit_code == 0 and "holding out 1 problems for calibration; evaluating the other 3" in held.output
+
+
 def test_user_errors_are_messages_not_tracebacks(env, tmp_path):
     result = CliRunner().invoke(main, ["score", "--base", str(tmp_path / "nope"), "--reason", str(tmp_path / "nope"),
                                        "--prompt", "x", "--response", "y"])

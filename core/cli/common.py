@@ -271,19 +271,39 @@ def read_source(source: str | None, limit: int | None) -> list:
     return load_source(source, limit=limit)
 
 
-def problems_and_calibration(problems_path: str | None, calibration_path: str | None,
-                             limit: int | None) -> tuple[list, list]:
-    """The problems a run evaluates and the ones its gates calibrate on: the --calibration file, else the demo
-    calibration set for the demo problems, else the first quarter of --problems (held out from the run)."""
-    problems = read_source(problems_path, limit)
-    if calibration_path:
-        return problems, read_source(calibration_path, None)
-    if problems_path is None:
-        from core.demo.pair import demo_problems
+def problems_and_calibration(problems_path: str | None, calibration: str | None, limit: int | None,
+                             n: int, verb: str = "running") -> tuple[list, list]:
+    """(the problems a run evaluates, the ones its gates calibrate on): --problems (first --limit), split by
+    `calibration_split` with at most `n` (--calibration-problems) calibration problems."""
+    calibration_set, problems = calibration_split(calibration, read_source(problems_path, limit), problems_path, n,
+                                                  verb=verb)
+    return problems, calibration_set
 
-        return problems, demo_problems("calib")
-    cut = max(1, len(problems) // 4)
-    return problems[cut:], problems[:cut]
+
+def calibration_split(calibration: str | None, problems: list[Any], problems_path: str | None, n: int, *,
+                      prompt: str | None = None, verb: str = "running") -> tuple[list[Any], list[Any]]:
+    """(calibration problems, problems to run), at most `n` (the calibration_problems setting) calibrating: the
+    first n of --calibration SOURCE; 'in-sample': the first n of the problems, still run (said on stderr); the
+    demo calibration set's first n with the demo problems or one --prompt; else n held out from --problems (at
+    most a quarter; said on stderr), which are then not run. The one split of generate, eval and gates."""
+    from core.demo.pair import demo_problems
+    from core.evaluation.sources import load_source
+    from core.reports.reproduce import split_calibration
+
+    if calibration == "in-sample":
+        echo(f"calibrating IN-SAMPLE on {min(n, len(problems))} of the problems it then runs: the gate sees its "
+             "own evaluation problems (use --calibration SOURCE, or leave it out to hold problems out)", err=True)
+        return problems[:n], problems
+    if calibration:
+        return load_source(calibration, limit=n), problems
+    if prompt or problems_path is None:
+        if prompt:
+            echo("a single --prompt holds nothing out: calibrating on the demo calibration set (pass "
+                 "--calibration SOURCE for another pair's problems)", err=True)
+        return demo_problems("calib", limit=n), problems
+    held, rest = split_calibration({"problems": problems}, n)
+    echo(f"holding out {len(held)} problems for calibration; {verb} the other {len(rest['problems'])}", err=True)
+    return held, rest["problems"]
 
 
 _OPEN_BARS: list[Any] = []  # tqdm bars on screen now; closed before an error message is printed

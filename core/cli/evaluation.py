@@ -145,8 +145,9 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 @store_option
 @click.option("--problems", "problems_path", help="Problem source: JSONL/CSV file, hf:<dataset id>[:config][:split], "
               "or gsm8k / math500 / aime24 / aime25 / amc23 / olympiadbench (default: the demo test set).")
-@calibration_option("the demo calibration set with the demo test set, else the first quarter of --problems "
-                    "(held out: not evaluated)")
+@calibration_option("the demo calibration set with the demo test set, else the first --calibration-problems of "
+                    "--problems (at most a quarter), which are then not evaluated", in_sample=True)
+@setting_option("calibration_problems")
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
 @click.option("--ratios", default=str(settings.RATIO), show_default=True, help=RATIOS_HELP)
 @click.option("--budgets", default="none", show_default=True, help=BUDGETS_HELP)
@@ -167,8 +168,8 @@ def _shard(text: str | None) -> tuple[int, int] | None:
                   "output without --overwrite)")
 @ray_option
 @fail_cleanly
-def eval_(store_path: str | None, problems_path: str | None, calibration: str | None, limit: int | None,
-          ratios: str, budgets: str, window: int, samples: int, temperature: float, top_p: float,
+def eval_(store_path: str | None, problems_path: str | None, calibration: str | None, calibration_problems: int,
+          limit: int | None, ratios: str, budgets: str, window: int, samples: int, temperature: float, top_p: float,
           max_new_tokens: int, baseline_rho: tuple[str, ...], no_entropy_gated: bool, skip_first: int,
           shard: str | None, out: str | None, overwrite: bool, ray_address: str | None, **opts: Any) -> None:
     """Accuracy (and the shares wrong and ungraded), pass@k, realised rate and recovery: base, reasoner, Guided
@@ -184,7 +185,8 @@ def eval_(store_path: str | None, problems_path: str | None, calibration: str | 
     check_output(open_store(store_path).path, "--store", folder=True)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
-    problems, calibration_set = problems_and_calibration(problems_path, calibration, limit)
+    problems, calibration_set = problems_and_calibration(problems_path, calibration, limit, calibration_problems,
+                                                         verb="evaluating")
     if shard_at:
         problems = shard_of(problems, shard_at)
     bars = StageBars()
@@ -263,9 +265,9 @@ def _write_eval_outputs(raw, table, markdown: str, out: Path) -> None:
 @click.option("--problems", "problems", multiple=True, required=True,
               help="Benchmark: [NAME=]SOURCE, SOURCE a JSONL/CSV file, hf:<dataset id>[:config][:split], or gsm8k / "
                    "math500 / aime24 / aime25 / amc23 / olympiadbench. Repeat for several benchmarks.")
-@calibration_option("held out from --problems", multiple=True)
-@setting_option("calibration_problems", help="How many problems to hold out for calibration when --calibration is "
-                "not given.")
+@calibration_option("--calibration-problems held out from --problems (spread over the benchmarks, at most a "
+                    "quarter of each)", multiple=True)
+@setting_option("calibration_problems")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (report.html, CSVs; "
               "the store defaults to OUT/store).")
 @click.option("--preset", type=click.Choice(list(settings.PRESETS)), help="Named settings, e.g. paper: T 0.6, top-p "

@@ -37,8 +37,9 @@ from core.cli.common import (
 @store_option
 @click.option("--problems", "problems_path", help="Problem source: JSONL/CSV file, hf:<dataset id>[:config][:split], "
               "or a benchmark short name (default: the demo test set).")
-@calibration_option("the demo calibration set with the demo test set, else the first quarter of --problems "
-                    "(held out: not run)")
+@calibration_option("the demo calibration set with the demo test set, else the first --calibration-problems of "
+                    "--problems (at most a quarter), which are then not run", in_sample=True)
+@setting_option("calibration_problems")
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
 @gate_rhos_option(",".join(map(str, settings.GATE_RHOS)), "Comma-separated target takeover rates ρ, each in (0, 1): "
                   "every gate is calibrated to each.", aliases=["--ratios"])  # --ratios: its old spelling
@@ -61,7 +62,8 @@ from core.cli.common import (
 @setting_option("batch_size")
 @ray_option
 @fail_cleanly
-def gates(store_path: str | None, problems_path: str | None, calibration: str | None, limit: int | None,
+def gates(store_path: str | None, problems_path: str | None, calibration: str | None, calibration_problems: int,
+          limit: int | None,
           gate_rhos: str, gate_names: str | None, router_path: str | None, out: str, overwrite: bool, samples: int,
           temperature: float,
           top_p: float, max_new_tokens: int, seed: int, batch_size: int, ray_address: str | None,
@@ -81,7 +83,7 @@ def gates(store_path: str | None, problems_path: str | None, calibration: str | 
     _free_gates_outputs(Path(out), overwrite, router="router" in chosen and router_path is None)
     store = open_store(store_path)
     check_output(store.path, "--store", folder=True)
-    problems, calibration_set = problems_and_calibration(problems_path, calibration, limit)
+    problems, calibration_set = problems_and_calibration(problems_path, calibration, limit, calibration_problems)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,

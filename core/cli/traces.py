@@ -11,6 +11,7 @@ import click
 
 from core.cli.common import (
     calibration_option,
+    calibration_split,
     checked_text,
     echo,
     Bar,
@@ -132,8 +133,8 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
         raise click.BadParameter(f"policy {policy_name} has no knob to calibrate", param_hint="--rho")
     calibrating = rho is not None or (policy_spec(policy_name).needs_gate and not explicit)
     if calibrating:
-        calibration_set, problems = _calibration_split(calibration, problems, problems_path, prompt,
-                                                       calibration_problems)
+        calibration_set, problems = calibration_split(calibration, problems, problems_path, calibration_problems,
+                                                      prompt=prompt, verb="generating on")
     problems, unfit = _runnable(pair, problems, max_new_tokens)
     for pid, why in unfit:  # reported and skipped; the run goes on and exits 1 at the end
         echo(f"problem {pid}: {why}; skipped", err=True)
@@ -178,29 +179,6 @@ def _runnable(pair: Any, problems: list[Any], max_new_tokens: int) -> tuple[list
     return ok, unfit
 
 
-def _calibration_split(calibration: str | None, problems: list[Any], problems_path: str | None, prompt: str | None,
-                       n: int) -> tuple[list[Any], list[Any]]:
-    """(calibration problems, problems to generate) for a gate policy: held out unless --calibration in-sample."""
-    from core.demo.pair import demo_problems
-    from core.reports.reproduce import split_calibration
-    from core.evaluation.sources import load_source
-
-    if calibration == "in-sample":
-        echo(f"calibrating IN-SAMPLE on {min(n, len(problems))} of the problems it then generates: the "
-                   "gate sees its own evaluation problems (use --calibration SOURCE, or leave it out to hold "
-                   "problems out)", err=True)
-        return problems[:n], problems
-    if calibration:
-        return load_source(calibration, limit=n), problems
-    if prompt or problems_path is None:
-        if prompt:
-            echo("a single --prompt holds nothing out: calibrating on the demo calibration set (pass "
-                       "--calibration SOURCE for another pair's problems)", err=True)
-        return demo_problems("calib", limit=n), problems
-    held, rest = split_calibration({"problems": problems}, n)
-    echo(f"holding out {len(held)} problems for calibration; generating on the other "
-               f"{len(rest['problems'])}", err=True)
-    return held, rest["problems"]
 @main.command()
 @pair_options
 @store_option
