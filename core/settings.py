@@ -78,7 +78,8 @@ class Setting:
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in [
-        Setting("max_new_tokens", 256, "Most response tokens to generate.", 1, None, step=32),
+        Setting("max_new_tokens", 256, "Most response tokens to generate (unless given, at most half the pair's "
+                "context: 96 on the demo pair).", 1, None, step=32),
         Setting("temperature", 0.0, "Sampling temperature (0 = greedy).", 0.0, None, step=0.1),
         Setting("top_p", 1.0, "Nucleus sampling mass (1 = off).", 0.0, 1.0, open_low=True, step=0.01),
         Setting("seed", 0, "Seed of the sampling streams (draws keyed by seed, sample and position).", 0, None),

@@ -160,6 +160,25 @@ def test_generate_eval_and_gates_calibrate_on_the_first_calibration_problems_of_
     assert held.exit_code == 0 and "holding out 1 problems for calibration; evaluating the other 3" in held.output
 
 
+def test_generate_on_the_demo_pair_asks_by_default_for_what_fits_its_context(tmp_path, caplog):
+    """`forkpoint generate` on the demo pair (context 192 tokens) asked for 256 new tokens by default and warned
+    for both models that they exceed the context; its default is now half the context (96), without a warning,
+    while an explicit --max-new-tokens past the context is still warned about."""
+    import logging
+
+    store = tmp_path / "store"
+    with caplog.at_level(logging.WARNING, logger="core.pair.loading"):
+        run("generate", "--store", str(store), "--limit", "1")
+    assert [r.getMessage() for r in caplog.records if "exceeds" in r.getMessage()] == []
+    (trace,), _ = TraceStore(store).load_all()
+    assert trace.meta["sampling"]["max_new_tokens"] == 96 and trace.meta["correct"] is not None
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="core.pair.loading"):
+        run("generate", "--store", str(store), "--limit", "1", "--max-new-tokens", "256")
+    said = [r for r in caplog.records if "exceeds" in r.getMessage()]
+    assert sorted(r.args[2] for r in said) == ["base", "reason"] and {r.args[1] for r in said} == {256}
+
+
 def test_user_errors_are_messages_not_tracebacks(env, tmp_path):
     result = CliRunner().invoke(main, ["score", "--base", str(tmp_path / "nope"), "--reason", str(tmp_path / "nope"),
                                        "--prompt", "x", "--response", "y"])

@@ -207,6 +207,18 @@ def pair_or_spec(opts: dict[str, Any], executor: Any):
     return PairSpec(**load_pair_arguments(opts, per_worker=False))
 
 
+def pair_max_new_tokens(pair: Any, given: int) -> int:
+    """--max-new-tokens for `pair`: as given on the command line, else the pair's default
+    (`ModelPair.default_max_new_tokens`: the setting, at most half its shorter context; 96 on the demo pair), so
+    a default never overruns a small context and an explicit length that does is warned about. A PairSpec (--ray:
+    the driver holds no model) keeps the setting."""
+    source = click.get_current_context().get_parameter_source("max_new_tokens")
+    if source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT):
+        return given
+    fit = getattr(pair, "default_max_new_tokens", None)
+    return fit(given) if fit is not None else given
+
+
 def close_executor(executor: Any) -> None:
     """Print the Ray workers' throughput (stderr) and stop them."""
     if executor is None:

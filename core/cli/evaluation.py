@@ -23,6 +23,7 @@ from core.cli.common import (
     open_store,
     overwrite_option,
     pair_from_options,
+    pair_max_new_tokens,
     pair_options,
     pair_or_spec,
     preset_setting_option,
@@ -185,6 +186,7 @@ def eval_(store_path: str | None, problems_path: str | None, calibration: str | 
     check_output(open_store(store_path).path, "--store", folder=True)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
+    max_new_tokens = pair_max_new_tokens(pair, max_new_tokens)
     problems, calibration_set = problems_and_calibration(problems_path, calibration, limit, calibration_problems,
                                                          verb="evaluating")
     if shard_at:

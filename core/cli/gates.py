@@ -22,6 +22,7 @@ from core.cli.common import (
     open_store,
     overwrite_option,
     pair_from_options,
+    pair_max_new_tokens,
     pair_options,
     pair_or_spec,
     problems_and_calibration,
@@ -86,6 +87,7 @@ def gates(store_path: str | None, problems_path: str | None, calibration: str | 
     problems, calibration_set = problems_and_calibration(problems_path, calibration, limit, calibration_problems)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
+    max_new_tokens = pair_max_new_tokens(pair, max_new_tokens)
     common = dict(samples=samples, store=store, temperature=temperature, top_p=top_p, seed=seed,
                   max_new_tokens=max_new_tokens, batch_size=batch_size, executor=executor)
     bars = StageBars()

@@ -19,6 +19,7 @@ from core.cli.common import (
     open_store,
     overwrite_option,
     pair_from_options,
+    pair_max_new_tokens,
     pair_options,
     pair_or_spec,
     policy_kwargs,
@@ -80,6 +81,7 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
     executor = make_executor(ray_address, opts)
     try:
         pair, store = pair_or_spec(opts, executor), open_store(store_path)
+        max_new_tokens = pair_max_new_tokens(pair, max_new_tokens)
         score = opts.get("score") or DEFAULT_SCORE
         if keys:
             traces = given_traces(store, keys, "--key")

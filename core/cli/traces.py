@@ -23,6 +23,7 @@ from core.cli.common import (
     make_executor,
     open_store,
     pair_from_options,
+    pair_max_new_tokens,
     pair_options,
     pair_or_spec,
     policy_kwargs,
@@ -126,6 +127,7 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     problems = [prompt] if prompt is not None else read_problems(problems_path, limit)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
+    max_new_tokens = pair_max_new_tokens(pair, max_new_tokens)
     store = open_store(store_path)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
     calibration_set: list[Any] = []
@@ -203,6 +205,7 @@ def calibrate(store_path: str | None, problems_path: str | None, limit: int, rat
     problems = read_problems(problems_path, limit) if problems_path else demo_problems("calib", limit=limit)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
+    max_new_tokens = pair_max_new_tokens(pair, max_new_tokens)
     bar = Bar("calibrate", unit="trace")
     try:
         gate = run_calibrate(pair, problems, ratio=ratio, window=window, score=score_name,
