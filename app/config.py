@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--store", default=None, help="Trace store directory (default: $FORKPOINT_STORE or ./forkpoint-store).")
     p.add_argument("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help=settings.SETTINGS["max_new_tokens"].help + " Default: that setting, capped to the pair's context.")
+                   help=settings.SETTINGS["max_new_tokens"].help + f" Default: {settings.MAX_NEW_TOKENS}.")
     return p
 
 

@@ -266,10 +266,10 @@ def has_rollouts(pair: core.ModelPair, path: str) -> bool:
 
 
 def max_new_tokens(pair: core.ModelPair | None) -> int:
-    """The app's response length: --max-new-tokens when given, else settings.MAX_NEW_TOKENS capped to the
-    pair's context (the demo pair's is 192 tokens), so the default never asks for more than fits."""
+    """The app's response length: --max-new-tokens when given, else the pair's default (`ModelPair.
+    default_max_new_tokens`: settings.MAX_NEW_TOKENS, at most half its context; the demo pair's 192 tokens: 96),
+    so the default never asks for more than fits beside the prompt."""
     given = st.session_state["config"].max_new_tokens
     if given is not None:
         return int(given)
-    contexts = [c for c in (pair.context_length(s) for s in ("base", "reason")) if c] if pair is not None else []
-    return min([settings.MAX_NEW_TOKENS, *contexts])
+    return pair.default_max_new_tokens() if pair is not None else settings.MAX_NEW_TOKENS

@@ -78,7 +78,8 @@ class Setting:
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in [
-        Setting("max_new_tokens", 256, "Most response tokens to generate.", 1, None, step=32),
+        Setting("max_new_tokens", 256, "Most response tokens to generate (unless given, at most half the pair's "
+                "context: 96 on the demo pair).", 1, None, step=32),
         Setting("temperature", 0.0, "Sampling temperature (0 = greedy).", 0.0, None, step=0.1),
         Setting("top_p", 1.0, "Nucleus sampling mass (1 = off).", 0.0, 1.0, open_low=True, step=0.01),
         Setting("seed", 0, "Seed of the sampling streams (draws keyed by seed, sample and position).", 0, None),
@@ -93,7 +94,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("rho", None, "Equal-ρ calibration: set the gate's knob (τ/λ, a threshold, the router's cut) on base "
                 "rollouts so that it takes over this share of tokens (unset: off, the knob as given).", 0.0, 1.0,
                 open_low=True, open_high=True, step=0.005),
-        Setting("calibration_problems", 32, "Problems whose base rollouts calibrate the gate.", 1, None),
+        Setting("calibration_problems", 32, "Most problems whose base rollouts calibrate the gate: the first of a given "
+                "calibration set, else held out from the problems (at most a quarter).", 1, None),
         Setting("score", "cross_entropy", "Disagreement score for spikes, gates and colour scales.", None, None),
         Setting("spike_top", 0.01, "Spikes: the top fraction of tokens by score (per trace or dataset).", 0.0, 1.0,
                 open_low=True, step=0.001),
@@ -108,7 +110,7 @@ SETTINGS: dict[str, Setting] = {
                 "gate is calibrated to each."),
         Setting("effect_samples", 8, "Continuations per arm (the reasoner / the base writes the token) and position "
                 "in takeover effects and the success curve.", 1, None),
-        Setting("demo_measure_problems", 500, "Test problems the demo card is measured on.", 1, None),
+        Setting("demo_measure_problems", 500, "The demo card is measured on the first N test problems.", 1, None),
         Setting("demo_measure_samples", 8, "Samples per problem for the demo card's pass@k.", 1, None),
         Setting("demo_measure_max_new_tokens", 96, "Most response tokens per demo-card rollout (the demo task's "
                 "answers are short).", 1, None),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -105,6 +106,77 @@ def test_eval_table_has_every_policy(env):
     table = pd.read_csv(out)
     assert {"base", "reason", "guided (r=0.2)"} <= set(table["policy"])
     assert "| policy |" in text and out.with_suffix(".html").exists()
+
+
+def test_eval_out_refuses_a_file_it_did_not_write_and_a_rerun_into_its_own_output_resumes(env):
+    """eval --out follows the --overwrite convention of export, tokens and analyze: an existing file that eval
+    did not write (the CSV, or the .md / .html beside it) is refused untouched, before any trace is made; a
+    rerun into eval's own output is a resume and rewrites it; --overwrite replaces a foreign file."""
+    args = ["eval", *env["pair"], "--store", env["store"], "--problems", env["problems"], "--ratios", "0.2",
+            "--max-new-tokens", "6", "--no-entropy-gated"]
+    foreign = env["tmp"] / "notes.csv"
+    foreign.write_text("my notes\n")
+    refused = CliRunner().invoke(main, [*args, "--out", str(foreign)])
+    assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+    assert f"{foreign} exists and is not `forkpoint eval` output; pass --overwrite" in refused.output
+    assert foreign.read_text() == "my notes\n" and TraceStore(env["store"]).keys() == []
+    plot = env["tmp"] / "mine.html"  # the recovery plot of --out mine.csv would replace it
+    plot.write_text("<p>mine</p>")
+    refused = CliRunner().invoke(main, [*args, "--out", str(env["tmp"] / "mine.csv")])
+    assert refused.exit_code == 1 and f"{plot} exists" in refused.output and "--overwrite" in refused.output
+    assert plot.read_text() == "<p>mine</p>" and not (env["tmp"] / "mine.csv").exists()
+
+    out = env["tmp"] / "eval.csv"
+    run(*args, "--out", str(out))
+    first = pd.read_csv(out)
+    (out.with_suffix(".md")).write_text("stale")
+    run(*args, "--out", str(out))  # a resumed run: every trace read back from the store, its own files rewritten
+    pd.testing.assert_frame_equal(pd.read_csv(out), first)
+    assert out.with_suffix(".md").read_text().startswith("| policy |")
+    run(*args, "--out", str(foreign), "--overwrite")
+    pd.testing.assert_frame_equal(pd.read_csv(foreign), first)
+
+
+def test_generate_eval_and_gates_calibrate_on_the_first_calibration_problems_of_a_source(env):
+    """One count of calibration problems, the setting (--calibration-problems): generate, eval and gates take the
+    first N of --calibration SOURCE (eval and gates used every problem of it, and a quarter of --problems)."""
+    calib = env["tmp"] / "calib.jsonl"
+    calib.write_text("".join(json.dumps({"id": f"c{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)})
+                             + "\n" for i in range(1, 6)))
+    asked = {f"What is {i} + {i}?" for i in range(1, 6)}
+    common = [*env["pair"], "--problems", env["problems"], "--calibration", str(calib), "--calibration-problems", "2",
+              "--max-new-tokens", "6"]
+    runs = {"generate": ["--policy", "guided"], "eval": ["--ratios", "0.2", "--no-entropy-gated"],
+            "gates": ["--gates", "guided", "--gate-rhos", "0.2", "--out", str(env["tmp"] / "gates")]}
+    for command, args in runs.items():
+        store = env["tmp"] / f"store-{command}"
+        run(command, "--store", str(store), *common, *args)
+        prompts = [t.meta["problem"]["prompt"] for t in TraceStore(store).load_all()[0]]
+        calibrated = {p for p in prompts if p in asked}
+        assert calibrated == {"What is 1 + 1?", "What is 2 + 2?"}, (command, calibrated)
+    held = CliRunner().invoke(main, ["eval", *env["pair"], "--store", str(env["tmp"] / "held"), "--problems",
+                                     env["problems"], "--calibration-problems", "1", "--ratios", "0.2",
+                                     "--max-new-tokens", "6", "--no-entropy-gated"], catch_exceptions=False)
+    assert held.exit_code == 0 and "holding out 1 problems for calibration; evaluating the other 3" in held.output
+
+
+def test_generate_on_the_demo_pair_asks_by_default_for_what_fits_its_context(tmp_path, caplog):
+    """`forkpoint generate` on the demo pair (context 192 tokens) asked for 256 new tokens by default and warned
+    for both models that they exceed the context; its default is now half the context (96), without a warning,
+    while an explicit --max-new-tokens past the context is still warned about."""
+    import logging
+
+    store = tmp_path / "store"
+    with caplog.at_level(logging.WARNING, logger="core.pair.loading"):
+        run("generate", "--store", str(store), "--limit", "1")
+    assert [r.getMessage() for r in caplog.records if "exceeds" in r.getMessage()] == []
+    (trace,), _ = TraceStore(store).load_all()
+    assert trace.meta["sampling"]["max_new_tokens"] == 96 and trace.meta["correct"] is not None
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="core.pair.loading"):
+        run("generate", "--store", str(store), "--limit", "1", "--max-new-tokens", "256")
+    said = [r for r in caplog.records if "exceeds" in r.getMessage()]
+    assert sorted(r.args[2] for r in said) == ["base", "reason"] and {r.args[1] for r in said} == {256}
 
 
 def test_user_errors_are_messages_not_tracebacks(env, tmp_path):
@@ -211,6 +283,7 @@ def _bad_inputs(tmp):
         (["eval", "--shard", "x"], "--shard"), (["eval", "--budgets", "2"], "--budgets"),
         (["eval", "--out", "/proc/x/t.csv"], "--out"), (["eval", "--dtype", "int4"], "--dtype"),
         (["eval", "--out", str(tmp / "missing_dir" / "t.csv")], "--out"),
+        (["eval", "--out", str(tmp / "t.md")], "--out"), (["eval", "--out", str(tmp / "t.html")], "--out"),
         ([*rep, "--top-p", "5"], "--top-p"), ([*rep, "--ratios", "1"], "--ratios"), ([*rep, "--limit", "0"], "--limit"),
         ([*rep, "--samples", "0"], "--samples"), ([*rep, "--window", "0"], "--window"),
         (["reproduce", "--problems", str(src), "--out", "/proc/x"], "--out"),
@@ -219,7 +292,9 @@ def _bad_inputs(tmp):
         (["export", "--out", "/proc/x.jsonl"], "--out"),
         (["import", str(src), "--report", "/proc/x"], "--report"),
         (["import", str(src), "--store", "/proc/x"], "--store"),
-        (["demo", "measure", "--n", "0"], "--n"), (["app", "--max-new-tokens", "0"], "--max-new-tokens"),
+        (["demo", "measure", "--limit", "0"], "--limit"),
+        (["demo", "measure", "--n", "0"], "--limit"),  # an old spelling still checked, named as the new one
+        (["gates", "--ratios", "5", "--out", str(tmp / "g")], "--gate-rhos"), (["app", "--max-new-tokens", "0"], "--max-new-tokens"),
     ]  # fmt: skip
 
 
@@ -268,13 +343,51 @@ def test_every_float_option_refuses_nan_and_infinities_before_any_model_loads(tm
                 assert flag in result.output and "finite" in result.output, (args, result.output)
             checked.append(f"{name} {flag}")
     assert {"generate --temperature", "generate --ratio", "generate --tau", "generate --lam", "eval --temperature",
-            "effects --sample-temperature"} <= set(checked), checked
+            "effects --sample-temperature", "curve --sample-temperature", "takeover --sample-temperature"} <= set(checked), checked
     for listed in ("--ratios", "--budgets"):  # comma-separated float lists go through the settings table's check
         result = CliRunner().invoke(main, ["eval", listed, "0.1,nan", "--store", str(store)])
         assert result.exit_code == 2 and listed in result.output, result.output
         result = CliRunner().invoke(main, ["eval", listed, "inf", "--store", str(store)])
         assert result.exit_code == 2 and listed in result.output, result.output
     assert list(store.iterdir()) == []
+
+
+# one spelling per concept in every command that has it (dest -> flag), and the older spellings still read
+SPELLINGS = {"sample_temperature": "--sample-temperature", "calibration": "--calibration", "gate_rhos": "--gate-rhos",
+             "router_path": "--router", "path": "--router"}
+OLD_SPELLINGS = [  # (command, arguments with an old spelling, dest, value read, the old flag)
+    ("takeover", ["KEY", "--at", "1=reason", "--temperature", "0.9"], "sample_temperature", 0.9, "--temperature"),
+    ("generate", ["--calibrate-on", "in-sample"], "calibration", "in-sample", "--calibrate-on"),
+    ("gates", ["--ratios", "0.1", "--out", "OUT"], "gate_rhos", "0.1", "--ratios"),
+    ("generate", ["--path", "DIR"], "path", "DIR", "--path"),
+    ("effects", ["--path", "DIR"], "path", "DIR", "--path"),
+    ("demo measure", ["--n", "3"], "n", 3, "--n"),
+]
+
+
+def test_one_spelling_per_concept_with_the_old_spellings_hidden_but_working():
+    """The audit's duplicates (--temperature / --sample-temperature for a stored trace's children, --calibrate-on /
+    --calibration, gates --ratios / reproduce --gate-rhos, --path / --router, demo measure --n / --limit): one
+    spelling in every command, the old one still parsed into the same value and shown nowhere in --help."""
+    import click
+
+    found = {}
+    for name, cmd in _commands(main):
+        for opt in cmd.params:
+            if isinstance(opt, click.Option) and opt.name in SPELLINGS:
+                assert opt.opts[0] == SPELLINGS[opt.name], (name, opt.opts)
+                found.setdefault(SPELLINGS[opt.name], set()).add(name)
+    assert found == {"--sample-temperature": {"takeover", "curve", "effects"},
+                     "--calibration": {"generate", "eval", "gates", "reproduce"},
+                     "--gate-rhos": {"gates", "reproduce"}, "--router": {"generate", "effects", "gates", "reproduce"}}
+    commands = dict(_commands(main))
+    assert [o.opts for o in commands["demo measure"].params if o.name == "n"] == [["--limit", "--n"]]
+    for name, args, dest, value, old in OLD_SPELLINGS:
+        cmd = commands[name]
+        ctx = cmd.make_context(name, list(args))
+        assert ctx.params[dest] == value, (name, args, ctx.params[dest])
+        shown = cmd.get_help(ctx)
+        assert not re.search(rf"(?<![\w-]){re.escape(old)}(?![\w-])", shown), (name, old)
 
 
 def test_every_command_takes_its_defaults_and_ranges_from_the_settings_table():
@@ -314,10 +427,12 @@ def test_every_command_takes_its_defaults_and_ranges_from_the_settings_table():
                  ("generate", "top_p"), ("app", "max_new_tokens"), ("score", "dtype"), ("demo train", "seed"),
                  ("demo measure", "n")]:
         assert must in checked, must
-    ratios = {name: next(o.default for o in cmd.params if o.name == "ratios") for name, cmd in commands(main)
-              if any(o.name == "ratios" for o in cmd.params)}  # fmt: skip
-    assert ratios == {"eval": str(settings.RATIO), "reproduce": ",".join(map(str, settings.RATIOS)),
-                      "gates": ",".join(map(str, settings.GATE_RHOS))}
+    def defaults(dest):
+        return {name: next(o.default for o in cmd.params if o.name == dest) for name, cmd in commands(main)
+                if any(o.name == dest for o in cmd.params)}
+
+    assert defaults("ratios") == {"eval": str(settings.RATIO), "reproduce": ",".join(map(str, settings.RATIOS))}
+    assert defaults("gate_rhos") == {"gates": ",".join(map(str, settings.GATE_RHOS)), "reproduce": None}
     top_p = settings.SETTINGS["top_p"]
     assert top_p.range_text() == "in (0, 1]" and top_p.check(1.0) == 1.0
     for bad in (0.0, 1.5, float("nan"), "x", True):
@@ -410,7 +525,7 @@ def test_takeover_switches_a_stored_trace_and_prints_the_child(env):
     typed = store.get(re.search(r"key ([0-9a-f]+)", out).group(1))
     assert {str(s) for s in typed.source[2:]} <= {"forced", "base"} and str(typed.source[2]) == "forced"
     assert typed.n_takeovers == 0 and "0 takeovers" in out and "forced" in out
-    out = run("takeover", key, "--store", env["store"], "--at", "4=reason", "--samples", "3", "--temperature", "0.9",
+    out = run("takeover", key, "--store", env["store"], "--at", "4=reason", "--samples", "3", "--sample-temperature", "0.9",
               *env["pair"])
     keys = re.findall(r"key ([0-9a-f]+)  parent", out)
     assert len(keys) + out.count("no change") == 3 and len(set(keys)) == len(keys)

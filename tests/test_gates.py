@@ -274,6 +274,72 @@ def test_cli_router_train_show_and_generate_at_rho(tmp_path, tiny_dirs) -> None:
     assert bad.exit_code != 0 and "--rho" in bad.output
 
 
+def test_cli_gates_out_refuses_files_it_did_not_write_and_a_rerun_resumes(tmp_path, tiny_dirs) -> None:
+    """gates --out follows the --overwrite convention: a gates.csv / gates.html that is not a shoot-out's own is
+    refused untouched, before any trace is made; a rerun into the folder it wrote resumes and rewrites its files
+    (other files there are kept); --overwrite replaces a foreign one."""
+    import json
+
+    from click.testing import CliRunner
+
+    from core.cli import main
+    from core.io.store import TraceStore
+    from core.reports.gates import read_gates
+
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps({"id": f"p{i}", "question": " ".join(WORDS[i: i + 5]), "answer": "1"}) + "\n"
+                                for i in range(4)))
+    store = str(tmp_path / "store")
+    args = ["gates", "--base", str(tiny_dirs["qwen_base"]), "--reason", str(tiny_dirs["qwen_reason"]), "--device",
+            "cpu", "--store", store, "--problems", str(problems), "--gates", "guided,early_only", "--gate-rhos", "0.2",
+            "--max-new-tokens", "6"]
+    out = tmp_path / "shootout"
+    out.mkdir()
+    (out / "gates.csv").write_text("my table\n")
+    refused = CliRunner().invoke(main, [*args, "--out", str(out)])
+    assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+    assert f"{out / 'gates.csv'} exists and is not `forkpoint gates` output; pass --overwrite" in refused.output
+    assert (out / "gates.csv").read_text() == "my table\n" and TraceStore(store).keys() == []
+    (out / "gates.csv").unlink()
+    (out / "gates.html").write_text("<p>mine</p>")
+    refused = CliRunner().invoke(main, [*args, "--out", str(out)])
+    assert refused.exit_code == 1 and f"{out / 'gates.html'} exists" in refused.output
+    assert (out / "gates.html").read_text() == "<p>mine</p>"
+
+    (out / "gates.html").unlink()
+    (out / "notes.txt").write_text("kept")
+    for _ in range(2):  # the first run writes the folder; the second is a resume into it
+        result = CliRunner().invoke(main, [*args, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        table = read_gates(out)
+        assert list(table["label"]) == ["base", "reason", "guided ρ=0.2", "early_only ρ=0.2"]
+    assert (out / "notes.txt").read_text() == "kept"
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "gates.csv").write_text("my table\n")
+    result = CliRunner().invoke(main, [*args, "--out", str(foreign), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert list(read_gates(foreign)["label"]) == list(table["label"])
+
+
+def test_gates_keeps_its_own_router_folder_and_refuses_another(router_dir, tmp_path) -> None:
+    """A shoot-out that trains its router writes OUT/router before the table, so an interrupted run leaves it
+    alone: a rerun takes a router folder there as its own; a folder that is not a router is refused."""
+    import shutil
+
+    import click
+
+    from core.cli.gates import _free_gates_outputs
+
+    shutil.copytree(router_dir, tmp_path / "resumed" / "router")
+    _free_gates_outputs(tmp_path / "resumed", False, router=True)  # no error: the interrupted run's own router
+    (tmp_path / "other" / "router").mkdir(parents=True)
+    with pytest.raises(click.ClickException, match="router exists and is not `forkpoint gates` output; pass --overwrite"):
+        _free_gates_outputs(tmp_path / "other", False, router=True)
+    _free_gates_outputs(tmp_path / "other", False, router=False)  # --router given (or no router gate): not written
+    _free_gates_outputs(tmp_path / "other", True, router=True)
+
+
 # -- the shoot-out ----------------------------------------------------------------------------------------
 
 

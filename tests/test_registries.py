@@ -22,6 +22,7 @@ import core
 from core import settings
 from core.annotate.spikes import Gate
 from core.cli import main
+from core.cli.options import PARAM_FLAGS, param_flag
 from core.decoding.policies import (
     POLICIES,
     Param,
@@ -63,7 +64,8 @@ def test_cli_has_one_option_per_declared_parameter_with_its_range() -> None:
     for spec in list_policies():
         for p in spec.params:
             opt = _option("generate", p.name)
-            assert opt.opts == ["--" + p.name.replace("_", "-")]
+            own = "--" + p.name.replace("_", "-")  # the parameter's name; PARAM_FLAGS gives a concept's one spelling
+            assert opt.opts == ([param_flag(p.name), own] if p.name in PARAM_FLAGS else [own])
             if p.choices:
                 assert list(opt.type.choices) == list(p.choices)
             elif p.kind in (int, float) and (p.low is not None or p.high is not None):

@@ -592,6 +592,22 @@ def test_a_killed_exports_temp_file_is_removed_by_the_next_export_and_verify_rep
     assert not [p for p in store.traces_dir.iterdir() if p.name.startswith(".")]
 
 
+def test_the_default_response_length_leaves_half_a_small_context_for_the_prompt(qwen_pair, monkeypatch):
+    """The length asked for when none is given: the setting, or half the shorter context when that is less
+    (the demo pair's 192 tokens: 96), so a default never overruns the context beside its prompt."""
+    from core import settings
+    from core.demo.pair import demo_pair
+
+    assert qwen_pair.context_length("base") > 2 * settings.MAX_NEW_TOKENS
+    assert qwen_pair.default_max_new_tokens() == settings.MAX_NEW_TOKENS
+    demo = demo_pair()
+    assert (demo.context_length("base"), demo.context_length("reason")) == (192, 192)
+    assert demo.default_max_new_tokens() == 96 and demo.default_max_new_tokens(64) == 64
+    for side, limit in (("base", 100), ("reason", 150)):
+        monkeypatch.setattr(qwen_pair.model(side).config, "max_position_embeddings", limit)
+    assert qwen_pair.default_max_new_tokens() == 50 and qwen_pair.default_max_new_tokens(1000) == 50
+
+
 def test_a_context_overrun_is_said_once_per_pair(qwen_pair, monkeypatch, caplog):
     """Issue 22: a few minutes of the demo app logged 124 identical "exceeds the context" warnings."""
     import logging
@@ -1033,12 +1049,12 @@ def test_demo_measure_never_writes_into_the_installed_package(tmp_path, monkeypa
     calls = []
     monkeypatch.setattr(card, "write_card", lambda source, **kw: calls.append((Path(source), kw["out"])))
     monkeypatch.chdir(tmp_path)
-    code, out = cli("demo", "measure", "--n", "2", "--samples", "1")
+    code, out = cli("demo", "measure", "--limit", "2", "--samples", "1")
     assert code == 0 and calls == [(DEMO_DIR, tmp_path)], (out, calls)
     assert f"{tmp_path / 'CARD.md'} and {tmp_path / 'measure.json'}" in out  # says where it wrote
-    code, out = cli("demo", "measure", "--n", "2", "--out", str(DEMO_DIR))
+    code, out = cli("demo", "measure", "--limit", "2", "--out", str(DEMO_DIR))
     assert code == 2 and "--out" in out and "installed" in out
-    code, out = cli("demo", "measure", "--n", "2", "--out", str(tmp_path / "card"))
+    code, out = cli("demo", "measure", "--limit", "2", "--out", str(tmp_path / "card"))
     assert code == 0 and calls[-1] == (DEMO_DIR, tmp_path / "card")
 
 

@@ -39,6 +39,29 @@ def test_calibration_is_held_out_across_benchmarks():
     assert not set(calib) & {x for xs in rest.values() for x in xs}
 
 
+def test_given_calibration_sources_give_their_first_calibration_problems(tmp_path):
+    """`reproduce --calibration SOURCE` used every problem of SOURCE while `generate` used the first
+    --calibration-problems: now the setting is the one count, its problems spread over the given sources."""
+    from core.reports.reproduce import first_calibration
+
+    for name, n in (("a", 10), ("b", 3)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"id": f"{name}{i}", "question": f"q {name}{i}?",
+                                                                    "answer": "1"}) + "\n" for i in range(n)))
+    a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
+    assert [p.id for p in first_calibration([a], 4)] == ["a0", "a1", "a2", "a3"]
+    assert [p.id for p in first_calibration([a, b], 5)] == ["a0", "a1", "a2", "b0", "b1", "b2"]  # ⌈5 / 2⌉ each
+    assert [p.id for p in first_calibration([b], 32)] == ["b0", "b1", "b2"]  # a smaller set: all of it
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["reproduce", "--device", "cpu", "--problems",
+                                       f"demo={DEMO_DIR.parent / 'problems' / 'demo_test.jsonl'}", "--limit", "4",
+                                       "--calibration", a, "--calibration-problems", "3", "--max-new-tokens", "8",
+                                       "--samples", "1", "--ratios", "0.2", "--no-baselines", "--no-entropy-gated",
+                                       "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "run.json").read_text())["calibration_problems"] == ["a0", "a1", "a2"]
+
+
 def _sweep_rows():
     rows = []
     for bench, (b, g, r, t) in {"x": (0.2, 0.5, 0.9, 0.6), "y": (0.4, 0.5, 1.0, 0.8)}.items():

@@ -68,7 +68,7 @@ def _gates_tab() -> None:
     where = st.text_input("Shoot-out folder or gates.csv", key="ds_gates_path",
                           help="Written by `forkpoint gates --out DIR` (or core.compare_gates + write_gates).")
     if not where:
-        st.caption("Run `forkpoint gates --ratios 0.02,0.05,0.1 --out DIR` and give DIR here.")
+        st.caption("Run `forkpoint gates --gate-rhos 0.02,0.05,0.1 --out DIR` and give DIR here.")
         return
     try:
         table = read_gates(where)

@@ -57,7 +57,8 @@ _FORWARDED = (*(o.name for o in PAIR_OPTIONS if not o.switch), "store_path", "pr
 @store_option
 @click.option("--problems", default=None, help="Problem file (.jsonl/.json/.csv); default: the demo problems.")
 @setting_option("max_new_tokens", default=None,
-                help="Most response tokens to generate [default: 256, capped to the pair's context].")
+                help="Most response tokens to generate [default: 256, or half the pair's context when less: 96 on "
+                     "the demo pair].")
 @click.option("--port", type=click.IntRange(1, 65535), default=8501, show_default=True, help="TCP port, 1-65535.")
 @click.option("--address", default="127.0.0.1", show_default=True, callback=lambda ctx, param, value: _check_address(
     value, ctx, param), help="Bind address (localhost by default).")

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,16 @@ import click
 from core import settings
 from core.cli.options import (  # noqa: F401  (re-exported: every command imports its options from here)
     FiniteFloat,
+    calibration_option,
     float_list,
+    gate_rhos_option,
+    option,
     policy_kwargs,
     policy_options,
     policy_params,
     preset_setting_option,
+    router_folder_option,
+    sample_temperature_option,
     setting_option,
     settings_options,
 )
@@ -201,6 +207,18 @@ def pair_or_spec(opts: dict[str, Any], executor: Any):
     return PairSpec(**load_pair_arguments(opts, per_worker=False))
 
 
+def pair_max_new_tokens(pair: Any, given: int) -> int:
+    """--max-new-tokens for `pair`: as given on the command line, else the pair's default
+    (`ModelPair.default_max_new_tokens`: the setting, at most half its shorter context; 96 on the demo pair), so
+    a default never overruns a small context and an explicit length that does is warned about. A PairSpec (--ray:
+    the driver holds no model) keeps the setting."""
+    source = click.get_current_context().get_parameter_source("max_new_tokens")
+    if source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT):
+        return given
+    fit = getattr(pair, "default_max_new_tokens", None)
+    return fit(given) if fit is not None else given
+
+
 def close_executor(executor: Any) -> None:
     """Print the Ray workers' throughput (stderr) and stop them."""
     if executor is None:
@@ -222,11 +240,16 @@ def overwrite_option(what: str = "--out", note: str = ""):
     return click.option("--overwrite", is_flag=True, help=f"Replace {what} when it exists{note}.")
 
 
-def free_output(out: str | os.PathLike[str], overwrite: bool) -> Path:
-    """`out` as a Path, unless it exists and --overwrite was not given: then a CLI error naming --overwrite."""
+def free_output(out: str | os.PathLike[str], overwrite: bool, *, own: Callable[[Path], bool] | None = None,
+                command: str = "") -> Path:
+    """`out` as a Path, unless it exists and --overwrite was not given: then a CLI error naming --overwrite.
+
+    `own(path)`: whether an existing `out` is this resumable command's own output (`command`, e.g. "eval"), which
+    a rerun rewrites without --overwrite; anything else that exists is still refused."""
     path = Path(out)
-    if path.exists() and not overwrite:
-        raise click.ClickException(f"{path} exists; pass --overwrite to replace it (or choose another --out)")
+    if path.exists() and not overwrite and not (own is not None and own(path)):
+        whose = f" and is not `forkpoint {command}` output" if own is not None else ""
+        raise click.ClickException(f"{path} exists{whose}; pass --overwrite to replace it (or choose another --out)")
     return path
 
 
@@ -260,19 +283,39 @@ def read_source(source: str | None, limit: int | None) -> list:
     return load_source(source, limit=limit)
 
 
-def problems_and_calibration(problems_path: str | None, calibration_path: str | None,
-                             limit: int | None) -> tuple[list, list]:
-    """The problems a run evaluates and the ones its gates calibrate on: the --calibration file, else the demo
-    calibration set for the demo problems, else the first quarter of --problems (held out from the run)."""
-    problems = read_source(problems_path, limit)
-    if calibration_path:
-        return problems, read_source(calibration_path, None)
-    if problems_path is None:
-        from core.demo.pair import demo_problems
+def problems_and_calibration(problems_path: str | None, calibration: str | None, limit: int | None,
+                             n: int, verb: str = "running") -> tuple[list, list]:
+    """(the problems a run evaluates, the ones its gates calibrate on): --problems (first --limit), split by
+    `calibration_split` with at most `n` (--calibration-problems) calibration problems."""
+    calibration_set, problems = calibration_split(calibration, read_source(problems_path, limit), problems_path, n,
+                                                  verb=verb)
+    return problems, calibration_set
 
-        return problems, demo_problems("calib")
-    cut = max(1, len(problems) // 4)
-    return problems[cut:], problems[:cut]
+
+def calibration_split(calibration: str | None, problems: list[Any], problems_path: str | None, n: int, *,
+                      prompt: str | None = None, verb: str = "running") -> tuple[list[Any], list[Any]]:
+    """(calibration problems, problems to run), at most `n` (the calibration_problems setting) calibrating: the
+    first n of --calibration SOURCE; 'in-sample': the first n of the problems, still run (said on stderr); the
+    demo calibration set's first n with the demo problems or one --prompt; else n held out from --problems (at
+    most a quarter; said on stderr), which are then not run. The one split of generate, eval and gates."""
+    from core.demo.pair import demo_problems
+    from core.evaluation.sources import load_source
+    from core.reports.reproduce import split_calibration
+
+    if calibration == "in-sample":
+        echo(f"calibrating IN-SAMPLE on {min(n, len(problems))} of the problems it then runs: the gate sees its "
+             "own evaluation problems (use --calibration SOURCE, or leave it out to hold problems out)", err=True)
+        return problems[:n], problems
+    if calibration:
+        return load_source(calibration, limit=n), problems
+    if prompt or problems_path is None:
+        if prompt:
+            echo("a single --prompt holds nothing out: calibrating on the demo calibration set (pass "
+                 "--calibration SOURCE for another pair's problems)", err=True)
+        return demo_problems("calib", limit=n), problems
+    held, rest = split_calibration({"problems": problems}, n)
+    echo(f"holding out {len(held)} problems for calibration; {verb} the other {len(rest['problems'])}", err=True)
+    return held, rest["problems"]
 
 
 _OPEN_BARS: list[Any] = []  # tqdm bars on screen now; closed before an error message is printed

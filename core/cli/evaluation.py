@@ -13,19 +13,23 @@ from core.cli.common import (
     echo,
     check_output,
     close_executor,
+    calibration_option,
     fail_cleanly,
     float_list,
     free_output,
+    gate_rhos_option,
     main,
     make_executor,
     open_store,
     overwrite_option,
     pair_from_options,
+    pair_max_new_tokens,
     pair_options,
     pair_or_spec,
     preset_setting_option,
     problems_and_calibration,
     ray_option,
+    router_folder_option,
     setting_option,
     StageBars,
     store_option,
@@ -142,8 +146,9 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 @store_option
 @click.option("--problems", "problems_path", help="Problem source: JSONL/CSV file, hf:<dataset id>[:config][:split], "
               "or gsm8k / math500 / aime24 / aime25 / amc23 / olympiadbench (default: the demo test set).")
-@click.option("--calibration", "calibration_path", help="Problems whose base rollouts calibrate the gate (default: "
-              "demo calibration set, or the first quarter of --problems).")
+@calibration_option("the demo calibration set with the demo test set, else the first --calibration-problems of "
+                    "--problems (at most a quarter), which are then not evaluated", in_sample=True)
+@setting_option("calibration_problems")
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
 @click.option("--ratios", default=str(settings.RATIO), show_default=True, help=RATIOS_HELP)
 @click.option("--budgets", default="none", show_default=True, help=BUDGETS_HELP)
@@ -156,13 +161,18 @@ def _shard(text: str | None) -> tuple[int, int] | None:
 @click.option("--no-entropy-gated", is_flag=True, help="Skip the entropy-gated variant (the paper's cheap gate).")
 @click.option("--skip-first", default=0, show_default=True, type=click.IntRange(0), help=SKIP_FIRST_HELP)
 @click.option("--shard", help="i/n: run only the i-th of n deterministic shards (rerun without it to summarise).")
-@click.option("--out", type=click.Path(dir_okay=False), help="Write the table as CSV, plus .md and a recovery plot .html.")
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="Write the table as CSV, plus .md and a recovery plot .html beside it. A rerun into files "
+                   "`forkpoint eval` wrote rewrites them (the run resumes from the store); any other existing file "
+                   "is refused without --overwrite.")
+@overwrite_option("--out (and its .md, .html)", " and `forkpoint eval` did not write it (a rerun rewrites eval's own "
+                  "output without --overwrite)")
 @ray_option
 @fail_cleanly
-def eval_(store_path: str | None, problems_path: str | None, calibration_path: str | None, limit: int | None,
-          ratios: str, budgets: str, window: int, samples: int, temperature: float, top_p: float,
+def eval_(store_path: str | None, problems_path: str | None, calibration: str | None, calibration_problems: int,
+          limit: int | None, ratios: str, budgets: str, window: int, samples: int, temperature: float, top_p: float,
           max_new_tokens: int, baseline_rho: tuple[str, ...], no_entropy_gated: bool, skip_first: int,
-          shard: str | None, out: str | None, ray_address: str | None, **opts: Any) -> None:
+          shard: str | None, out: str | None, overwrite: bool, ray_address: str | None, **opts: Any) -> None:
     """Accuracy (and the shares wrong and ungraded), pass@k, realised rate and recovery: base, reasoner, Guided
     and the entropy-gated variant at each ratio r (and cap), and the random / early baselines at Guided's
     realised rate and at 0.25. Every trace is stored; reruns resume."""
@@ -172,15 +182,18 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     ratio_list, budget_list, shard_at = float_list(ratios, "ratio", "--ratios"), _budgets(budgets), _shard(shard)
     if out:
         check_output(out, "--out", parents=False)  # found missing only after hours of work would lose the table
+        _free_eval_outputs(Path(out), overwrite)
     check_output(open_store(store_path).path, "--store", folder=True)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
-    problems, calibration = problems_and_calibration(problems_path, calibration_path, limit)
+    max_new_tokens = pair_max_new_tokens(pair, max_new_tokens)
+    problems, calibration_set = problems_and_calibration(problems_path, calibration, limit, calibration_problems,
+                                                         verb="evaluating")
     if shard_at:
         problems = shard_of(problems, shard_at)
     bars = StageBars()
     try:
-        table = budget_sweep(pair, problems, calibration, ratio_list, budgets=budget_list,
+        table = budget_sweep(pair, problems, calibration_set, ratio_list, budgets=budget_list,
                              window=window, samples=samples, store=open_store(store_path), temperature=temperature,
                              top_p=top_p, max_new_tokens=max_new_tokens, progress=bars, executor=executor,
                              baseline_rhos=_baseline_rhos(baseline_rho), entropy_gated=not no_entropy_gated,
@@ -196,6 +209,34 @@ def eval_(store_path: str | None, problems_path: str | None, calibration_path: s
     echo(f"recovery against: {table['reference'].iloc[0]}")
     if out:
         _write_eval_outputs(raw, table, markdown, Path(out))
+
+
+EVAL_SIDE_SUFFIXES = (".md", ".html")  # written beside eval's CSV: the table as Markdown, the recovery plot
+
+
+def _free_eval_outputs(out: Path, overwrite: bool) -> None:
+    """Refuse (naming --overwrite) an existing --out, .md or .html that is not eval's own output; a rerun into
+    eval's own CSV (and the files beside it) resumes and rewrites them."""
+    if out.suffix.lower() in EVAL_SIDE_SUFFIXES:
+        raise click.BadParameter(f"{out} would be replaced by the {out.suffix} written beside the CSV; give the CSV's "
+                                 "name, e.g. eval.csv", param_hint="--out")
+    own = _is_eval_table(out)
+    for path in (out, *(out.with_suffix(s) for s in EVAL_SIDE_SUFFIXES)):
+        free_output(path, overwrite, own=lambda _path: own, command="eval")
+
+
+def _is_eval_table(path: Path) -> bool:
+    """Whether `path` is a CSV that `forkpoint eval` wrote: its header holds every column of the policy table."""
+    import csv
+
+    from core.evaluation.harness import POLICY_TABLE_COLUMNS
+
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader([fh.readline(1 << 16)]), [])  # the first line only, however large the file
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return set(POLICY_TABLE_COLUMNS) <= set(header)
 
 
 def _write_eval_outputs(raw, table, markdown: str, out: Path) -> None:
@@ -226,10 +267,9 @@ def _write_eval_outputs(raw, table, markdown: str, out: Path) -> None:
 @click.option("--problems", "problems", multiple=True, required=True,
               help="Benchmark: [NAME=]SOURCE, SOURCE a JSONL/CSV file, hf:<dataset id>[:config][:split], or gsm8k / "
                    "math500 / aime24 / aime25 / amc23 / olympiadbench. Repeat for several benchmarks.")
-@click.option("--calibration", multiple=True, help="Problems for the gate's calibration rollouts (default: held out "
-              "from --problems).")
-@setting_option("calibration_problems", help="How many problems to hold out for calibration when --calibration is "
-                "not given.")
+@calibration_option("--calibration-problems held out from --problems (spread over the benchmarks, at most a "
+                    "quarter of each)", multiple=True)
+@setting_option("calibration_problems")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (report.html, CSVs; "
               "the store defaults to OUT/store).")
 @click.option("--preset", type=click.Choice(list(settings.PRESETS)), help="Named settings, e.g. paper: T 0.6, top-p "
@@ -245,10 +285,9 @@ def _write_eval_outputs(raw, table, markdown: str, out: Path) -> None:
 @click.option("--no-entropy-gated", is_flag=True, help="Skip the entropy-gated variant (the paper's cheap gate).")
 @click.option("--skip-first", default=0, show_default=True, type=click.IntRange(0), help=SKIP_FIRST_HELP)
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems of each benchmark.")
-@click.option("--gate-rhos", "gate_rhos", default=None, help="Also run the gate shoot-out (forkpoint gates) at these "
-              "comma-separated target ρ, as a section of the report (e.g. 0.02,0.05).")
-@click.option("--router", "router_path", type=click.Path(file_okay=False), help="With --gate-rhos: a trained router's "
-              "folder, so the learned gate joins the shoot-out.")
+@gate_rhos_option(None, "Also run the gate shoot-out (forkpoint gates) at these comma-separated target takeover "
+                  "rates ρ, each in (0, 1), as a section of the report (e.g. 0.02,0.05).")
+@router_folder_option("With --gate-rhos: a trained router's folder, so the learned gate joins the shoot-out.")
 @preset_setting_option("samples")
 @preset_setting_option("temperature")
 @preset_setting_option("top_p")
@@ -335,7 +374,7 @@ def _reference(text: str | None) -> Any:
 @click.option("--out", type=click.Path(file_okay=False),
               help="Where CARD.md and measure.json go (default: the demo pair's folder in a checkout; the working "
                    "directory when the pair is the installed package's, which is never written).")
-@setting_option("demo_measure_problems", dest="n", flag="--n")
+@setting_option("demo_measure_problems", dest="n", flag="--limit", aliases=["--n"])  # --n: its old spelling
 @setting_option("demo_measure_samples", dest="samples", flag="--samples")
 @fail_cleanly
 def demo_measure(demo_dir: str | None, out: str | None, n: int, samples: int) -> None:

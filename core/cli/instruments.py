@@ -9,7 +9,6 @@ import click
 
 from core.cli.common import (
     echo,
-    FiniteFloat,
     Bar,
     close_executor,
     fail_cleanly,
@@ -20,12 +19,14 @@ from core.cli.common import (
     open_store,
     overwrite_option,
     pair_from_options,
+    pair_max_new_tokens,
     pair_options,
     pair_or_spec,
     policy_kwargs,
     policy_options,
     ray_option,
     read_problems,
+    sample_temperature_option,
     setting_option,
     settings_options,
     store_option,
@@ -58,8 +59,7 @@ def _positions(value: str) -> str | list[int]:
 @click.option("--positions", default="spikes", show_default=True,
               help="'spikes' (each trace's top tokens by --score) or comma-separated token positions.")
 @setting_option("effect_samples", dest="samples", flag="--samples")
-@click.option("--sample-temperature", type=FiniteFloat(0), default=None,
-              help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
+@sample_temperature_option()
 @click.option("--out", default="effects.csv", show_default=True, type=click.Path(dir_okay=False), help="CSV to write.")
 @overwrite_option(note=" (stored continuations are reused, not decoded again)")
 @policy_options
@@ -81,6 +81,7 @@ def effects(store_path: str | None, problems_path: str | None, limit: int | None
     executor = make_executor(ray_address, opts)
     try:
         pair, store = pair_or_spec(opts, executor), open_store(store_path)
+        max_new_tokens = pair_max_new_tokens(pair, max_new_tokens)
         score = opts.get("score") or DEFAULT_SCORE
         if keys:
             traces = given_traces(store, keys, "--key")
@@ -199,8 +200,7 @@ def lens(store_path: str | None, key: str, pos: int, window: int, k: int, as_csv
 @store_option
 @click.argument("key")
 @setting_option("effect_samples", dest="samples", flag="--samples")
-@click.option("--sample-temperature", type=FiniteFloat(0), default=None,
-              help="Temperature of the continuations (default: the trace's, or 0.6 for a greedy trace).")
+@sample_temperature_option()
 @click.option("--csv", "as_csv", is_flag=True, help="Print the whole curve as CSV.")
 @fail_cleanly
 def curve(store_path: str | None, key: str, samples: int, sample_temperature: float | None, as_csv: bool,

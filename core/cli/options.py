@@ -6,6 +6,8 @@ every number option uses. `core.cli.common` re-exports them (commands import the
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -33,6 +35,40 @@ class FiniteFloat(click.FloatRange):
         return super()._describe_range() if self.min is not None or self.max is not None else ""
 
 
+class AliasedOption(click.Option):
+    """An option whose older spellings (`hidden_aliases`) still work but are shown nowhere: --help and error
+    messages name only its one spelling, so users' scripts keep running while every command reads alike."""
+
+    def __init__(self, *args: Any, hidden_aliases: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hidden_aliases = tuple(hidden_aliases)
+
+    @contextmanager
+    def _shown(self) -> Iterator[None]:
+        """`opts` without the hidden aliases, while click writes help or an error hint."""
+        opts = self.opts
+        self.opts = [o for o in opts if o not in self.hidden_aliases]
+        try:
+            yield
+        finally:
+            self.opts = opts
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        with self._shown():
+            return super().get_help_record(ctx)
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        with self._shown():
+            return super().get_error_hint(ctx)
+
+
+def option(flag: str, *decls: str, aliases: Sequence[str] = (), **kwargs: Any):
+    """click.option(flag, *decls) with `aliases`, older spellings of `flag` kept working and hidden."""
+    if not aliases:
+        return click.option(flag, *decls, **kwargs)
+    return click.option(flag, *aliases, *decls, cls=AliasedOption, hidden_aliases=tuple(aliases), **kwargs)
+
+
 def _range_type(kind: type, low: float | None, high: float | None, choices: tuple[str, ...] = (),
                 open_low: bool = False, open_high: bool = False) -> Any:
     """A click type that checks the range at the edge, so a bad value is reported against its flag."""
@@ -49,10 +85,11 @@ def _range_type(kind: type, low: float | None, high: float | None, choices: tupl
 
 
 def setting_option(name: str, param: Param | None = None, *, dest: str | None = None, flag: str | None = None,
-                   **overrides: Any):
+                   aliases: Sequence[str] = (), **overrides: Any):
     """--name from `core.settings.SETTINGS[name]`: default, help and range from the one table of defaults.
 
-    `param` (a policy parameter of the same name) supplies the type and choices when it is stricter.
+    `param` (a policy parameter of the same name) supplies the type and choices when it is stricter; `aliases`:
+    older spellings of the flag, kept working and hidden.
     """
     row = settings.SETTINGS[name]
     kind = float if row.value is None else type(row.value)
@@ -71,7 +108,7 @@ def setting_option(name: str, param: Param | None = None, *, dest: str | None = 
     kwargs = {"type": _range_type(kind, low, high, choices, open_low, open_high), "default": row.value,
               "show_default": True, "help": row.help}
     kwargs.update(overrides)
-    return click.option(flag or row.flag, dest or name, **kwargs)
+    return option(flag or row.flag, dest or name, aliases=aliases, **kwargs)
 
 
 def preset_setting_option(name: str, preset: str = "preset"):
@@ -100,6 +137,52 @@ def float_list(text: str, name: str, flag: str) -> list[float]:
         except ForkpointError as err:
             raise click.BadParameter(str(err), param_hint=flag) from None
     return out
+
+
+# -- one spelling per concept: options that several commands share -------------------------------------------
+
+
+def calibration_option(default: str, *, multiple: bool = False, in_sample: bool = False,
+                       aliases: Sequence[str] = ()):
+    """--calibration SOURCE: the problems whose base rollouts calibrate the gates (generate, eval, gates,
+    reproduce); `default` says what a command takes without it, `in_sample` that 'in-sample' is accepted."""
+    more = (" 'in-sample' calibrates on the problems that are then run (and says so)." if in_sample else "")
+    return option("--calibration", "calibration", aliases=aliases, multiple=multiple,
+                  help="Problems whose base rollouts calibrate the gate: a JSONL/CSV file, hf:<dataset id>[:config]"
+                       f"[:split] or a benchmark short name{' (repeatable)' if multiple else ''}." + more +
+                       f" Default: {default}.")
+
+
+def gate_rhos_option(default: str | None, help: str, *, aliases: Sequence[str] = ()):
+    """--gate-rhos: the shoot-out's comma-separated target takeover rates ρ (gates, reproduce --gate-rhos);
+    `default` None: no shoot-out unless given."""
+    return option("--gate-rhos", "gate_rhos", aliases=aliases, default=default, show_default=default is not None,
+                  help=help)
+
+
+def router_folder_option(help: str, *, aliases: Sequence[str] = ()):
+    """--router DIR: a trained router's folder (gates, reproduce; the router policy's `path` in generate and
+    effects, see PARAM_FLAGS)."""
+    return option("--router", "router_path", aliases=aliases, type=click.Path(file_okay=False), help=help)
+
+
+def sample_temperature_option(aliases: Sequence[str] = ()):
+    """--sample-temperature: the temperature of children decoded from a stored trace (takeover's children,
+    effects' and curve's continuations); None: the trace's own, or the fan temperature for a greedy trace."""
+    return setting_option("temperature", dest="sample_temperature", flag="--sample-temperature", aliases=aliases,
+                          default=None, show_default=False,
+                          help="Sampling temperature of the children decoded from the trace (default: the trace's "
+                               "own; sampled children of a greedy trace: the paper's 0.6).")
+
+
+# A policy parameter whose CLI spelling is not its name: the concept has one spelling in every command (gates and
+# reproduce name a trained router's folder --router), and the parameter's own name stays a hidden alias.
+PARAM_FLAGS = {"path": "--router"}
+
+
+def param_flag(name: str) -> str:
+    """The CLI flag of policy parameter `name` (--max-takeovers for max_takeovers; PARAM_FLAGS where it differs)."""
+    return PARAM_FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 def settings_options(*names: str):
@@ -141,10 +224,12 @@ def policy_options(fn):
             continue
         default = None if (p.optional or p.from_gate) else p.default
         note = " (default: none)" if p.optional else " (default: calibrated on the problems)" if p.from_gate else ""
-        options.append(click.option("--" + name.replace("_", "-"), name, type=_range_type(p.kind, p.low, p.high, p.choices),
-                                    default=default, show_default=default is not None, help=p.help + note + who))
-    for option in reversed(options):
-        fn = option(fn)
+        own = "--" + name.replace("_", "-")
+        options.append(option(param_flag(name), name, aliases=[own] if own != param_flag(name) else [],
+                              type=_range_type(p.kind, p.low, p.high, p.choices), default=default,
+                              show_default=default is not None, help=p.help + note + who))
+    for decorate in reversed(options):
+        fn = decorate(fn)
     return fn
 
 
@@ -159,7 +244,7 @@ def policy_kwargs(policy_name: str, values: dict[str, Any]) -> dict[str, Any]:
     for name in policy_params():
         if name not in takes and name not in settings.SETTINGS and \
                 ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
-            flags = ", ".join("--" + n.replace("_", "-") for n in sorted(takes)) or "none"
-            raise click.UsageError(f"--{name.replace('_', '-')} does not apply to --policy {policy_name} "
+            flags = ", ".join(param_flag(n) for n in sorted(takes)) or "none"
+            raise click.UsageError(f"{param_flag(name)} does not apply to --policy {policy_name} "
                                    f"(its options: {flags})")
     return {n: values[n] for n in takes if n in values and values[n] is not None}

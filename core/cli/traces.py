@@ -10,6 +10,8 @@ from typing import Any
 import click
 
 from core.cli.common import (
+    calibration_option,
+    calibration_split,
     checked_text,
     echo,
     Bar,
@@ -21,12 +23,14 @@ from core.cli.common import (
     make_executor,
     open_store,
     pair_from_options,
+    pair_max_new_tokens,
     pair_options,
     pair_or_spec,
     policy_kwargs,
     policy_options,
     ray_option,
     read_problems,
+    sample_temperature_option,
     setting_option,
     settings_options,
     store_option,
@@ -84,18 +88,16 @@ def score(prompt: str, response: str, top: int, score_name: str, store_path: str
               help="JSONL/CSV problem set (default: the demo test set).")
 @click.option("--prompt", callback=checked_text, help="Generate for this single problem text instead of a set.")
 @click.option("--limit", type=click.IntRange(1), help="Use the first N problems.")
-@click.option("--calibrate-on", "calibrate_on",
-              help="Problems whose base rollouts calibrate a gate policy (file, hf:..., benchmark short name); "
-                   "'in-sample' calibrates on the problems generated. Default: held out (the demo calibration set "
-                   "with the demo test set, else the first --calibration-problems of --problems, at most a "
-                   "quarter, which are then not generated).")
+@calibration_option("held out: the demo calibration set with the demo test set, else the first "
+                    "--calibration-problems of --problems (at most a quarter), which are then not generated",
+                    in_sample=True, aliases=["--calibrate-on"])  # --calibrate-on: its spelling before eval's
 @policy_options
 @settings_options("rho", "calibration_problems", "max_new_tokens", "temperature", "top_p", "samples",  # --ratio: policy_options
                   "batch_size")
 @ray_option
 @fail_cleanly
 def generate(store_path: str | None, problems_path: str | None, prompt: str | None, limit: int | None,
-             calibrate_on: str | None, policy_name: str, ratio: float, rho: float | None, calibration_problems: int,
+             calibration: str | None, policy_name: str, ratio: float, rho: float | None, calibration_problems: int,
              max_new_tokens: int,
              temperature: float, top_p: float, seed: int, samples: int, batch_size: int, ray_address: str | None,
              **opts: Any) -> None:
@@ -125,15 +127,16 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
     problems = [prompt] if prompt is not None else read_problems(problems_path, limit)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
+    max_new_tokens = pair_max_new_tokens(pair, max_new_tokens)
     store = open_store(store_path)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size}
-    calibration: list[Any] = []
+    calibration_set: list[Any] = []
     if rho is not None and policy_spec(policy_name).cls.knob is None:
         raise click.BadParameter(f"policy {policy_name} has no knob to calibrate", param_hint="--rho")
     calibrating = rho is not None or (policy_spec(policy_name).needs_gate and not explicit)
     if calibrating:
-        calibration, problems = _calibration_split(calibrate_on, problems, problems_path, prompt,
-                                                   calibration_problems)
+        calibration_set, problems = calibration_split(calibration, problems, problems_path, calibration_problems,
+                                                      prompt=prompt, verb="generating on")
     problems, unfit = _runnable(pair, problems, max_new_tokens)
     for pid, why in unfit:  # reported and skipped; the run goes on and exits 1 at the end
         echo(f"problem {pid}: {why}; skipped", err=True)
@@ -141,8 +144,8 @@ def generate(store_path: str | None, problems_path: str | None, prompt: str | No
         raise click.ClickException(f"none of the {len(unfit)} problem(s) can run (see above); nothing generated")
     try:
         if calibrating:
-            echo(f"calibrating the gate on base rollouts of {len(calibration)} problems ...", err=True)
-        policy = build_policy(pair, policy_name, params, calibrate_on=calibration, ratio=ratio, store=store,
+            echo(f"calibrating the gate on base rollouts of {len(calibration_set)} problems ...", err=True)
+        policy = build_policy(pair, policy_name, params, calibrate_on=calibration_set, ratio=ratio, store=store,
                               executor=executor, rho=rho, **sampling)
         bar = Bar(f"generate {policy.name}", unit="trace")
         traces = generate_many(pair, problems, policy, samples=samples, top_p=top_p, store=store,
@@ -178,29 +181,6 @@ def _runnable(pair: Any, problems: list[Any], max_new_tokens: int) -> tuple[list
     return ok, unfit
 
 
-def _calibration_split(calibrate_on: str | None, problems: list[Any], problems_path: str | None, prompt: str | None,
-                       n: int) -> tuple[list[Any], list[Any]]:
-    """(calibration problems, problems to generate) for a gate policy: held out unless --calibrate-on in-sample."""
-    from core.demo.pair import demo_problems
-    from core.reports.reproduce import split_calibration
-    from core.evaluation.sources import load_source
-
-    if calibrate_on == "in-sample":
-        echo(f"calibrating IN-SAMPLE on {min(n, len(problems))} of the problems it then generates: the "
-                   "gate sees its own evaluation problems (use --calibrate-on SOURCE, or leave it out to hold "
-                   "problems out)", err=True)
-        return problems[:n], problems
-    if calibrate_on:
-        return load_source(calibrate_on, limit=n), problems
-    if prompt or problems_path is None:
-        if prompt:
-            echo("a single --prompt holds nothing out: calibrating on the demo calibration set (pass "
-                       "--calibrate-on SOURCE for another pair's problems)", err=True)
-        return demo_problems("calib", limit=n), problems
-    calibration, rest = split_calibration({"problems": problems}, n)
-    echo(f"holding out {len(calibration)} problems for calibration; generating on the other "
-               f"{len(rest['problems'])}", err=True)
-    return calibration, rest["problems"]
 @main.command()
 @pair_options
 @store_option
@@ -225,6 +205,7 @@ def calibrate(store_path: str | None, problems_path: str | None, limit: int, rat
     problems = read_problems(problems_path, limit) if problems_path else demo_problems("calib", limit=limit)
     executor = make_executor(ray_address, opts)
     pair = pair_or_spec(opts, executor)
+    max_new_tokens = pair_max_new_tokens(pair, max_new_tokens)
     bar = Bar("calibrate", unit="trace")
     try:
         gate = run_calibrate(pair, problems, ratio=ratio, window=window, score=score_name,
@@ -278,12 +259,10 @@ def parse_switches(text: str) -> dict[int, Any]:
 @setting_option("max_new_tokens", default=None, help="Most response tokens (default: the parent's limit).")
 @click.option("--samples", type=click.IntRange(min=1), default=None,
               help="A fan: N sampled children from the switches, decoded in one batch (default: one child).")
-@setting_option("temperature", default=None,
-                help="Sampling temperature of the children (default: the parent's; a fan of a greedy trace samples "
-                     "at the paper's temperature).")
+@sample_temperature_option(aliases=["--temperature"])  # --temperature: its spelling before curve's and effects'
 @fail_cleanly
 def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_tokens: int | None,
-             samples: int | None, temperature: float | None, **opts: Any) -> None:
+             samples: int | None, sample_temperature: float | None, **opts: Any) -> None:
     """Switch takeovers of the stored trace KEY on and off, or type text at a token (core.takeover); each new
     child is graded, then stored. A switch that changes no token makes no child."""
     from core.decoding.takeover import takeover as run_takeover
@@ -295,7 +274,7 @@ def takeover(store_path: str | None, key: str, at_text: str, then: str, max_new_
     parent = given_traces(store, (key,), "KEY")[0]
     check_output(store.path, "--store", folder=True)
     pair = pair_from_options(opts)
-    made = run_takeover(pair, parent, at, then=then, samples=samples, temperature=temperature,
+    made = run_takeover(pair, parent, at, then=then, samples=samples, temperature=sample_temperature,
                         max_new_tokens=max_new_tokens, store=store, on_trace=grade_trace)
     for child in made if isinstance(made, list) else [made]:
         if child.key == parent.key:

@@ -131,6 +131,13 @@ class ModelPair:
         limit = getattr(getattr(self.model(side), "config", None), "max_position_embeddings", None)
         return int(limit) if isinstance(limit, int) and limit > 0 else None
 
+    def default_max_new_tokens(self, wanted: int = settings.MAX_NEW_TOKENS) -> int:
+        """The response length to use when none was asked for: `wanted`, or half the shorter context when that is
+        less (the other half holds the prompt), so a small-context pair (the demo's 192 tokens: 96) is never asked
+        by default for more than fits; an explicit length stays the caller's (`check_context` warns)."""
+        contexts = [c for c in (self.context_length(side) for side in SIDES) if c]
+        return min([int(wanted), *(max(1, c // 2) for c in contexts)])
+
     def check_context(self, prompt_ids: dict[str, list[int]], max_new_tokens: int) -> int:
         """Refuse (InvalidInputError, before any forward) a prompt that leaves no room in either model's
         context; returns how many new tokens fit (<= max_new_tokens). Tokens past the context are

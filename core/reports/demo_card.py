@@ -302,8 +302,8 @@ versions give the same weights (other CPUs may differ in the last bits). The com
 
 
 GATES_FILE = "gates.csv"  # the shoot-out's table on the demo pair, as `forkpoint gates` wrote it
-GATES_COMMAND = ("forkpoint gates --ratios 0.02,0.05,0.1 --samples 4 --limit 100 --max-new-tokens 96 "
-                 "--temperature 0.6 --top-p 0.95 --out OUT")
+GATES_COMMAND = ("forkpoint gates --gate-rhos 0.02,0.05,0.1 --samples 4 --limit 100 --calibration-problems 100 "
+                 "--max-new-tokens 96 --temperature 0.6 --top-p 0.95 --out OUT")
 CARD_GATE_RHOS = (0.02, 0.05)
 
 

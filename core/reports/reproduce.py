@@ -82,6 +82,13 @@ def split_calibration(benches: Mapping[str, list[Any]], n: int) -> tuple[list[An
     return calibration, rest
 
 
+def first_calibration(sources: Any, n: int) -> list[Any]:
+    """About `n` calibration problems from given sources (`load_benchmarks`' input): the first ⌈n / sources⌉ of
+    each, spread over them as `split_calibration` spreads the problems it holds out."""
+    per = max(1, math.ceil(n / max(1, len(sources))))
+    return [p for ps in load_benchmarks(sources, limit=per).values() for p in ps]
+
+
 def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: str | Path = "forkpoint-reproduce", *,
               thinking: Any = None, preset: str | None = None, store: Any = None,
               ratios: Sequence[float] = DEFAULT_RATIOS, budgets: Sequence[float | None] = (None,),
@@ -103,6 +110,10 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
     `problems`: a source (file, hf:..., benchmark short name), a list of sources ("name=source"), a mapping
     {name: source or problems}, or a list of problem records. `preset="paper"` sets the paper's sampling
     and prompt formats; explicit arguments override it. `revisions` pins {"base"|"reason"|"thinking": rev}.
+    `samples`, `temperature`, `top_p`, `max_new_tokens`: None takes the preset's, else the setting's (a length at
+    most half the pair's context, as `ModelPair.default_max_new_tokens` says).
+    `calibration`: sources (as `problems`) whose first `calibration_problems` problems, spread over them, calibrate
+    the gates; None: `calibration_problems` held out from `problems` (at most a quarter of each).
     `baseline_rhos`: the random / early baselines' rates ("realised" = Guided's, per configuration; numbers =
     fixed rates); `entropy_gated`: run the entropy-gated variant beside Guided; `skip_first`: the gates'
     first-k-positions skip (see `Guided`).
@@ -118,12 +129,14 @@ def reproduce(base: Any, reason: str | None = None, problems: Any = None, out: s
     formats = _formats(preset, base_format=base_format, reason_format=reason_format, thinking_format=thinking_format)
     revisions = dict(revisions or {})
     pair = _pair(base, reason, formats, device, dtype, revisions, trust_remote_code)
+    if max_new_tokens is None:  # the preset's or the setting's length, at most half a small context (the demo's)
+        sampling["max_new_tokens"] = pair.default_max_new_tokens(sampling["max_new_tokens"])
     thinking_pair = _thinking(pair, thinking, formats, revisions.get("thinking"), trust_remote_code)
     benches = load_benchmarks(_as_sources(problems), limit=limit)
     if calibration is None:
         calibration, benches = split_calibration(benches, calibration_problems)
     else:
-        calibration = [p for ps in load_benchmarks(_as_sources(calibration)).values() for p in ps]
+        calibration = first_calibration(_as_sources(calibration), calibration_problems)
     if store is None:
 
         store = TraceStore(out / "store")
