@@ -151,8 +151,10 @@ def test_generate_eval_and_gates_calibrate_on_the_first_calibration_problems_of_
     for command, args in runs.items():
         store = env["tmp"] / f"store-{command}"
         run(command, "--store", str(store), *common, *args)
-        prompts = [t.meta["problem"]["prompt"] for t in TraceStore(store).load_all()[0]]
+        made = TraceStore(store)  # the calibration's rollouts sit in its calibration store
+        prompts = [t.meta["problem"]["prompt"] for t in made.calibration_store().load_all()[0]]
         calibrated = {p for p in prompts if p in asked}
+        assert not asked & {t.meta["problem"]["prompt"] for t in made.load_all()[0]}
         assert calibrated == {"What is 1 + 1?", "What is 2 + 2?"}, (command, calibrated)
     held = CliRunner().invoke(main, ["eval", *env["pair"], "--store", str(env["tmp"] / "held"), "--problems",
                                      env["problems"], "--calibration-problems", "1", "--ratios", "0.2",
