@@ -206,8 +206,14 @@ def view_panel(rule_text: str, top, side) -> None:
     ss = st.session_state
     ctx = get_context()
     s = ctx.settings
-    view_slot = st.empty()
-    run_switch_job(ctx, view_slot)
+    # The token view's place is a container, never an st.empty filled in the same run: the empty's delta, drawn
+    # alone before the view's own (the browser renders between websocket messages), unmounted the view, and the
+    # text vanished for 0.1-0.7 s on a switch. Only a queued switch (the rerun path) streams into an empty first.
+    view_slot = st.container()
+    if ss.get("switch_job"):
+        stream = view_slot.empty()
+        run_switch_job(ctx, stream)
+        stream.empty()
     key = ss["trace_key"]
     remember(key)
     try:
@@ -245,7 +251,7 @@ def view_panel(rule_text: str, top, side) -> None:
         resources.warm_up()  # what the first switch's grading loads, loaded while the user reads
         live.warm(ctx.pair, trace)  # and the trace's model states, so its first switch resumes as later ones
     data["live"] = live_offer(ctx, trace, partial(live_render, ctx)) if live_ok else None
-    with view_slot.container():
+    with view_slot:
         token_view(data, selected=sel, key=VIEW_KEY, on_click=on_click, prob_mode=s.prob_mode)
     # the header above is sent after the text: a fresh browser fetches the token view's code first (the
     # metrics' and widgets' code is many more files), so the text is drawn first

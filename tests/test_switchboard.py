@@ -25,23 +25,25 @@ OUT = ROOT / "test-output" / "switchboard"
 
 WATCH = """(rootKey) => {
   """ + DEEP_JS + """
-  window.__fp = { staleSidebar: 0, streamed: null, viewed: null, mainStaleBeforeView: false };
+  window.__fp = { staleSidebar: 0, streamed: null, viewed: null, mainStaleBeforeView: false, vanished: 0 };
   new MutationObserver((ms) => {
     for (const m of ms) {
       if (m.type === "attributes" && m.target.getAttribute("data-stale") === "true"
           && m.target.closest('[data-testid="stSidebar"]')) window.__fp.staleSidebar += 1;
     }
   }).observe(document.body, { attributes: true, attributeFilter: ["data-stale"], subtree: true });
-  // when the streamed text and the finished view (the token view's data-key) appear, and whether any of the
-  // page went stale (a Streamlit run) before the finished view was drawn
+  // when the streamed text and the finished view (the token view's data-key) appear, whether any of the
+  // page went stale (a Streamlit run) before the finished view was drawn, and the frames without the token view
+  // (remounted by a run, the text vanished for a moment), from here on
   const tick = () => {
     const f = window.__fp, now = performance.now();
     const live = deep(".fp-live");
     if (f.streamed === null && live && live.textContent.length) f.streamed = now;
     const scroll = deep(".fp-scroll");
+    if (!scroll || !scroll.querySelector("[data-pos], .fp-live")) f.vanished += 1;
     if (f.viewed === null && scroll && scroll.dataset.key && scroll.dataset.key !== rootKey) f.viewed = now;
     if (f.viewed === null && document.querySelector('[data-testid="stMain"] [data-stale="true"]')) f.mainStaleBeforeView = true;
-    if (f.viewed === null) requestAnimationFrame(tick);
+    requestAnimationFrame(tick);
   };
   requestAnimationFrame(tick);
 }"""
@@ -125,12 +127,14 @@ def test_flip_a_takeover_on_and_off_again(app):
     assert seen["streamed"] is not None, "the new tokens never streamed into the token view"
     assert seen["streamed"] <= seen["viewed"], "the finished view came before the stream"
     assert not seen["mainStaleBeforeView"], "a Streamlit run came before the re-flowed text"
+    assert seen["vanished"] == 0, "the text vanished during the switch (the token view was remounted)"
 
     back = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{pos}"]'))  # switched off again
     assert back == root and _text(page) == original
     again = _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{pos}"]'))
     assert again == child  # the same switch is the same stored trace
     assert page.evaluate("() => window.__fp.staleSidebar") == 0, "a switch reran the whole page"
+    assert page.evaluate("() => window.__fp.vanished") == 0, "the text vanished during a switch"
 
     # b / f are the browser's Back / Forward (Streamlit reruns the page there); each waits until the page has
     # followed the URL and drawn that trace's view (it draws after the run ends), as a reader would before the
