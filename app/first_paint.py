@@ -39,14 +39,12 @@ BUILD_TIMEOUT_S = 3.0  # past this the plain shell is served (the live view draw
 DATASET_TIMEOUT_S = 1.0  # a Dataset shell waits at most this for its chart (the analysis grows with the store; it goes
                          # on in the background and the page's own run finds its tables cached)
 # JS: remove the first paint once the live token view (a v2 component: its tokens in a shadow root) has drawn its
-# tokens, an error or warning shows (an info box is no reason), or the user has gone to another page; it also marks
-# where a flip changes the text (`data-matters`, as token_view.js does on the live view). Checked once per mutation
-# batch, in the same frame the live view draws, so the two are never painted together.
+# tokens, an error or warning shows (an info box is no reason), or the user has gone to another page (where a flip
+# changes the text is marked in the HTML, by core.views.heatmap.tokens_html, as on the live view). Checked once per
+# mutation batch, in the same frame the live view draws, so the two are never painted together.
 REMOVE_JS = """(() => {
   const paint = document.getElementById("%(id)s");
   if (!paint) return;
-  const at = new Set(JSON.parse(paint.dataset.matters || "[]"));
-  paint.querySelectorAll("[data-pos]").forEach((n) => { if (at.has(Number(n.dataset.pos))) n.classList.add("fp-matter"); });
   const path = location.pathname, watched = new WeakSet(), observers = [];
   let gone = false;
   const drop = (why) => {  // why: "live" | "page" | "alert", kept for whoever checks (tests/test_browser.py)
@@ -209,10 +207,9 @@ def trace_paint(path: str, key: str, query: Mapping[str, str]) -> str | None:
     payload = resources.view_payload(path, trace, settings.score, settings.scale, None, lo, hi, start=start, end=end,
                                      effects=bool(effects_stamp(store, key)))
     body = framed_view(payload["html"], outcome_line(trace))  # no data-key: `.fp-scroll[data-key]` is the live view
-    matters = json.dumps([int(p) for p in payload["matters"]])
     return (f"<style>{PAINT_CSS % {'id': PAINT_ID}}</style>"
             f"<div id='{PAINT_ID}' data-page='trace' data-key='{html.escape(key, quote=True)}'"
-            f" data-matters='{html.escape(matters, quote=True)}' aria-hidden='true'>{body}</div>"
+            f" aria-hidden='true'>{body}</div>"
             f"<script>{REMOVE_JS % {'id': PAINT_ID}}</script>")
 
 

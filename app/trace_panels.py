@@ -39,6 +39,7 @@ from core.io.notes import notes_stamp
 from core.scoring.registry import METRICS, score_values
 from core.trace import Trace
 from core.views.heatmap import heatmap_css, legend_html, value_range
+from core.views.legend import SWITCH_POINT
 from core.views.presentation import (
     PAGE_TOKENS,
     outcome_line,
@@ -67,8 +68,8 @@ def header(trace: Trace, rule_text: str) -> None:
     row.metric("Policy", policy.split(" · ")[0], help=policy if " · " in policy else None, width="content")
     row.metric("Takeovers", takeovers, width="content")
     row.metric("Switch points", len(flip_changes(trace)), width="content",
-               help="Tokens where the other model's top token is another one (dotted underline): a flip there "
-                    "changes the text; elsewhere it changes nothing. n / p walk them.")
+               help=f"Tokens where the other model's top token is another one (dotted underline): {SWITCH_POINT}; "
+                    "elsewhere a flip changes nothing. n / p walk them.")
     row.metric(f"Spikes ({rule_text})", len(trace.spike_positions), width="content")
     row.metric("Gold", md_escape(problem.get("gold"), 40) if problem.get("gold") is not None else "–", width="content")
     switched = switch_text(trace)  # the outcome line (answer, ✓/✗, ρ) sits above the text, in the token view
@@ -233,7 +234,7 @@ def view_panel(rule_text: str, top, side) -> None:
     mode = ss.get("click_mode", "flip") if ctx.pair is not None else "select"
     data["mode"] = mode
     data["help"] = {"flip": "Click a token (or ← → and Enter) to flip its takeover: the response re-flows · dotted: "
-                            "a flip there changes the text (n / p) · hover: both models' top-k, click one to force it",
+                            f"{SWITCH_POINT} (n / p) · hover: both models' top-k, click one to force it",
                     "edit": "Click a token (or ← → and Enter), type, Enter: the base continues from your text · "
                             "Escape cancels",
                     "select": "Hover a token for both models' top-k · click to select · n / p: next / previous spike",

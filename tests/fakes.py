@@ -133,3 +133,18 @@ def make_trace(
             segments=segments,
         )
     return trace
+
+
+def with_switch_points(trace: Trace, points: list[int]) -> Trace:
+    """`trace` with both models' top token set to the emitted one everywhere but `points` (there: another
+    token), so `core.views.presentation.flip_changes` gives `points` and the forced tokens (always switch points),
+    where the random top-k lists of `make_trace` disagree almost everywhere."""
+    emitted = np.asarray(trace.token_ids)
+    other = np.where(np.isin(np.arange(len(emitted)), points), emitted + 1, emitted)
+    topk = {}
+    for side, (ids, probs) in trace.topk.items():
+        ids = np.array(ids, copy=True)
+        ids[:, 0] = other
+        topk[side] = (ids, probs)
+    return Trace(trace.token_ids, list(trace.tokens), trace.prompt_ids, trace.metrics, topk, trace.source,
+                 dict(trace.meta), dict(trace.annotations))

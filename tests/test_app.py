@@ -1112,6 +1112,25 @@ def test_a_fan_of_alternatives_is_stored_and_sits_side_by_side(env):
     assert any("2 alternatives from token #2" in t for t in _texts(at.success))
 
 
+def test_side_by_side_columns_mark_each_columns_switch_points():
+    """Issue 31 (D3a): the Trace page's columns (the open trace and its branches) mark where a flip changes the
+    text, each column its own `flip_changes` from the shared prefix on, with the live view's marker and rule."""
+    from fakes import make_trace, with_switch_points
+
+    from app.branch_panels import columns_html
+    from core.views.presentation import flip_changes
+
+    parent = with_switch_points(make_trace(24, seed=1), [3, 9, 20])
+    child = with_switch_points(make_trace(24, seed=2), [12])
+    out = columns_html([parent, child], ["Open trace", "branch"], 5, "cross_entropy", "linear", None, None, None)
+    pattern = r'class="tok[^"]*\bfp-matter\b[^"]*" data-pos="(\d+)"'
+    columns = {side: [int(p) for p in re.findall(pattern, part)]  # each column's body, up to the next column's
+               for side, part in (x.split('"', 1) for x in out.split('<div class="fp-compare" data-side="')[1:])}
+    assert columns == {"original": [8, 9, 20], "branch": [8, 12]}  # 8: make_trace's forced token
+    assert columns["original"] == [p for p in flip_changes(parent) if p >= 5]
+    assert ".fp-heatmap .tok.fp-matter:not(.sw):not(.diff) { text-decoration: underline dotted" in out
+
+
 def test_a_fan_whose_samples_all_repeat_the_trace_says_so(env, monkeypatch):
     """Every sample redrew the open trace (run_fan leaves those out): the page said "0 alternatives ... stored:
     side by side below the text" in green, and nothing was there."""

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from fakes import fake_decode, make_trace
+from fakes import fake_decode, make_trace, with_switch_points
 
 from core.errors import InvalidInputError, OutputExistsError
 from core.scoring.registry import METRICS
@@ -279,6 +279,46 @@ def test_html_is_self_contained_with_settings(tmp_path, traces):
     assert "data-tip=" in page and 'id="fp-tip"' in page and "spike" in page
     with pytest.raises(InvalidInputError, match="Unknown score"):
         export(traces, tmp_path / "u.html", score="nope")
+
+
+def test_html_export_marks_the_switch_points_as_the_live_view_does(tmp_path):
+    """Issue 31 (D3b): the exported page marks where a flip changes the text, each trace its own `flip_changes`,
+    with the live view's marker (class fp-matter, its dotted rule in the page's style) and a legend entry."""
+    from core.views.legend import SWITCH_POINT
+    from core.views.presentation import flip_changes
+
+    a = with_switch_points(make_trace(20, seed=8), [2, 11])
+    b = with_switch_points(make_trace(text=EVIL, seed=2), [1])
+    text = export([a, b], tmp_path / "t.html", decode=fake_decode).read_text(encoding="utf-8")
+    sections = text.split('<section class="trace"')[1:]
+    assert len(sections) == 2
+    for trace, section in zip([a, b], sections):
+        marked = [int(p) for p in re.findall(r'class="tok[^"]*\bfp-matter\b[^"]*" data-pos="(\d+)"', section)]
+        assert marked == flip_changes(trace) and marked
+        assert f'<span class="tok fp-matter">switch point</span></span><span>({SWITCH_POINT})</span>' in section
+    assert flip_changes(a) == [2, 6, 11]  # 6: make_trace's forced token
+    assert ".fp-heatmap .tok.fp-matter:not(.sw):not(.diff) { text-decoration: underline dotted" in text
+    assert "<script>alert(1)" not in text
+
+
+@pytest.mark.browser
+def test_html_export_draws_the_switch_points_dotted_in_browser(tmp_path):
+    """Issue 31 (D3b) in Chromium: a switch point of the exported page is underlined dotted over its heatmap
+    colour; a token elsewhere is not underlined."""
+    playwright = pytest.importorskip("playwright.sync_api")
+    require_chromium()
+    path = export(with_switch_points(make_trace(20, seed=8), [2, 11]), tmp_path / "t.html", decode=fake_decode)
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(path.as_uri())
+        look = """(pos) => { const s = getComputedStyle(document.querySelector(`.fp-heatmap .tok[data-pos="${pos}"]`));
+            return [s.textDecorationLine, s.textDecorationStyle, s.textDecorationThickness, s.backgroundColor]; }"""
+        line, style, thickness, background = page.evaluate(look, 11)
+        assert (line, style, thickness) == ("underline", "dotted", "2px")
+        assert background not in ("", "rgba(0, 0, 0, 0)")  # on its heatmap colour
+        assert page.evaluate(look, 3)[0] == "none"
+        browser.close()
 
 
 @pytest.mark.browser

@@ -20,6 +20,7 @@ from app.view import SpikeRule
 from core.io.store import TraceStore
 from core.scoring.registry import DEFAULT_SCORE, score_values
 from core.views.colours import value_range
+from core.views.presentation import flip_changes
 
 SHELL = b'<!DOCTYPE html><html><head><title>Streamlit</title></head><body><div id="root"></div></body></html>'
 HOSTILE = "Hi <script>alert(1)</script> & <img src=x onerror=alert(1)> \"quoted\" 'single'\nnext"
@@ -87,6 +88,8 @@ def test_a_trace_link_gets_its_token_view_in_the_shell_escaped_and_uncached(stor
         live = resources.view_payload(path, shown, DEFAULT_SCORE, "linear", None, lo, hi, effects=False)["html"]
         assert live in paint
         assert len(re.findall(r'data-pos="\d+"', paint)) == len(trace)
+        marked = [int(p) for p in re.findall(r'class="tok[^"]*\bfp-matter\b[^"]*" data-pos="(\d+)"', paint)]
+        assert marked == flip_changes(shown) and marked and "data-matters" not in paint  # in the HTML (issue 31)
         assert "<script>" not in paint and "<img" not in paint  # model text is never markup
         assert html.escape("<script>") in paint and html.escape("<img") in paint
         headers = _headers(sent)

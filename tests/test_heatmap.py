@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
-from fakes import fake_decode, make_trace
+from fakes import fake_decode, make_trace, with_switch_points
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +19,7 @@ from core.views.heatmap import (
     NAN_COLOUR,
     SCALES,
     colour_scale,
+    front_end_source,
     heatmap_css,
     legend_html,
     normalise,
@@ -27,7 +28,8 @@ from core.views.heatmap import (
     token_tips,
     tokens_html,
 )
-from core.views.presentation import fmt_num, fmt_prob, tail
+from core.views.legend import SWITCH_POINT
+from core.views.presentation import flip_changes, fmt_num, fmt_prob, tail
 
 EVIL = "Hi <script>alert(1)</script> & <img src=x onerror=alert(1)> \"quoted\" 'single'\nnext"
 
@@ -165,6 +167,32 @@ def test_markers_match_annotations():
     classes = [set(s["class"].split()) for s in spans]
     assert [i for i, c in enumerate(classes) if "spike" in c] == [1, 2]
     assert not any({"tag", "src-reason", "src-forced"} & c for c in classes)
+
+
+def test_switch_points_carry_the_dotted_marker_and_leave_the_text_as_it_was():
+    """Issue 31: every view that draws tokens (the live view, the Trace page's columns, the HTML export) marks where
+    a flip changes the text (`flip_changes`: here the chosen points and the forced token) with one class, drawn as
+    a dotted underline by the one stylesheet they all include; the escaped text is the same with or without it."""
+    trace = with_switch_points(make_trace(text=EVIL, seed=3), [1, 4, 9])
+    assert flip_changes(trace) == [1, 3, 4, 9]  # 3: make_trace's forced token
+    out = tokens_html(trace, decode=fake_decode)
+    spans = parse(out).spans
+    assert [int(s["data-pos"]) for s in spans if "fp-matter" in s["class"].split()] == [1, 3, 4, 9]
+    bare = tokens_html(trace, decode=fake_decode, switch_points=[])
+    assert "fp-matter" not in bare and out.replace(" fp-matter", "") == bare  # nothing else changed
+    assert "<script>" not in out and "<img" not in out
+    assert "".join(s["text"] for s in spans) == trace.text.replace("\n", "↵<br>")
+    given = parse(tokens_html(trace, switch_points=[2], tips=False)).spans
+    assert [int(s["data-pos"]) for s in given if "fp-matter" in s["class"].split()] == [2]
+    # a page of the trace: data-pos absolute, the page's share marked
+    page = parse(tokens_html(tail(trace, 4), offset=4, tips=False)).spans
+    assert [int(s["data-pos"]) for s in page if "fp-matter" in s["class"].split()] == [4, 9]
+    # one rule, in the stylesheet every view includes (the live view's own sheet has none), and one legend entry
+    rule = re.search(r"\.tok\.fp-matter:not\(\.sw\):not\(\.diff\) \{([^}]*)\}", heatmap_css())
+    assert rule and "underline dotted #111827" in rule.group(1) and "text-decoration-thickness: 2px" in rule.group(1)
+    assert "fp-matter" not in front_end_source("token_view.css")
+    legend = legend_html()
+    assert '<span class="tok fp-matter">switch point</span>' in legend and f"({SWITCH_POINT})" in legend
 
 
 def test_background_follows_score():

@@ -347,6 +347,17 @@ def test_graph_columns_notes_and_search(server, page):
     main = _bg(page, f'.fp-scroll [data-pos="{first_pos}"]')
     assert _bg(page, f'.fp-compare[data-side="original"] [data-pos="{first_pos}"]') == main  # one colour scale
     assert page.locator(".fp-cmp-grid .tok.diff").count() >= 1
+    # issue 31 (D3a): the open trace's column marks where a flip changes the text, as the live view does
+    from core.views.presentation import flip_changes
+
+    points = [p for p in flip_changes(trace) if p >= first_pos]
+    marked = columns.nth(0).locator(".tok.fp-matter").evaluate_all("els => els.map(e => Number(e.dataset.pos))")
+    assert points and marked == points, (marked, points)
+    look = ("e => { const s = getComputedStyle(e); return [s.textDecorationLine, s.textDecorationStyle, "
+            "s.textDecorationColor, s.textDecorationThickness]; }")
+    drawn_as = columns.nth(0).locator(f'[data-pos="{points[0]}"]').evaluate(look)
+    assert drawn_as[:2] == ["underline", "dotted"]
+    assert drawn_as == page.locator(f'.fp-scroll [data-pos="{points[0]}"]').first.evaluate(look)  # the same marker
     _no_error(page, "side by side", log)
     _shot(page, "side_by_side")
     # a note with a Markdown image: marked on its token, shown as text, never fetched

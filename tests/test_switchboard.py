@@ -122,6 +122,11 @@ def test_flip_a_takeover_on_and_off_again(app):
     page.screenshot(path=str(OUT / "flipped.png"))
     stored = TraceStore(store_dir).get(child)
     assert stored.meta["switches"] == {str(pos): "reason"} and stored.meta["parent"] == root
+    from core.views.presentation import flip_changes
+
+    marked = sorted(int(p) for p in page.locator(".fp-scroll [data-pos].fp-matter").evaluate_all(
+        "els => els.map(e => e.dataset.pos)"))
+    assert marked == flip_changes(stored)  # the re-flowed view's HTML marks its own switch points (issue 31)
     assert posts == ["POST"], "the switch did not go over the live route"
     seen = page.evaluate("() => window.__fp")
     assert seen["streamed"] is not None, "the new tokens never streamed into the token view"

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from fakes import fake_decode, make_trace
+from fakes import fake_decode, make_trace, with_switch_points
 
 from core import settings
 from core.annotate import rank_shift
@@ -49,6 +49,18 @@ def test_a_page_holds_its_tokens_at_absolute_positions_with_the_whole_traces_spi
     page = view_payload(trace, rank_shift.NAME, start=20, end=35)
     spans = re.findall(r'<span[^>]*data-pos="(\d+)"[^>]*>', page["html"])
     assert len(spans) == 15 and all(cats[int(p)] in page["html"] for p in spans if cats[int(p)] != "transparent")
+
+
+def test_the_html_marks_the_pages_switch_points_and_n_p_walk_the_whole_traces():
+    """Issue 31: the payload's HTML carries the dotted marker (class fp-matter, from tokens_html) on exactly the
+    page's share of `matters`, the whole trace's switch points that n / p walk (token_view.js adds no marker)."""
+    trace = with_switch_points(make_trace(50, seed=4), [2, 21, 30, 44])
+    marked = lambda html: [int(p) for p in re.findall(r'class="tok[^"]*\bfp-matter\b[^"]*" data-pos="(\d+)"', html)]
+    whole = view_payload(trace)
+    assert whole["matters"] == [2, 16, 21, 30, 44]  # 16: make_trace's forced token
+    assert marked(whole["html"]) == whole["matters"]
+    page = view_payload(trace, start=20, end=35)
+    assert page["matters"] == whole["matters"] and marked(page["html"]) == [21, 30]
 
 
 def test_a_trace_without_spikes_gets_the_default_top_share():

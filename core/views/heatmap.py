@@ -31,7 +31,7 @@ from core.views.colours import (
     value_range,
 )
 from core.views.legend import describe_spike_rule, legend_html
-from core.views.presentation import effect_line, effects_by_pos, fmt_num, fmt_prob
+from core.views.presentation import effect_line, effects_by_pos, flip_changes, fmt_num, fmt_prob
 
 # The renderer's public names; the colour scales and the legend have their own modules (core/views/colours.py,
 # legend.py) and stay importable from here.
@@ -65,6 +65,11 @@ HEATMAP_CSS = """
 .fp-heatmap .tok.sw { text-decoration: underline double #dc2626; text-underline-offset: 3px; }
 .fp-heatmap .tok.sw-base::before { content: "○"; font-size: 0.6em; vertical-align: super; color: #dc2626; }
 .fp-heatmap .tok.diff { text-decoration: underline wavy #0284c7; text-decoration-skip-ink: none; text-underline-offset: 4px; }
+/* where a flip changes the text (tokens_html's switch points): a dotted underline, apart from the colour
+   (background), spikes (outline), tags (border below), effects (border above) and switches / diffs (their own
+   underlines, which win) */
+.fp-heatmap .tok.fp-matter:not(.sw):not(.diff) { text-decoration: underline dotted #111827;
+  text-decoration-thickness: 2px; text-underline-offset: 4px; text-decoration-skip-ink: none; }
 .fp-heatmap .tok.note::after { content: "✎"; font-size: 0.65em; vertical-align: super; color: #2563eb; font-weight: 700; }
 .fp-heatmap .tok.note.bm::after { content: "🔖"; }
 .fp-heatmap .tok.fx { border-top: 4px solid var(--fx); }
@@ -261,6 +266,7 @@ def tokens_html(
     reference: Any = None,
     colours: Sequence[str] | None = None,
     marked: Iterable[int] | None = None,
+    switch_points: Iterable[int] | None = None,
 ) -> str:
     """The response as one `<span class="tok" data-pos=i data-tip=...>` per token, coloured by `score`.
 
@@ -272,7 +278,9 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
     vmin/vmax/reference fix the colour range across views (see `normalise`). `colours` (T css colours)
     replaces the score's colour scale, e.g. core.annotate.rank_shift.colours(trace) for the categorical rank-shift mode.
     css_tips adds a pure-CSS hover tooltip; turn it off when the page brings its own (JS) tooltip.
-    `marked` positions get a wavy underline (tokens that differ from another column of a comparison). Tokens
+    `marked` positions get a wavy underline (tokens that differ from another column of a comparison).
+    `switch_points` (default: `flip_changes(trace)`, where a flip changes the text; [] hides them) get a dotted
+    underline (class `fp-matter`), in every view that draws tokens; the live view's n / p walk them. Tokens
     under a note (the trace's "notes" layer, core/io/notes.py) carry a ✎ marker (🔖 for a bookmark) and the
     note's text in `data-note` (escaped; shown on hover, never as HTML). Positions with a measured takeover effect
     (the trace's "effects" layer, core.instruments.effects.attach_effects) carry a bar over the token coloured on
@@ -293,6 +301,7 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
     spike_set = _positions(spikes)
     selected_set = _positions(selected)
     marked_set = _positions(marked)
+    matter_set = _positions(flip_changes(trace) if switch_points is None else switch_points)
     notes = trace.annotations.get("notes") or []
     note_text = note_texts(notes, n) if notes else None
     bookmarked = {p for nt in notes if nt.get("bookmark") for p in range(int(nt["start"]), int(nt["end"]) + 1)}
@@ -343,6 +352,8 @@ switched by `core.takeover` (meta["switches"]) are double-underlined (○: a tak
             classes.append(f"src-{_css_name(str(trace.source[i]))}")
         if i in marked_set:
             classes.append("diff")
+        if i in matter_set:
+            classes.append("fp-matter")
         if note_text is not None and (note_text[i] or i in bookmarked):
             classes += ["note", "bm"] if i in bookmarked else ["note"]
         if i in switched:  # a user's switch: double underline; a takeover switched off keeps a ○

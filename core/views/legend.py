@@ -11,6 +11,8 @@ from core.annotate.rank_shift import legend_items
 from core.scoring.registry import DEFAULT_SCORE, score_label
 from core.views.colours import check_scale, gradient, tag_colour
 
+SWITCH_POINT = "a flip there changes the text"  # what the dotted underline (tokens_html's `fp-matter`) means
+
 
 def legend_html(
     tags: Iterable[str | None] | None = None,
@@ -23,7 +25,8 @@ def legend_html(
     effects: bool = False,
 ) -> str:
     """A legend: the colour bar for `score` (its registry label), the spike rule (only when one is given),
-    selection/source markers, the tag categories seen and (`effects`) the measured-effect marker's scale."""
+    selection/source markers, the switch points' dotted underline, the tag categories seen and (`effects`) the
+    measured-effect marker's scale."""
     check_scale(scale)
     stops = gradient("score")
     lo = "low" if vmin is None or scale == "rank" else f"{vmin:.3g}"
@@ -45,6 +48,7 @@ def legend_html(
         '<span class="fp-heatmap"><span class="tok src-reason">reasoner</span></span>',
         '<span class="fp-heatmap"><span class="tok src-forced">forced</span></span>',
         '<span class="fp-heatmap"><span class="tok sel">selected</span></span>',
+        f'<span class="fp-heatmap"><span class="tok fp-matter">switch point</span></span><span>({SWITCH_POINT})</span>',
     ]
     if effects:
         parts.append('<span class="fp-heatmap"><span class="tok fx" style="--fx:#01665e">effect</span></span>'

@@ -41,7 +41,7 @@ def view_payload(trace: Trace, score: str = DEFAULT_SCORE, scale: str = "linear"
     if reference is None and scale == "rank" and paged:
         reference = values  # a page ranks among the whole trace, like the unpaged view
     spikes_all = trace.spike_positions
-    matters = flip_changes(trace)  # the whole trace's, like the spikes (token_view.js marks them)
+    matters = flip_changes(trace)  # the whole trace's, like the spikes (n / p walk them; tokens_html marks the page's)
     if paged:
         trace = tail(trace, start, end)
     if colours is not None and paged:

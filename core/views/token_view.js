@@ -1,7 +1,8 @@
 // forkpoint token view: heatmap text with hover cards, click-to-select, a keyboard cursor and keys (? lists
-// them), the positions where a flip changes the text marked (`data.matters`), and the switchboard's live
-// re-flow: with `data.live` a click (or Enter) posts the switch, or in edit mode the typed text, to the app's
-// live route (app/live.py) and the new continuation streams into the text in place, then the finished view.
+// them), n / p walking the positions where a flip changes the text (`data.matters`; tokens_html marks them in
+// the HTML), and the switchboard's live re-flow: with `data.live` a click (or Enter) posts the switch, or in edit
+// mode the typed text, to the app's live route (app/live.py) and the new continuation streams into the text in
+// place, then the finished view.
 // Streamlit calls this function on mount and again whenever `data` changes; state lives on the
 // parent element so listeners are attached once. Model text is only ever set via textContent.
 
@@ -218,13 +219,6 @@ export default function (component) {
       const node = pos === null || pos === undefined ? null : s.node(pos);
       if (node) { node.classList.add("cur"); node.scrollIntoView({ block: "nearest", inline: "nearest" }); }
     };
-    // where a flip changes the text (core.views.presentation.flip_changes): a dotted underline
-    s.marks = () => {
-      const at = new Set(s.data.matters || []);
-      s.scroller.querySelectorAll("[data-pos]").forEach((node) => {
-        if (at.has(Number(node.dataset.pos))) node.classList.add("fp-matter");
-      });
-    };
     s.select = (pos, key = false) => {
       s.mark(pos, true);
       s.cursor(pos);
@@ -299,7 +293,6 @@ export default function (component) {
       s.scroller.innerHTML = html; // escaped server-side by core.views.heatmap.tokens_html
       s.version = version;
       s.editor = null;
-      s.marks();
       if (s.cur !== null && s.cur !== undefined) s.cursor(s.cur);
     };
     s.finish = (view, pos) => {
