@@ -1252,3 +1252,30 @@ def test_any_fragment_run_that_drops_the_first_runs_unsent_deltas_leaves_a_page_
     for n in range(1, len(fragments) + 1):
         for dropped in combinations(fragments, n):
             assert _applies_in_order([p for p, f in deltas if f not in dropped]), dropped
+
+
+def test_a_fan_on_a_trace_with_a_tree_sits_side_by_side(env):
+    """Defect D1 (audit 31): on a trace that already had a branch, the side-by-side multiselect kept its old
+    empty value and the graph panel overwrote the fan's columns with it: no columns after the fan."""
+    from app.branch_panels import COLS_KEY
+
+    at = env.open()
+    parent = at.session_state["trace_key"]
+    _branch_from(at, 2)
+    at.button(key="takeover_reason").click().run()  # a first child: the branch tree (and its multiselect) is drawn
+    at.button(key="close_compare").click().run()
+    _ok(at)
+    assert at.multiselect(key=f"cmp_pick_{parent}").value == []
+    at.number_input(key="fan_n").set_value(2).run()
+    at.button(key="fan_go").click().run()
+    _ok(at)
+    picked = at.session_state[COLS_KEY]
+    assert picked["parent"] == parent and len(picked["keys"]) == 2
+    assert at.multiselect(key=f"cmp_pick_{parent}").value == picked["keys"]
+    heads = sum(str(h.proto.body).count("class='fp-cmp-head'") for h in at.get("html"))
+    assert heads == 3  # the open trace and the two alternatives
+    # the user's later choice in the multiselect still sets the columns
+    at.multiselect(key=f"cmp_pick_{parent}").set_value(picked["keys"][:1]).run()
+    _ok(at)
+    assert at.session_state[COLS_KEY] == {"parent": parent, "keys": picked["keys"][:1]}
+    assert sum(str(h.proto.body).count("class='fp-cmp-head'") for h in at.get("html")) == 2
