@@ -1279,3 +1279,36 @@ def test_a_fan_on_a_trace_with_a_tree_sits_side_by_side(env):
     _ok(at)
     assert at.session_state[COLS_KEY] == {"parent": parent, "keys": picked["keys"][:1]}
     assert sum(str(h.proto.body).count("class='fp-cmp-head'") for h in at.get("html")) == 2
+
+
+def test_typed_text_of_one_token_reads_as_typed(env):
+    """Audit 31 D5: one typed token read "⇄ #2 → ' x'" in the Switches list (and "forced" on its edge), and the
+    selection panel said "emitted by forced"; a token chosen from the top-k keeps its own label."""
+    from core import load_pair
+
+    pair = load_pair(*env.argv[1:4:2], device="cpu")
+    word = next(w for w in (" The", " the", " a", "a", "1", "=") if len(pair.encode(w)) == 1)
+    at = env.open()
+    at.session_state["switch_job"] = {"pos": 2, "text": word}
+    at.run()
+    _ok(at)
+    typed = TraceStore(env.store).get(at.session_state["trace_key"])
+    assert typed.meta["typed"] == {"2": 1}
+    shown = [t.label for t in at.toggle if (t.key or "").startswith(f"sw_{typed.key}_")]
+    assert shown == [f"✎ #2 {typed.tokens[2]!r}"]
+    at.session_state["sel_pos"] = 2
+    at.run()
+    assert any("**Token #2** · typed by you" == t for t in _texts(at.markdown))
+    # a token chosen from the top-k (one id) after it: a forced token, with its own row
+    chosen = next(int(i) for i in typed.topk["base"][0][4] if int(i) != int(typed.token_ids[4]))
+    at.session_state["switch_job"] = {"pos": 4, "token": chosen}
+    at.run()
+    _ok(at)
+    child = TraceStore(env.store).get(at.session_state["trace_key"])
+    assert child.meta["typed"] == {"2": 1}  # the typed token before it stays typed
+    shown = [t.label for t in at.toggle if (t.key or "").startswith(f"sw_{child.key}_")]
+    assert shown == [f"✎ #2 {child.tokens[2]!r}", f"⇄ #4 → {child.tokens[4]!r}"]
+    at.session_state["sel_pos"] = 4
+    at.run()
+    assert any("**Token #4** · forced by you" == t for t in _texts(at.markdown))
+

@@ -443,8 +443,9 @@ def test_typed_text_split_over_byte_level_tokens_is_named_whole():
     trace = make_trace(text="a b c d e f", seed=1, reason_share=0.0)
     tokens = list(trace.tokens)
     tokens[2:5] = ["", "🙂", "!"]
+    # a record made before meta["typed"]: its switches in force (a run of forced ids) say it was typed
     typed = dataclasses.replace(trace, tokens=tokens, meta={**trace.meta, "parent": "x", "switched": [
-        {"pos": p, "to": "forced"} for p in (2, 3, 4)]})
+        {"pos": p, "to": "forced"} for p in (2, 3, 4)], "switches": {str(p): int(trace.token_ids[p]) for p in (2, 3, 4)}})
     assert switch_text(typed, lambda i: "\ufffd") == "✎ #2 '🙂!'"
     assert switch_text(typed, lambda i: "X") == "✎ #2 '🙂!'"
 
@@ -488,3 +489,4 @@ def test_figures_built_unvalidated_are_what_plotlys_validation_makes_of_their_sp
     fast = branch_graph_figure(nodes, labels, "k5")
     assert json.loads(fast.to_json()) == json.loads(validated(branch_graph_spec(nodes, labels, "k5")).to_json())
     assert {d.name for d in fast.data} >= {"correct", "wrong"} and fast.layout.template.layout.paper_bgcolor == "white"
+

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import InvalidInputError
+from core.record.typed import typed_runs
 from core.scoring.registry import DEFAULT_SCORE, METRICS, score_values
 from core.settings import PAGE_TOKENS  # noqa: F401  (re-exported: the token view's page size)
 from core.trace import SIDES, Trace, note_texts
@@ -228,31 +229,36 @@ def outcome_line(trace: Trace) -> str:
     return f"{verdict} · answer: {shown} · {takeovers} takeovers · ρ = {takeovers / n if n else 0.0:.3f}"
 
 
+def who_wrote(trace: Trace, pos: int) -> str:
+    """Who wrote token `pos`, as the selection panel says it: "emitted by base" / "emitted by reason (a
+    takeover)", and for the user's tokens "typed by you" (typed text, core.record.typed) or "forced by you"
+    (a token chosen from the top-k or the vocabulary)."""
+    source = str(trace.source[pos])
+    if source == "forced":
+        typed = any(start <= pos < start + n for start, n in typed_runs(trace).items())
+        return "typed by you" if typed else "forced by you"
+    return f"emitted by {source}" + (" (a takeover)" if source == "reason" else "")
+
+
 def switch_text(trace: Trace, decode: Callable[[int], str] | None = None) -> str:
-    """What a child's switches did, e.g. "⇄ #40 off · ⇄ #12 reasoner ' Wait'" ("" for a root). Typed text (a run
-    of forced tokens from one position) shows as one edit with all its text: "✎ #12 ' Let me'"."""
-    switched = trace.meta.get("switched") or []
+    """What a child's switches did, e.g. "⇄ #40 off · ⇄ #12 reasoner ' Wait'" ("" for a root). Typed text (a
+    typed run, core.record.typed: one token or many) shows as one edit with all its text: "✎ #12 ' Let me'";
+    a token forced from the top-k as "⇄ #12 forced ' Let'"."""
+    runs = typed_runs(trace)
     parts: list[str] = []
-    typed: list[int] = []
-
-    def close() -> None:
-        if len(typed) > 1:
-            parts[-1] = f"✎ #{typed[0]} {_text_of(trace, typed, decode)!r}"
-
-    for entry in switched:
+    inside = -1  # the typed run's end: its later tokens are in its edit already
+    for entry in trace.meta.get("switched") or []:
         pos, to = int(entry["pos"]), entry["to"]
-        forced = to in ("forced", "typed")
-        if forced and typed and pos == typed[-1] + 1:
-            typed.append(pos)
+        if pos < inside:
             continue
-        close()
-        typed = [pos] if forced else []
-        if to == "base":
+        if pos in runs:
+            inside = pos + runs[pos]
+            parts.append(f"✎ #{pos} {_text_of(trace, list(range(pos, inside)), decode)!r}")
+        elif to == "base":
             parts.append(f"⇄ #{pos} off" if entry.get("from") == "reason" else f"⇄ #{pos} base")
         else:
             text = repr(_text_of(trace, [pos], decode)) if pos < len(trace) else ""
-            parts.append(f"⇄ #{pos} {'forced' if forced else 'reasoner'} {text}".rstrip())
-    close()
+            parts.append(f"⇄ #{pos} {'forced' if to in ('forced', 'typed') else 'reasoner'} {text}".rstrip())
     return " · ".join(parts)
 
 
