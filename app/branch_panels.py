@@ -23,6 +23,7 @@ from core.views.heatmap import heatmap_css, legend_html, tokens_html
 from core.views.presentation import (
     branch_token_text,
     first_difference,
+    sibling_labels,
     tail,
     token_diff,
     tree_rows,
@@ -194,9 +195,26 @@ def edge_label(ctx: Context, key: str) -> str:
         child = resources.load_trace(ctx.settings.store_path, key)
     except ForkpointError:
         return ""
+    return _edge_label(ctx, child)
+
+
+def _edge_label(ctx: Context, child: Trace) -> str:
     if not child.meta.get("parent"):
         return ""
     return branch_token_text(child, resources.decoder(ctx.pair, child)) or f"branch @ {child.meta.get('branch_pos')}"
+
+
+def edge_labels(ctx: Context, keys: list[str]) -> dict[str, str]:
+    """`edge_label` of each stored trace of `keys`, siblings that read alike told apart (`sibling_labels`: a
+    fan's samples)."""
+    children = []
+    for key in keys:
+        try:
+            children.append(resources.load_trace(ctx.settings.store_path, key))
+        except ForkpointError:
+            continue
+    labels = {key: "" for key in keys} | {child.key: _edge_label(ctx, child) for child in children}
+    return sibling_labels(labels, children)
 
 
 def graph_panel(ctx: Context, trace: Trace) -> None:
@@ -216,7 +234,7 @@ def graph_panel(ctx: Context, trace: Trace) -> None:
                                                              "a square with the number of traces under it; click it to "
                                                              "open it and unfold its path.")
         nodes = graph_layout(tree, trace.key, fold=fold)
-        labels = {n.key: edge_label(ctx, n.key) for n in nodes}
+        labels = edge_labels(ctx, [n.key for n in nodes])
         keys = [node["key"] for _, node in rows if node["key"] != trace.key]
         pick_key = f"cmp_pick_{trace.key}"
         picked = ss.get(COLS_KEY) or {}

@@ -490,3 +490,39 @@ def test_figures_built_unvalidated_are_what_plotlys_validation_makes_of_their_sp
     assert json.loads(fast.to_json()) == json.loads(validated(branch_graph_spec(nodes, labels, "k5")).to_json())
     assert {d.name for d in fast.data} >= {"correct", "wrong"} and fast.layout.template.layout.paper_bgcolor == "white"
 
+
+def _child(text: str, key: str, temperature: float, parent: str = "p") -> "Trace":
+    """A fake fan child of `parent`: switch {2: reason} recorded, `text` its response."""
+    import dataclasses
+
+    trace = make_trace(text=text, seed=1)
+    return dataclasses.replace(trace, meta={**trace.meta, "key": key, "parent": parent, "branch_pos": 2,
+                                            "sampling": {"temperature": temperature},
+                                            "switched": [{"pos": 2, "to": "reason", "from": "base"}],
+                                            "switches": {"2": "reason"}, "typed": {}})
+
+
+def test_siblings_that_read_alike_are_told_apart_in_the_graph():
+    """Audit 31 D1b: a fan's samples and the greedy flip all read "⇄ #2 reasoner ' c'" on their edges. Each
+    gets its sampling and the token where it parts from its nearest such sibling; the graph's short label
+    keeps that part in view."""
+    from core.views.presentation import short_label, sibling_labels, switch_text
+
+    greedy = _child("a b c d e f", "g", 0.0)
+    one = _child("a b c d x y", "s1", 0.8)
+    two = _child("a b c d x z", "s2", 0.8)
+    other = _child("a b c q", "o", 0.0, parent="elsewhere")  # the same switch under another parent: alone
+    kids = [greedy, one, two, other]
+    labels = {t.key: switch_text(t) for t in kids}
+    assert set(labels.values()) == {"⇄ #2 reasoner ' c'"}
+    told = sibling_labels(labels, kids)
+    assert told == {"g": "⇄ #2 reasoner ' c' · greedy · #4 ' e'", "s1": "⇄ #2 reasoner ' c' · T 0.8 · #5 ' y'",
+                    "s2": "⇄ #2 reasoner ' c' · T 0.8 · #5 ' z'", "o": "⇄ #2 reasoner ' c'"}
+    assert short_label(told["s1"]) == "⇄ #2 reasoner ' c…" + " · #5 ' y'"
+    assert len({short_label(told[k]) for k in ("g", "s1", "s2")}) == 3
+    assert short_label("⇄ #2 reasoner ' c'") == "⇄ #2 reasoner ' c'"  # short enough: as it is
+    assert short_label("x" * 40) == "x" * 27 + "…"
+    same = _child("a b c d x z", "s3", 0.8)  # a sample with another's tokens (another key)
+    assert sibling_labels(labels | {"s3": labels["s2"]}, [one, two, same])["s3"].endswith(
+        "· T 0.8 · the same tokens as a sibling")
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,6 +286,46 @@ def branch_token_text(trace: Trace, decode: Callable[[int], str] | None = None) 
         end += 1
     text = "".join(decode(int(trace.token_ids[p])) if decode is not None else trace.tokens[p] for p in range(pos, end))
     return f"{who} {text!r}" + (f" ({end - pos} tokens)" if end - pos > 1 else "")
+
+
+def sibling_labels(labels: dict[str, str], children: Sequence[Trace]) -> dict[str, str]:
+    """`labels` (trace key -> what it changed against its parent, `branch_token_text`) with siblings told apart:
+    where two or more children of one parent read alike (a fan's samples beside the greedy flip: each
+    "⇄ #15 reasoner ' divide'"), each gets its sampling and the token where it parts from its nearest such
+    sibling: "⇄ #15 reasoner ' divide' · T 0.8 · #23 ' by'" (greedy: "· greedy · #23 ' so'")."""
+    groups: dict[tuple[Any, str], list[Trace]] = {}
+    for child in children:
+        label = labels.get(child.key) or ""
+        if label and child.meta.get("parent"):
+            groups.setdefault((child.meta["parent"], label), []).append(child)
+    out = dict(labels)
+    for (_, label), alike in groups.items():
+        if len(alike) < 2:
+            continue
+        for child in alike:
+            parts = [first_difference(child, other) for other in alike if other is not child]
+            where = None if None in parts else max(parts)  # None: another has its very tokens
+            temperature = float((child.meta.get("sampling") or {}).get("temperature") or 0.0)
+            how = f"T {temperature:g}" if temperature > 0 else "greedy"
+            if where is None:
+                part = "the same tokens as a sibling"
+            elif where < len(child):
+                part = f"#{where} {child.tokens[where]!r}"
+            else:
+                part = f"ends at #{where}"
+            out[child.key] = f"{label} · {how} · {part}"
+    return out
+
+
+def short_label(label: str, width: int = 28) -> str:
+    """`label` in at most about `width` characters for a graph: cut at the end, or, when its last " · " part is
+    short (what tells siblings apart, `sibling_labels`), cut before that part so it stays in view."""
+    if len(label) <= width:
+        return label
+    head, sep, last = label.rpartition(" · ")
+    if sep and len(last) <= width // 2:
+        return head[: width - len(last) - 4].rstrip() + "… · " + last
+    return label[: width - 1] + "…"
 
 
 # -- branches: where two traces part, slices and token diffs -------------------------------------------------------------------------------------
