@@ -1120,7 +1120,7 @@ def test_a_fan_whose_samples_all_repeat_the_trace_says_so(env, monkeypatch):
 
     at = env.open()
     _branch_from(at, 2)
-    monkeypatch.setattr(actions, "run_fan", lambda *a, **k: [])
+    monkeypatch.setattr(actions, "run_fan", lambda *a, **k: ([], set()))
     at.number_input(key="fan_n").set_value(2).run()
     at.button(key="fan_go").click().run()
     _ok(at)
@@ -1312,3 +1312,30 @@ def test_typed_text_of_one_token_reads_as_typed(env):
     at.run()
     assert any("**Token #4** · forced by you" == t for t in _texts(at.markdown))
 
+
+def test_a_fan_drawn_again_says_its_samples_were_stored_already_and_its_edges_differ(env):
+    """Audit 31: a second fan from the same token (the same seeded samples) said "2 alternatives ... stored"
+    with no new file; and every sample's edge in the branch graph read like the greedy flip's."""
+    from app.branch_panels import COLS_KEY
+
+    at = env.open()
+    parent = at.session_state["trace_key"]
+    _branch_from(at, 2)
+    at.button(key="takeover_reason").click().run()  # the greedy flip at #2: a sibling of the samples
+    at.number_input(key="fan_n").set_value(2).run()
+    at.button(key="fan_go").click().run()
+    _ok(at)
+    assert any("2 alternatives from token #2 stored: side by side" in t for t in _texts(at.success))
+    files = sorted(p.name for p in Path(env.store).rglob("*") if p.is_file())
+    at.button(key="fan_go").click().run()
+    _ok(at)
+    assert sorted(p.name for p in Path(env.store).rglob("*") if p.is_file()) == files  # nothing new written
+    assert any("2 alternatives from token #2, all already stored" in t for t in _texts(at.success))
+    kids = at.session_state[COLS_KEY]["keys"]
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    fig = next(f for f in figs if any(d.get("name") in ("correct", "wrong", "ungraded") for d in f["data"]))
+    edges = [t for d in fig["data"] if d.get("mode") == "text" for t in d.get("hovertext", [])]
+    shown = [t for d in fig["data"] if d.get("mode") == "text" for t in d.get("text", [])]
+    assert len(edges) == 3 and len(set(edges)) == 3 and len(set(shown)) == 3, edges  # greedy flip + 2 samples
+    assert sum(" · T 0.8 · #" in t for t in edges) == 2 and sum(" · greedy · #" in t for t in edges) == 1, edges
+    assert at.session_state[COLS_KEY] == {"parent": parent, "keys": kids} and len(kids) == 2

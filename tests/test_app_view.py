@@ -526,3 +526,20 @@ def test_siblings_that_read_alike_are_told_apart_in_the_graph():
     assert sibling_labels(labels | {"s3": labels["s2"]}, [one, two, same])["s3"].endswith(
         "· T 0.8 · the same tokens as a sibling")
 
+
+def test_outcome_and_who_wrote_read_naturally():
+    """Audit 31 wording: "1 takeovers" in the outcome line; "emitted by forced" in the selection panel."""
+    import dataclasses
+
+    from core.views.presentation import outcome_line, who_wrote
+
+    trace = make_trace(text="a b c d e f", seed=1, reason_share=0.0)
+    source = np.array(["base"] * len(trace), dtype=object)
+    source[1] = "reason"
+    source[3:5] = "forced"
+    one = dataclasses.replace(trace, source=source, meta={**trace.meta, "typed": {"3": 1}})
+    assert " · 1 takeover · ρ = 0.167" in outcome_line(one)
+    two = dataclasses.replace(one, source=np.array(["reason", "reason", *source[2:]], dtype=object))
+    assert " · 2 takeovers · ρ = 0.333" in outcome_line(two)
+    assert [who_wrote(one, p) for p in (0, 1, 3, 4)] == [
+        "emitted by base", "emitted by reason (a takeover)", "typed by you", "forced by you"]

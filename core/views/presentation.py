@@ -226,7 +226,8 @@ def outcome_line(trace: Trace) -> str:
     verdict = "✓ correct" if correct is True else "✗ wrong" if correct is False else "– ungraded"
     shown = "(none)" if answer is None else str(answer) if len(str(answer)) <= 60 else str(answer)[:59] + "…"
     n, takeovers = len(trace), trace.n_takeovers
-    return f"{verdict} · answer: {shown} · {takeovers} takeovers · ρ = {takeovers / n if n else 0.0:.3f}"
+    return (f"{verdict} · answer: {shown} · {takeovers} takeover{'' if takeovers == 1 else 's'} · "
+            f"ρ = {takeovers / n if n else 0.0:.3f}")
 
 
 def who_wrote(trace: Trace, pos: int) -> str:
