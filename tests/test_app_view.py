@@ -491,40 +491,45 @@ def test_figures_built_unvalidated_are_what_plotlys_validation_makes_of_their_sp
     assert {d.name for d in fast.data} >= {"correct", "wrong"} and fast.layout.template.layout.paper_bgcolor == "white"
 
 
-def _child(text: str, key: str, temperature: float, parent: str = "p") -> "Trace":
-    """A fake fan child of `parent`: switch {2: reason} recorded, `text` its response."""
+def _child(text: str, key: str, temperature: float, parent: str = "p", sample: int | None = None) -> "Trace":
+    """A fake child of `parent`: switch {2: reason} recorded, `text` its response; a fan's `sample` index."""
     import dataclasses
 
     trace = make_trace(text=text, seed=1)
-    return dataclasses.replace(trace, meta={**trace.meta, "key": key, "parent": parent, "branch_pos": 2,
-                                            "sampling": {"temperature": temperature},
-                                            "switched": [{"pos": 2, "to": "reason", "from": "base"}],
-                                            "switches": {"2": "reason"}, "typed": {}})
+    meta = {**trace.meta, "key": key, "parent": parent, "branch_pos": 2, "switches": {"2": "reason"}, "typed": {},
+            "sampling": {"temperature": temperature, "seed": 7 + (sample or 0)},
+            "switched": [{"pos": 2, "to": "reason", "from": "base"}]}
+    return dataclasses.replace(trace, meta=meta | ({} if sample is None else {"fan": {"sample": sample}}))
 
 
 def test_siblings_that_read_alike_are_told_apart_in_the_graph():
-    """Audit 31 D1b: a fan's samples and the greedy flip all read "⇄ #2 reasoner ' c'" on their edges. Each
-    gets its sampling and the token where it parts from its nearest such sibling; the graph's short label
-    keeps that part in view."""
+    """Audit 31 D1b: a fan's samples and the greedy flip all read "⇄ #2 reasoner ' c'" on their edges (on the
+    demo pair the samples' texts were the greedy one's too). Each gets the token where it parts from its nearest
+    such sibling, or which one it repeats, and which draw it is; the graph's short label keeps those in view."""
     from core.views.presentation import short_label, sibling_labels, switch_text
 
     greedy = _child("a b c d e f", "g", 0.0)
-    one = _child("a b c d x y", "s1", 0.8)
-    two = _child("a b c d x z", "s2", 0.8)
+    one = _child("a b c d x y", "s1", 0.8, sample=0)
+    two = _child("a b c d x z", "s2", 0.8, sample=1)
+    three = _child("a b c d e f", "s3", 0.8, sample=2)  # the greedy text again
+    old = _child("a b c d x z", "s4", 0.8)  # a sample stored before fans named their draws: its seed
     other = _child("a b c q", "o", 0.0, parent="elsewhere")  # the same switch under another parent: alone
-    kids = [greedy, one, two, other]
+    kids = [greedy, one, two, three, old, other]
     labels = {t.key: switch_text(t) for t in kids}
     assert set(labels.values()) == {"⇄ #2 reasoner ' c'"}
     told = sibling_labels(labels, kids)
-    assert told == {"g": "⇄ #2 reasoner ' c' · greedy · #4 ' e'", "s1": "⇄ #2 reasoner ' c' · T 0.8 · #5 ' y'",
-                    "s2": "⇄ #2 reasoner ' c' · T 0.8 · #5 ' z'", "o": "⇄ #2 reasoner ' c'"}
-    assert short_label(told["s1"]) == "⇄ #2 reasoner ' c…" + " · #5 ' y'"
-    assert len({short_label(told[k]) for k in ("g", "s1", "s2")}) == 3
+    assert told == {"g": "⇄ #2 reasoner ' c' · same text as sample 3 · greedy",
+                    "s1": "⇄ #2 reasoner ' c' · #5 ' y' · sample 1",
+                    "s2": "⇄ #2 reasoner ' c' · same text as seed 7 · sample 2",
+                    "s3": "⇄ #2 reasoner ' c' · same text as greedy · sample 3",
+                    "s4": "⇄ #2 reasoner ' c' · same text as sample 2 · seed 7",
+                    "o": "⇄ #2 reasoner ' c'"}
+    shown = {k: short_label(v) for k, v in told.items()}
+    assert shown["s1"] == "⇄ #2 r… · #5 ' y' · sample 1" and shown["s3"] == "⇄ #2 reasoner '… · sample 3"
+    assert len(set(shown.values())) == len(shown), shown  # every edge shows its own label
+    assert all(len(v) <= 30 for v in shown.values()), shown
     assert short_label("⇄ #2 reasoner ' c'") == "⇄ #2 reasoner ' c'"  # short enough: as it is
     assert short_label("x" * 40) == "x" * 27 + "…"
-    same = _child("a b c d x z", "s3", 0.8)  # a sample with another's tokens (another key)
-    assert sibling_labels(labels | {"s3": labels["s2"]}, [one, two, same])["s3"].endswith(
-        "· T 0.8 · the same tokens as a sibling")
 
 
 def test_outcome_and_who_wrote_read_naturally():

@@ -363,6 +363,7 @@ def test_a_fan_is_n_sampled_children_each_the_single_call_of_its_seed(pair, guid
         alone = core.takeover(pair, guided, {p: "reason"}, temperature=0.8, seed=s)
         assert alone.key == child.key and _tokens(alone) == _tokens(child)
         assert child.meta["sampling"]["temperature"] == 0.8 and child.meta["sampling"]["seed"] == s
+    assert [c.meta["fan"] for c in fan] == [{"sample": i} for i in range(4)]  # which draw: a label, not the key
     CACHES.clear()
     again = core.takeover(pair, guided, {p: "reason"}, samples=4, temperature=0.8, seed=11)
     assert [c.key for c in again] == [c.key for c in fan] and [_tokens(c) for c in again] == [_tokens(c) for c in fan]

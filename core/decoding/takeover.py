@@ -372,7 +372,8 @@ def takeover(pair: ModelPair, trace: Trace, at: dict[Any, Any], *, then: str | P
     ancestor give the same store key. A switch that changes no token gives the parent itself (same key,
     nothing stored). `samples=n` gives a list of n sampled children (one batch; row i is the single call with
     `seed=sample_seeds(seed or the parent's, first, n)[i]`, so a sample that draws the parent's tokens is the
-    parent), at `temperature` (default `fan_temperature`).
+    parent; it records `meta["fan"] = {"sample": i}`, outside the key), at `temperature` (default
+    `fan_temperature`).
     `on_trace` sees each new child before it goes into `store`; `on_token(pos, token_id, source)` each new
     token as it is decided (streaming).
     """
@@ -390,9 +391,10 @@ def takeover(pair: ModelPair, trace: Trace, at: dict[Any, Any], *, then: str | P
     temp = fan_temperature(trace, temperature)
     base_seed = child_sampling(trace, seed=seed).seed
     kids, sampling = [], None
-    for s in sample_seeds(base_seed, first, int(samples)):
+    for i, s in enumerate(sample_seeds(base_seed, first, int(samples))):
         sampling = child_sampling(trace, max_new_tokens=max_new_tokens, temperature=temp, seed=s, pos=first)
         kids.append(_child(pair, trace, first, at, plan, sampling, typed))
+        kids[-1].row.meta["fan"] = {"sample": i}  # which draw (its seed's index), outside the key: a label
     return decode_children(pair, trace, kids, plan, sampling, store=store, on_trace=on_trace,  # type: ignore[return-value]
                            no_op=True, lookahead=lookahead, progress=progress, should_stop=should_stop)
 

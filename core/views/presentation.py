@@ -292,8 +292,9 @@ def branch_token_text(trace: Trace, decode: Callable[[int], str] | None = None) 
 def sibling_labels(labels: dict[str, str], children: Sequence[Trace]) -> dict[str, str]:
     """`labels` (trace key -> what it changed against its parent, `branch_token_text`) with siblings told apart:
     where two or more children of one parent read alike (a fan's samples beside the greedy flip: each
-    "⇄ #15 reasoner ' divide'"), each gets its sampling and the token where it parts from its nearest such
-    sibling: "⇄ #15 reasoner ' divide' · T 0.8 · #23 ' by'" (greedy: "· greedy · #23 ' so'")."""
+    "⇄ #15 reasoner ' divide'"), each gets the token where it parts from its nearest such sibling (or which
+    one it repeats) and which draw it is (`draw_name`): "⇄ #15 reasoner ' divide' · #23 ' by' · sample 2",
+    "… · same text as greedy · sample 3"."""
     groups: dict[tuple[Any, str], list[Trace]] = {}
     for child in children:
         label = labels.get(child.key) or ""
@@ -304,29 +305,41 @@ def sibling_labels(labels: dict[str, str], children: Sequence[Trace]) -> dict[st
         if len(alike) < 2:
             continue
         for child in alike:
-            parts = [first_difference(child, other) for other in alike if other is not child]
-            where = None if None in parts else max(parts)  # None: another has its very tokens
-            temperature = float((child.meta.get("sampling") or {}).get("temperature") or 0.0)
-            how = f"T {temperature:g}" if temperature > 0 else "greedy"
-            if where is None:
-                part = "the same tokens as a sibling"
-            elif where < len(child):
-                part = f"#{where} {child.tokens[where]!r}"
+            others = [o for o in alike if o is not child]
+            parts = [first_difference(child, other) for other in others]
+            if None in parts:  # another has its very tokens
+                part = f"same text as {draw_name(others[parts.index(None)])}"
             else:
-                part = f"ends at #{where}"
-            out[child.key] = f"{label} · {how} · {part}"
+                where = max(parts)  # d: int
+                part = f"#{where} {child.tokens[where]!r}" if where < len(child) else f"ends at #{where}"
+            out[child.key] = f"{label} · {part} · {draw_name(child)}"
     return out
 
 
+def draw_name(trace: Trace) -> str:
+    """Which draw a child is: "greedy", "sample 2" (a fan's, `meta["fan"]`), else its sampling seed."""
+    sampling = trace.meta.get("sampling") or {}
+    if not float(sampling.get("temperature") or 0.0) > 0:
+        return "greedy"
+    fan = trace.meta.get("fan") or {}
+    if fan.get("sample") is not None:
+        return f"sample {int(fan['sample']) + 1}"
+    return f"seed {sampling.get('seed')}"
+
+
 def short_label(label: str, width: int = 28) -> str:
-    """`label` in at most about `width` characters for a graph: cut at the end, or, when its last " · " part is
-    short (what tells siblings apart, `sibling_labels`), cut before that part so it stays in view."""
+    """`label` in about `width` characters for a graph: its last " · " parts kept whole while they fit (what
+    tells siblings apart, `sibling_labels`) and the head cut before them, else cut at the end."""
     if len(label) <= width:
         return label
-    head, sep, last = label.rpartition(" · ")
-    if sep and len(last) <= width // 2:
-        return head[: width - len(last) - 4].rstrip() + "… · " + last
-    return label[: width - 1] + "…"
+    head = label.split(" · ")
+    tail: list[str] = []
+    while len(head) > 1 and len(" · ".join([head[-1], *tail])) <= width - 8:
+        tail.insert(0, head.pop())
+    if not tail:
+        return label[: width - 1] + "…"
+    kept = " · ".join(tail)
+    return " · ".join(head)[: width - len(kept) - 4].rstrip() + "… · " + kept
 
 
 # -- branches: where two traces part, slices and token diffs -------------------------------------------------------------------------------------
