@@ -119,7 +119,8 @@ def branch_graph_spec(nodes: list, labels: dict[str, str], open_key: str | None)
                        "symbol": ["square" if n.folded else "circle" for n in group],
                        "line": {"width": [4 if n.key == open_key else 1 for n in group],
                                 "color": ["#f59e0b" if n.key == open_key else "white" for n in group]}},
-            "hovertext": [f"{labels.get(n.key) or 'root'} · {n.n_tokens} tokens · {n.n_takeovers} takeovers"
+            "hovertext": [f"{labels.get(n.key) or 'root'} · {n.n_tokens} tokens · {n.n_takeovers} takeover"
+                          + ("" if n.n_takeovers == 1 else "s")
                           + (f" · {n.folded} traces folded under it" if n.folded else "")
                           + (" · open" if n.key == open_key else "") + f" · {n.key[:8]}" for n in group],
             "hoverinfo": "text"})  # fmt: skip

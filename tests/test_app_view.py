@@ -548,3 +548,15 @@ def test_outcome_and_who_wrote_read_naturally():
     assert " · 2 takeovers · ρ = 0.333" in outcome_line(two)
     assert [who_wrote(one, p) for p in (0, 1, 3, 4)] == [
         "emitted by base", "emitted by reason (a takeover)", "typed by you", "forced by you"]
+
+
+def test_a_graph_node_with_one_takeover_says_takeover():
+    """Audit 31 wording: a node's hover read "1 takeovers"."""
+    from app.figures import branch_graph_spec
+    from core.views.branch_graph import GraphNode
+
+    nodes = [GraphNode("r", 0, 0.0, None, None, 9, None, 0, 0), GraphNode("a", 1, 0.0, "r", 2, 9, True, 1, 0),
+             GraphNode("b", 1, 1.0, "r", 3, 9, False, 2, 0)]
+    tips = [t for d in branch_graph_spec(nodes, {"a": "⇄ #2 reasoner ' x'"}, "r")["data"] if d.get("customdata")
+            for t in d["hovertext"]]
+    assert sorted(t.split(" · ")[2] for t in tips) == ["0 takeovers", "1 takeover", "2 takeovers"], tips
