@@ -61,17 +61,24 @@ FAN_MAX = 3  # alternatives side by side with the open trace (the comparison sho
 
 
 def run_fan(pair: core.ModelPair, store: TraceStore, parent: Trace, pos: int, n: int, temperature: float,
-            then: str = "policy", progress: Progress | None = None) -> list[Trace]:
+            then: str = "policy", progress: Progress | None = None) -> tuple[list[Trace], set[str]]:
     """n sampled alternatives from token `pos` on (the reasoner writes `pos`, `then` the rest), each graded and
-    stored: core.takeover(samples=n) decodes them in one batch (a sample that redraws the parent is left out)."""
+    stored: core.takeover(samples=n) decodes them in one batch (a sample that redraws the parent is left out).
+    Returns them and the keys of those made now (the others were in the store already)."""
     if not 1 <= int(n) <= FAN_MAX:
         raise InvalidInputError(f"Alternatives: 1..{FAN_MAX}, got {n}")
     if not float(temperature) > 0:
         raise InvalidInputError(f"Alternatives need a temperature above 0 (they are sampled), got {temperature}")
     at = {int(pos): "reason"}
+    new: set[str] = set()
+
+    def seen(child: Trace) -> None:  # the kernel shows each new child here once, before storing it
+        new.add(child.key)
+        grade_trace(child)
+
     made = takeover(pair, parent, at, then=then, samples=int(n), temperature=float(temperature), store=store,
-                    on_trace=grade_trace, progress=progress)  # one engine batch; a sample with the parent's tokens is the parent
-    return [graded_put(store, t) for t in made if t.key != parent.key]
+                    on_trace=seen, progress=progress)  # one engine batch; a sample with the parent's tokens is the parent
+    return [graded_put(store, t) for t in made if t.key != parent.key], new
 
 
 def run_generate(pair: core.ModelPair, store: TraceStore, problems: Sequence[Problem], policy: Policy, *,

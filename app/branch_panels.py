@@ -23,6 +23,7 @@ from core.views.heatmap import heatmap_css, legend_html, tokens_html
 from core.views.presentation import (
     branch_token_text,
     first_difference,
+    sibling_labels,
     tail,
     token_diff,
     tree_rows,
@@ -30,6 +31,7 @@ from core.views.presentation import (
 
 MAX_COLUMNS = 4  # the open trace and up to three others
 COLS_KEY = "cmp_cols"  # {"parent": open key, "keys": [trace keys]}: traces picked to sit beside the open one
+PICKED_KEY = "cmp_picked"  # set by the multiselect's on_change: the page reruns to draw the new columns
 MIN_COLUMN_PX = 220  # a narrower column wraps every other word: more columns than fit scroll sideways instead
 COMPARE_CSS = """
 .fp-cmp-grid { display: grid; gap: 0 10px; max-height: 460px; overflow: auto; border: 1px solid #e5e7eb;
@@ -193,9 +195,26 @@ def edge_label(ctx: Context, key: str) -> str:
         child = resources.load_trace(ctx.settings.store_path, key)
     except ForkpointError:
         return ""
+    return _edge_label(ctx, child)
+
+
+def _edge_label(ctx: Context, child: Trace) -> str:
     if not child.meta.get("parent"):
         return ""
     return branch_token_text(child, resources.decoder(ctx.pair, child)) or f"branch @ {child.meta.get('branch_pos')}"
+
+
+def edge_labels(ctx: Context, keys: list[str]) -> dict[str, str]:
+    """`edge_label` of each stored trace of `keys`, siblings that read alike told apart (`sibling_labels`: a
+    fan's samples)."""
+    children = []
+    for key in keys:
+        try:
+            children.append(resources.load_trace(ctx.settings.store_path, key))
+        except ForkpointError:
+            continue
+    labels = {key: "" for key in keys} | {child.key: _edge_label(ctx, child) for child in children}
+    return sibling_labels(labels, children)
 
 
 def graph_panel(ctx: Context, trace: Trace) -> None:
@@ -215,16 +234,19 @@ def graph_panel(ctx: Context, trace: Trace) -> None:
                                                              "a square with the number of traces under it; click it to "
                                                              "open it and unfold its path.")
         nodes = graph_layout(tree, trace.key, fold=fold)
-        labels = {n.key: edge_label(ctx, n.key) for n in nodes}
+        labels = edge_labels(ctx, [n.key for n in nodes])
         keys = [node["key"] for _, node in rows if node["key"] != trace.key]
+        pick_key = f"cmp_pick_{trace.key}"
         picked = ss.get(COLS_KEY) or {}
-        chosen = c1.multiselect(
-            "Side by side with the open trace (up to 3)", keys, max_selections=MAX_COLUMNS - 1,
-            default=[k for k in picked.get("keys", []) if k in keys] if picked.get("parent") == trace.key else [],
-            format_func=lambda k: f"{k[:8]} · {labels.get(k) or edge_label(ctx, k) or 'root'}",
-            key=f"cmp_pick_{trace.key}")
-        if chosen != (picked.get("keys") if picked.get("parent") == trace.key else []):
-            ss[COLS_KEY] = {"parent": trace.key, "keys": list(chosen)}
+        shown = [k for k in picked.get("keys") or [] if k in keys] if picked.get("parent") == trace.key else []
+        # COLS_KEY is the one record of the columns; the widget mirrors it. Set elsewhere (a fan, Close the
+        # comparison), it must reach a widget drawn before: a widget's `default` counts only on its first draw
+        if ss.get(pick_key) != shown:
+            ss[pick_key] = shown
+        c1.multiselect("Side by side with the open trace (up to 3)", keys, max_selections=MAX_COLUMNS - 1,
+                       format_func=lambda k: f"{k[:8]} · {labels.get(k) or edge_label(ctx, k) or 'root'}",
+                       key=pick_key, on_change=_on_pick, args=(trace.key, pick_key))
+        if ss.pop(PICKED_KEY, False):  # the user's pick: the token view (another fragment) draws the columns
             st.rerun()
         st.caption("Node colour: green correct, red wrong, grey ungraded · the number in a node: its takeovers · "
                    "the ringed node is open · click a node to open it.")
@@ -233,6 +255,13 @@ def graph_panel(ctx: Context, trace: Trace) -> None:
         st.plotly_chart(branch_graph_figure(nodes, labels, trace.key), key=graph_key,
                         on_select=partial(_on_node, graph_key, trace), selection_mode="points",
                         config={"displayModeBar": False})
+
+
+def _on_pick(parent: str, pick_key: str) -> None:
+    """The user changed the side-by-side multiselect: its value becomes the columns (COLS_KEY)."""
+    ss = st.session_state
+    ss[COLS_KEY] = {"parent": parent, "keys": list(ss.get(pick_key) or [])}
+    ss[PICKED_KEY] = True
 
 
 def _on_node(graph_key: str, trace: Trace) -> None:

@@ -68,8 +68,8 @@ def _run_fan(ctx: Context, job: dict, box, progress) -> bool:
     ss = st.session_state
     try:
         parent = resources.load_trace(ctx.settings.store_path, job["parent"])
-        kids = actions.run_fan(ctx.pair, ctx.store, parent, job["pos"], job["n"], job["temperature"],
-                               then=job.get("then", "policy"), progress=progress)
+        kids, new = actions.run_fan(ctx.pair, ctx.store, parent, job["pos"], job["n"], job["temperature"],
+                                    then=job.get("then", "policy"), progress=progress)
     except ForkpointError as err:
         ss["pending"] = None
         box.error(f"Could not make the alternatives: {md_escape(err, 400)}")
@@ -85,8 +85,18 @@ def _run_fan(ctx: Context, job: dict, box, progress) -> bool:
         return True
     ss[COLS_KEY] = {"parent": parent.key, "keys": keys}
     same = job["n"] - len(keys)
-    state.notice("success", f"{len(keys)} alternatives from token #{job['pos']} stored: side by side below the text "
-                            "and as siblings in the branch graph."
+    state.notice("success", f"{fan_stored(len(keys), sum(k in new for k in keys), job['pos'])}: side by side below the "
+                            "text and as siblings in the branch graph."
                             + (f" {same} of the {job['n']} samples repeated the open trace or another sample." if same
                                else ""))
     return True
+
+
+def fan_stored(n: int, new: int, pos: int) -> str:
+    """How many of a fan's `n` alternatives were made now (`new`) and how many were in the store already."""
+    what = f"{n} alternative{'' if n == 1 else 's'} from token #{pos}"
+    if new == n:
+        return f"{what} stored"
+    if new == 0:
+        return f"{what}, {'it' if n == 1 else 'all'} already stored (the same samples were drawn before)"
+    return f"{what}: {new} new, {n - new} already stored"

@@ -10,6 +10,7 @@ import plotly.io as pio
 
 from core.scoring.registry import METRICS, metric_label, score_label, score_values
 from core.trace import Trace
+from core.views.presentation import short_label
 
 
 def nice_axis(values: np.ndarray, ticks: int = 4) -> dict:
@@ -97,7 +98,7 @@ def branch_graph_spec(nodes: list, labels: dict[str, str], open_key: str | None)
             mx.append((p.depth + n.depth) / 2)
             my.append(n.row)
             label = labels.get(n.key, "")
-            mtext.append(label if len(label) <= 28 else label[:27] + "…")
+            mtext.append(short_label(label))
             mtip.append(label)
     data = [
         {"type": "scatter", "x": ex, "y": ey, "mode": "lines", "line": {"color": "#cbd5e1", "width": 1.5},
@@ -118,7 +119,8 @@ def branch_graph_spec(nodes: list, labels: dict[str, str], open_key: str | None)
                        "symbol": ["square" if n.folded else "circle" for n in group],
                        "line": {"width": [4 if n.key == open_key else 1 for n in group],
                                 "color": ["#f59e0b" if n.key == open_key else "white" for n in group]}},
-            "hovertext": [f"{labels.get(n.key) or 'root'} · {n.n_tokens} tokens · {n.n_takeovers} takeovers"
+            "hovertext": [f"{labels.get(n.key) or 'root'} · {n.n_tokens} tokens · {n.n_takeovers} takeover"
+                          + ("" if n.n_takeovers == 1 else "s")
                           + (f" · {n.folded} traces folded under it" if n.folded else "")
                           + (" · open" if n.key == open_key else "") + f" · {n.key[:8]}" for n in group],
             "hoverinfo": "text"})  # fmt: skip

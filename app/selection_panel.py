@@ -12,7 +12,7 @@ from app.view import md_code
 from core.scoring.registry import metric_label, score_label, score_values
 from core.trace import SIDES, Trace
 from core.views.heatmap import grapheme_start
-from core.views.presentation import both_probs, fmt_num, fmt_prob, prob_at, takeover_choices
+from core.views.presentation import both_probs, fmt_num, fmt_prob, prob_at, takeover_choices, who_wrote
 
 VOCAB_MATCHES = 50  # most vocabulary matches offered by the force-a-token search
 BRANCH_TOOLS = "branch_tools"  # session key of the "Branch from here" toggle (flip and edit mode)
@@ -47,7 +47,7 @@ def selection_panel(ctx: Context, trace: Trace, sel: int | None) -> None:
     decode = resources.decoder(ctx.pair, trace)
     mode = ctx.settings.prob_mode
     m = trace.metrics
-    st.markdown(f"**Token #{sel}** · emitted by **{trace.source[sel]}**")
+    st.markdown(f"**Token #{sel}** · {who_wrote(trace, sel)}")
     st.markdown(md_code(repr(trace.tokens[sel]), 200))  # not st.code: its highlighter took a third of a redraw
     first = grapheme_start(trace.tokens, sel)
     if first != sel:

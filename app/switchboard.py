@@ -20,6 +20,7 @@ from app.view import md_escape
 from core.decoding.takeover import switches_in_force
 from core.errors import ForkpointError
 from core.instruments.ablation import ablate_takeovers
+from core.record.typed import typed_runs
 from core.trace import Trace
 from core.views.token_payload import stream_html, stream_prefix
 
@@ -260,11 +261,12 @@ def matter_strip(trace: Trace) -> None:
     st.html("<div>Takeovers switched off one by one: " + "".join(chips) + "</div>")
 
 
-def _runs(current: dict[int, int | str]) -> list[list[int]]:
-    """The switches in force as rows: a run of forced tokens at consecutive positions (typed text) is one row."""
+def _runs(current: dict[int, int | str], typed: dict[int, int]) -> list[list[int]]:
+    """The switches in force as rows: a typed run (`typed`, core.record.typed: text the user typed, one token
+    or many) is one row, every other switch a row of its own."""
     rows: list[list[int]] = []
     for p in sorted(current):
-        if rows and isinstance(current[p], int) and isinstance(current[rows[-1][-1]], int) and p == rows[-1][-1] + 1:
+        if rows and rows[-1][0] in typed and p < rows[-1][0] + typed[rows[-1][0]]:
             rows[-1].append(p)
         else:
             rows.append([p])
@@ -276,13 +278,14 @@ def switch_list(trace: Trace) -> None:
     current = switches_in_force(trace)
     if not current:
         return
-    rows = _runs(current)
+    typed = typed_runs(trace)
+    rows = _runs(current, typed)
     with st.container(border=True):
         st.markdown(f"**Switches** ({len(rows)}) · then {THEN_LABELS.get(st.session_state.get('sw_then', 'policy'))}")
         for run in rows:
             p, what = run[0], current[run[0]]
             text = "".join(trace.tokens[q] for q in run if q < len(trace))
-            if len(run) > 1:
+            if p in typed:
                 label = f"✎ #{p} {text!r}"
             else:
                 label = f"⇄ #{p} → {'reasoner' if what == 'reason' else 'base' if what == 'base' else repr(text) if p < len(trace) else what}"

@@ -1139,7 +1139,7 @@ def test_a_fan_whose_samples_all_repeat_the_trace_says_so(env, monkeypatch):
 
     at = env.open()
     _branch_from(at, 2)
-    monkeypatch.setattr(actions, "run_fan", lambda *a, **k: [])
+    monkeypatch.setattr(actions, "run_fan", lambda *a, **k: ([], set()))
     at.number_input(key="fan_n").set_value(2).run()
     at.button(key="fan_go").click().run()
     _ok(at)
@@ -1271,3 +1271,90 @@ def test_any_fragment_run_that_drops_the_first_runs_unsent_deltas_leaves_a_page_
     for n in range(1, len(fragments) + 1):
         for dropped in combinations(fragments, n):
             assert _applies_in_order([p for p, f in deltas if f not in dropped]), dropped
+
+
+def test_a_fan_on_a_trace_with_a_tree_sits_side_by_side(env):
+    """Defect D1 (audit 31): on a trace that already had a branch, the side-by-side multiselect kept its old
+    empty value and the graph panel overwrote the fan's columns with it: no columns after the fan."""
+    from app.branch_panels import COLS_KEY
+
+    at = env.open()
+    parent = at.session_state["trace_key"]
+    _branch_from(at, 2)
+    at.button(key="takeover_reason").click().run()  # a first child: the branch tree (and its multiselect) is drawn
+    at.button(key="close_compare").click().run()
+    _ok(at)
+    assert at.multiselect(key=f"cmp_pick_{parent}").value == []
+    at.number_input(key="fan_n").set_value(2).run()
+    at.button(key="fan_go").click().run()
+    _ok(at)
+    picked = at.session_state[COLS_KEY]
+    assert picked["parent"] == parent and len(picked["keys"]) == 2
+    assert at.multiselect(key=f"cmp_pick_{parent}").value == picked["keys"]
+    heads = sum(str(h.proto.body).count("class='fp-cmp-head'") for h in at.get("html"))
+    assert heads == 3  # the open trace and the two alternatives
+    # the user's later choice in the multiselect still sets the columns
+    at.multiselect(key=f"cmp_pick_{parent}").set_value(picked["keys"][:1]).run()
+    _ok(at)
+    assert at.session_state[COLS_KEY] == {"parent": parent, "keys": picked["keys"][:1]}
+    assert sum(str(h.proto.body).count("class='fp-cmp-head'") for h in at.get("html")) == 2
+
+
+def test_typed_text_of_one_token_reads_as_typed(env):
+    """Audit 31 D5: one typed token read "⇄ #2 → ' x'" in the Switches list (and "forced" on its edge), and the
+    selection panel said "emitted by forced"; a token chosen from the top-k keeps its own label."""
+    from core import load_pair
+
+    pair = load_pair(*env.argv[1:4:2], device="cpu")
+    word = next(w for w in (" The", " the", " a", "a", "1", "=") if len(pair.encode(w)) == 1)
+    at = env.open()
+    at.session_state["switch_job"] = {"pos": 2, "text": word}
+    at.run()
+    _ok(at)
+    typed = TraceStore(env.store).get(at.session_state["trace_key"])
+    assert typed.meta["typed"] == {"2": 1}
+    shown = [t.label for t in at.toggle if (t.key or "").startswith(f"sw_{typed.key}_")]
+    assert shown == [f"✎ #2 {typed.tokens[2]!r}"]
+    at.session_state["sel_pos"] = 2
+    at.run()
+    assert any("**Token #2** · typed by you" == t for t in _texts(at.markdown))
+    # a token chosen from the top-k (one id) after it: a forced token, with its own row
+    chosen = next(int(i) for i in typed.topk["base"][0][4] if int(i) != int(typed.token_ids[4]))
+    at.session_state["switch_job"] = {"pos": 4, "token": chosen}
+    at.run()
+    _ok(at)
+    child = TraceStore(env.store).get(at.session_state["trace_key"])
+    assert child.meta["typed"] == {"2": 1}  # the typed token before it stays typed
+    shown = [t.label for t in at.toggle if (t.key or "").startswith(f"sw_{child.key}_")]
+    assert shown == [f"✎ #2 {child.tokens[2]!r}", f"⇄ #4 → {child.tokens[4]!r}"]
+    at.session_state["sel_pos"] = 4
+    at.run()
+    assert any("**Token #4** · forced by you" == t for t in _texts(at.markdown))
+
+
+def test_a_fan_drawn_again_says_its_samples_were_stored_already_and_its_edges_differ(env):
+    """Audit 31: a second fan from the same token (the same seeded samples) said "2 alternatives ... stored"
+    with no new file; and every sample's edge in the branch graph read like the greedy flip's."""
+    from app.branch_panels import COLS_KEY
+
+    at = env.open()
+    parent = at.session_state["trace_key"]
+    _branch_from(at, 2)
+    at.button(key="takeover_reason").click().run()  # the greedy flip at #2: a sibling of the samples
+    at.number_input(key="fan_n").set_value(2).run()
+    at.button(key="fan_go").click().run()
+    _ok(at)
+    assert any("2 alternatives from token #2 stored: side by side" in t for t in _texts(at.success))
+    files = sorted(p.name for p in Path(env.store).rglob("*") if p.is_file())
+    at.button(key="fan_go").click().run()
+    _ok(at)
+    assert sorted(p.name for p in Path(env.store).rglob("*") if p.is_file()) == files  # nothing new written
+    assert any("2 alternatives from token #2, all already stored" in t for t in _texts(at.success))
+    kids = at.session_state[COLS_KEY]["keys"]
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    fig = next(f for f in figs if any(d.get("name") in ("correct", "wrong", "ungraded") for d in f["data"]))
+    edges = [t for d in fig["data"] if d.get("mode") == "text" for t in d.get("hovertext", [])]
+    shown = [t for d in fig["data"] if d.get("mode") == "text" for t in d.get("text", [])]
+    assert len(edges) == 3 and len(set(edges)) == 3 and len(set(shown)) == 3, edges  # greedy flip + 2 samples
+    assert sorted(t.rsplit(" · ", 1)[1] for t in edges) == ["greedy", "sample 1", "sample 2"], edges
+    assert at.session_state[COLS_KEY] == {"parent": parent, "keys": kids} and len(kids) == 2

@@ -443,8 +443,9 @@ def test_typed_text_split_over_byte_level_tokens_is_named_whole():
     trace = make_trace(text="a b c d e f", seed=1, reason_share=0.0)
     tokens = list(trace.tokens)
     tokens[2:5] = ["", "🙂", "!"]
+    # a record made before meta["typed"]: its switches in force (a run of forced ids) say it was typed
     typed = dataclasses.replace(trace, tokens=tokens, meta={**trace.meta, "parent": "x", "switched": [
-        {"pos": p, "to": "forced"} for p in (2, 3, 4)]})
+        {"pos": p, "to": "forced"} for p in (2, 3, 4)], "switches": {str(p): int(trace.token_ids[p]) for p in (2, 3, 4)}})
     assert switch_text(typed, lambda i: "\ufffd") == "✎ #2 '🙂!'"
     assert switch_text(typed, lambda i: "X") == "✎ #2 '🙂!'"
 
@@ -488,3 +489,74 @@ def test_figures_built_unvalidated_are_what_plotlys_validation_makes_of_their_sp
     fast = branch_graph_figure(nodes, labels, "k5")
     assert json.loads(fast.to_json()) == json.loads(validated(branch_graph_spec(nodes, labels, "k5")).to_json())
     assert {d.name for d in fast.data} >= {"correct", "wrong"} and fast.layout.template.layout.paper_bgcolor == "white"
+
+
+def _child(text: str, key: str, temperature: float, parent: str = "p", sample: int | None = None) -> "Trace":
+    """A fake child of `parent`: switch {2: reason} recorded, `text` its response; a fan's `sample` index."""
+    import dataclasses
+
+    trace = make_trace(text=text, seed=1)
+    meta = {**trace.meta, "key": key, "parent": parent, "branch_pos": 2, "switches": {"2": "reason"}, "typed": {},
+            "sampling": {"temperature": temperature, "seed": 7 + (sample or 0)},
+            "switched": [{"pos": 2, "to": "reason", "from": "base"}]}
+    return dataclasses.replace(trace, meta=meta | ({} if sample is None else {"fan": {"sample": sample}}))
+
+
+def test_siblings_that_read_alike_are_told_apart_in_the_graph():
+    """Audit 31 D1b: a fan's samples and the greedy flip all read "⇄ #2 reasoner ' c'" on their edges (on the
+    demo pair the samples' texts were the greedy one's too). Each gets the token where it parts from its nearest
+    such sibling, or which one it repeats, and which draw it is; the graph's short label keeps those in view."""
+    from core.views.presentation import short_label, sibling_labels, switch_text
+
+    greedy = _child("a b c d e f", "g", 0.0)
+    one = _child("a b c d x y", "s1", 0.8, sample=0)
+    two = _child("a b c d x z", "s2", 0.8, sample=1)
+    three = _child("a b c d e f", "s3", 0.8, sample=2)  # the greedy text again
+    old = _child("a b c d x z", "s4", 0.8)  # a sample stored before fans named their draws: its seed
+    other = _child("a b c q", "o", 0.0, parent="elsewhere")  # the same switch under another parent: alone
+    kids = [greedy, one, two, three, old, other]
+    labels = {t.key: switch_text(t) for t in kids}
+    assert set(labels.values()) == {"⇄ #2 reasoner ' c'"}
+    told = sibling_labels(labels, kids)
+    assert told == {"g": "⇄ #2 reasoner ' c' · same text as sample 3 · greedy",
+                    "s1": "⇄ #2 reasoner ' c' · #5 ' y' · sample 1",
+                    "s2": "⇄ #2 reasoner ' c' · same text as seed 7 · sample 2",
+                    "s3": "⇄ #2 reasoner ' c' · same text as greedy · sample 3",
+                    "s4": "⇄ #2 reasoner ' c' · same text as sample 2 · seed 7",
+                    "o": "⇄ #2 reasoner ' c'"}
+    shown = {k: short_label(v) for k, v in told.items()}
+    assert shown["s1"] == "⇄ #2 r… · #5 ' y' · sample 1" and shown["s3"] == "⇄ #2 reasoner '… · sample 3"
+    assert len(set(shown.values())) == len(shown), shown  # every edge shows its own label
+    assert all(len(v) <= 30 for v in shown.values()), shown
+    assert short_label("⇄ #2 reasoner ' c'") == "⇄ #2 reasoner ' c'"  # short enough: as it is
+    assert short_label("x" * 40) == "x" * 27 + "…"
+
+
+def test_outcome_and_who_wrote_read_naturally():
+    """Audit 31 wording: "1 takeovers" in the outcome line; "emitted by forced" in the selection panel."""
+    import dataclasses
+
+    from core.views.presentation import outcome_line, who_wrote
+
+    trace = make_trace(text="a b c d e f", seed=1, reason_share=0.0)
+    source = np.array(["base"] * len(trace), dtype=object)
+    source[1] = "reason"
+    source[3:5] = "forced"
+    one = dataclasses.replace(trace, source=source, meta={**trace.meta, "typed": {"3": 1}})
+    assert " · 1 takeover · ρ = 0.167" in outcome_line(one)
+    two = dataclasses.replace(one, source=np.array(["reason", "reason", *source[2:]], dtype=object))
+    assert " · 2 takeovers · ρ = 0.333" in outcome_line(two)
+    assert [who_wrote(one, p) for p in (0, 1, 3, 4)] == [
+        "emitted by base", "emitted by reason (a takeover)", "typed by you", "forced by you"]
+
+
+def test_a_graph_node_with_one_takeover_says_takeover():
+    """Audit 31 wording: a node's hover read "1 takeovers"."""
+    from app.figures import branch_graph_spec
+    from core.views.branch_graph import GraphNode
+
+    nodes = [GraphNode("r", 0, 0.0, None, None, 9, None, 0, 0), GraphNode("a", 1, 0.0, "r", 2, 9, True, 1, 0),
+             GraphNode("b", 1, 1.0, "r", 3, 9, False, 2, 0)]
+    tips = [t for d in branch_graph_spec(nodes, {"a": "⇄ #2 reasoner ' x'"}, "r")["data"] if d.get("customdata")
+            for t in d["hovertext"]]
+    assert sorted(t.split(" · ")[2] for t in tips) == ["0 takeovers", "1 takeover", "2 takeovers"], tips

@@ -430,3 +430,81 @@ def test_at_800px_the_switch_list_and_the_selection_fit(app):
         assert problems == [], problems
     finally:
         page.set_viewport_size({"width": 1440, "height": 1400})
+
+
+GRAPH_EDGES_JS = """() => { for (const g of document.querySelectorAll('.js-plotly-plot')) {
+  const t = (g.data || []).find((d) => d.mode === 'text' && d.hovertext);
+  if (t) return {full: [...t.hovertext], shown: [...t.text]}; } return null; }"""
+
+
+def test_a_fan_on_a_trace_with_a_branch_tree_sits_side_by_side(app):
+    """Audit 31 D1: on a trace that already had a child (its branch tree and side-by-side picker drawn), "3
+    alternatives from here" said "side by side below the text" and no column came: the picker's old empty value
+    was written back over the fan's columns. And the samples' edges in the graph read alike (D1b)."""
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+
+    _open(page, url)
+    root = _key(page)
+    trace = TraceStore(store_dir).get(root)
+    pos = next(p for p in range(1, len(trace)) if trace.source[p] == "base"
+               and int(trace.topk["reason"][0][p][0]) != int(trace.token_ids[p]))
+    if not TraceStore(store_dir).children(root):  # a branch tree first: the flip at `pos` (the greedy sibling)
+        _click_and_wait(page, page.locator(f'.fp-scroll [data-pos="{pos}"]'))
+        _open(page, url)
+    page.get_by_text("Side by side with the open trace (up to 3)").wait_for()  # the tree's picker, empty
+    assert page.locator(".fp-cmp-head").count() == 0
+    click_mode(page, "select")
+    page.locator(f'.fp-scroll [data-pos="{pos}"]').click()
+    settle(page)
+    button = page.get_by_role("button", name="3 alternatives from here")
+    button.click()
+    settle(page)
+    page.locator(".fp-cmp-head").first.wait_for(timeout=30_000)
+    settle(page)
+    drawn(page)
+    picked = [k for k in TraceStore(store_dir).children(root)
+              if page.locator(f'.fp-compare[data-key="{k}"]').count()]
+    heads = page.locator(".fp-cmp-head").count()
+    page.screenshot(path=str(OUT / "fan_side_by_side.png"), full_page=True)
+    assert heads == 1 + len(picked) and len(picked) >= 2, (heads, picked)
+    notice = page.locator('[data-testid="stAlert"]').filter(has_text="alternatives from token").inner_text()
+    assert f"alternatives from token #{pos}" in notice and "side by side below the text" in notice
+    edges = page.evaluate(GRAPH_EDGES_JS)  # the flip's and the samples' edges (other tests add other nodes)
+    mine = [(full, shown) for full, shown in zip(edges["full"], edges["shown"]) if full.startswith(f"⇄ #{pos} reasoner")]
+    assert len(mine) >= 1 + len(picked), edges
+    assert len({full for full, _ in mine}) == len(mine), mine  # every edge its own label
+    assert len({shown for _, shown in mine}) == len(mine), mine  # and what the graph shows of it too
+    click_mode(page, "flip")
+
+
+def test_one_typed_token_reads_as_typed(app):
+    """Audit 31 D5: edit mode, one typed token: the switch list, the edge and the selection panel said "forced"
+    ("⇄ #0 → ' The'", "emitted by forced"); typed text reads as typed whatever its length."""
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+
+    _open(page, url)
+    root = _key(page)
+    word = next(w for w in (" The", " So") if TraceStore(store_dir).get(root).tokens[0] != w)  # one token each here
+    click_mode(page, "edit")
+    page.locator('.fp-scroll [data-pos="0"]').click()
+    box = page.locator(".fp-edit")
+    box.wait_for()
+    box.fill(word)
+    box.press("Enter")
+    page.wait_for_function("(k) => !window.location.search.includes('trace=' + k)", arg=root)
+    page.locator(".fp-scroll [data-pos]").first.wait_for()
+    settle(page)
+    child = TraceStore(store_dir).get(_key(page))
+    assert child.meta["typed"] == {"0": 1}  # one token on this pair
+    label = f"✎ #0 {child.tokens[0]!r}"
+    page.get_by_text(label, exact=True).first.wait_for()  # the switch list's row
+    click_mode(page, "select")
+    page.locator('.fp-scroll [data-pos="0"]').click()
+    page.get_by_text("Token #0 · typed by you").wait_for()
+    drawn(page)
+    page.screenshot(path=str(OUT / "typed_one_token.png"), full_page=True)
+    edges = page.evaluate(GRAPH_EDGES_JS)
+    assert edges and label in edges["full"], edges
+    click_mode(page, "flip")

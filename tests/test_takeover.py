@@ -363,6 +363,7 @@ def test_a_fan_is_n_sampled_children_each_the_single_call_of_its_seed(pair, guid
         alone = core.takeover(pair, guided, {p: "reason"}, temperature=0.8, seed=s)
         assert alone.key == child.key and _tokens(alone) == _tokens(child)
         assert child.meta["sampling"]["temperature"] == 0.8 and child.meta["sampling"]["seed"] == s
+    assert [c.meta["fan"] for c in fan] == [{"sample": i} for i in range(4)]  # which draw: a label, not the key
     CACHES.clear()
     again = core.takeover(pair, guided, {p: "reason"}, samples=4, temperature=0.8, seed=11)
     assert [c.key for c in again] == [c.key for c in fan] and [_tokens(c) for c in again] == [_tokens(c) for c in fan]
@@ -392,3 +393,40 @@ def test_on_trace_sees_each_new_child_before_it_is_stored_once(pair, guided, tmp
     events.clear()
     assert core.takeover(pair, guided, {p: _other(guided, p)}, store=store, on_trace=grade).key == child.key
     assert events == [], "a stored child is read back: neither graded nor stored again"
+
+
+def test_typed_text_of_one_token_reads_as_typed_and_a_chosen_token_as_forced(pair, guided) -> None:
+    """Audit 31 D5: typed text of one token was labelled "⇄ #4 forced ' The'" (only a run of two or more forced
+    tokens read as typed). The record keeps which forced tokens were typed (meta["typed"], outside the key)."""
+    from core.decoding.takeover import flipped, set_switches
+    from core.views.presentation import switch_text, who_wrote
+
+    word = next(w for w in (" The", " the", " a", "a", "1", "=") if len(pair.encode(w)) == 1)  # the tiny tokenizer's
+    ids = pair.encode(word)
+    typed = core.takeover(pair, guided, {4: word}, then="base")
+    edited = set_switches(pair, guided, {4: ids}, then="base")  # the app's edit: the typed text's ids as a list
+    chosen = core.takeover(pair, guided, {4: ids[0]}, then="base")  # a hover-card alternative: one id
+    assert typed.key == edited.key == chosen.key  # the same tokens from the same switches: one store key
+    assert "typed" not in typed.meta["request"]
+    assert typed.meta["typed"] == edited.meta["typed"] == {"4": 1} and chosen.meta["typed"] == {}
+    say = pair.token_text
+    assert switch_text(typed, say) == switch_text(edited, say) == f"✎ #4 {word!r}"
+    assert switch_text(chosen, say) == f"⇄ #4 forced {word!r}"
+    assert (who_wrote(typed, 4), who_wrote(chosen, 4)) == ("typed by you", "forced by you")
+    # a child that keeps the typed token keeps it typed: a flip after it, and one before it (which
+    # re-submits the typed token as an id, as the switch list's toggles do)
+    changes = flip_changes(typed)
+    after = next(p for p in changes if p > 4)
+    before = next(p for p in changes if p < 4)
+    for p in (after, before):
+        child = set_switches(pair, typed, flipped(typed, p), then="base")
+        assert child.key != typed.key and int(child.token_ids[4]) == ids[0]
+        assert child.meta["typed"] == {"4": 1}, p
+    # a typed run cut by a new switch keeps the tokens before the cut
+    three = core.takeover(pair, guided, {4: " Let me think"}, then="base")
+    n = len(pair.encode(" Let me think"))
+    assert three.meta["typed"] == {"4": n} and n > 2
+    cut = set_switches(pair, three, {**{p: w for p, w in tk.switches_in_force(three).items() if p < 5}, 5: "reason"},
+                       then="base")
+    assert cut.meta["typed"] == {"4": 1}
+    assert switch_text(cut, say).startswith("⇄ #5 reasoner")

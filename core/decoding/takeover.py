@@ -36,6 +36,7 @@ from core.decoding.state import ModelState
 from core.errors import InvalidInputError, PairMismatchError
 from core.pair.loading import SIDES, ModelPair
 from core.record.assembly import assemble
+from core.record.typed import typed_runs
 from core.scoring.registry import score_values
 from core.settings import Progress
 from core.trace import Trace
@@ -92,10 +93,18 @@ SwitchRows = SwitchPolicy  # its batch form was a class of its own before
 def switches(at: dict[Any, Any], vocab_size: int, encode: Callable[[str], list[int]] | None = None) -> dict[int, Switch]:
     """`{pos: "reason" | "base" | id | [ids] | text}` checked and flattened: a list of ids (or typed text, encoded
     by `encode`: the base tokenizer, no special tokens) is forced from its position on."""
+    return typed_switches(at, vocab_size, encode)[0]
+
+
+def typed_switches(at: dict[Any, Any], vocab_size: int, encode: Callable[[str], list[int]] | None = None
+                   ) -> tuple[dict[int, Switch], dict[int, int]]:
+    """`switches`, and which of them are typed: `{start: n_tokens}` for each text or list of ids (a lone id is
+    a forced token, not typed; core.record.typed)."""
     if not isinstance(at, dict) or not at:
         raise InvalidInputError(f"at= maps response positions to 'reason', 'base', a token id, a list of ids or "
                                 f"typed text; got {at!r}")
     flat: dict[int, Switch] = {}
+    typed: dict[int, int] = {}
     for pos, what in sorted(at.items(), key=lambda kv: int(kv[0]) if str(kv[0]).lstrip("-").isdigit() else -1):
         if isinstance(pos, str) and pos.isdigit():
             pos = int(pos)
@@ -121,7 +130,9 @@ def switches(at: dict[Any, Any], vocab_size: int, encode: Callable[[str], list[i
                 raise InvalidInputError(f"Position {pos + i} takes 'reason', 'base', a token id, a list of ids or "
                                         f"typed text; got {one!r}")
             flat[int(pos) + i] = one
-    return flat
+        if isinstance(what, (list, tuple)) and all(isinstance(flat[int(pos) + i], int) for i in range(len(ids))):
+            typed[int(pos)] = len(ids)
+    return flat, typed
 
 
 def resolve_then(trace: Trace, then: str | Policy) -> Policy:
@@ -190,6 +201,24 @@ def _lineage(trace: Trace, first: int) -> tuple[str | None, dict[int, Switch]]:
     """The root this trace was switched from, and its switches that lie before `first` (still in force)."""
     inherited = {int(p): w for p, w in (trace.meta.get("switches") or {}).items() if int(p) < first}
     return trace.meta.get("root") or trace.key, inherited
+
+
+def _typed_in_force(trace: Trace, in_force: dict[int, Switch], typed: dict[int, int]) -> dict[str, int]:
+    """A child's `meta["typed"]` (core.record.typed): the new typed runs, and of each of the parent's the part
+    from its start that the child keeps unchanged (a run cut by a new switch keeps the tokens before the cut)."""
+    mine = {int(p): w for p, w in (trace.meta.get("switches") or {}).items()}
+    new = {q for p, n in typed.items() for q in range(p, p + n)}
+    runs: dict[int, int] = {}
+    for start, n in [*typed_runs(trace).items(), *typed.items()]:
+        fresh = start in typed
+        kept = 0
+        for q in range(start, start + n):
+            if not isinstance(in_force.get(q), int) or (not fresh and (q in new or in_force[q] != mine.get(q))):
+                break
+            kept += 1
+        if kept:
+            runs[start] = kept
+    return {str(p): n for p, n in sorted(runs.items())}
 
 
 @dataclass
@@ -304,9 +333,10 @@ def _same_as_parent(trace: Trace, child: Child, then: Policy, sampling: Sampling
 
 
 def _child(pair: ModelPair, trace: Trace, first: int, at: dict[int, Switch], then: Policy,
-           sampling: Sampling) -> Child:
+           sampling: Sampling, typed: dict[int, int] | None = None) -> Child:
     """The child with `trace`'s switches before `first` and `at` (all at or after `first`) in force: its row
-    (store key and meta, in the lineage's terms) decoded under `sampling`."""
+    (store key and meta, in the lineage's terms) decoded under `sampling`. `typed`: the runs of `at` that are
+    typed text (`typed_switches`); the parent's typed runs that stay in force stay typed."""
     root, inherited = _lineage(trace, first)
     in_force = {**inherited, **at}
     plan = SwitchPolicy(then, in_force)
@@ -320,7 +350,7 @@ def _child(pair: ModelPair, trace: Trace, first: int, at: dict[int, Switch], the
                     extra_request=extra, first_sample=int((trace.meta.get("sampling") or {}).get("sample", 0)))[0]
     row.meta.update(parent=trace.key, root=root, branch_pos=int(first), policy=plan.record(),
                     switches={str(p): w for p, w in sorted(in_force.items())}, switched=record,
-                    then=extra["then"])
+                    then=extra["then"], typed=_typed_in_force(trace, in_force, typed or {}))
     if trace.meta.get("calibration"):  # the lineage's gate: how it was calibrated travels with its children
         row.meta["calibration"] = trace.meta["calibration"]
     return Child(row, in_force, int(first))
@@ -342,17 +372,18 @@ def takeover(pair: ModelPair, trace: Trace, at: dict[Any, Any], *, then: str | P
     ancestor give the same store key. A switch that changes no token gives the parent itself (same key,
     nothing stored). `samples=n` gives a list of n sampled children (one batch; row i is the single call with
     `seed=sample_seeds(seed or the parent's, first, n)[i]`, so a sample that draws the parent's tokens is the
-    parent), at `temperature` (default `fan_temperature`).
+    parent; it records `meta["fan"] = {"sample": i}`, outside the key), at `temperature` (default
+    `fan_temperature`).
     `on_trace` sees each new child before it goes into `store`; `on_token(pos, token_id, source)` each new
     token as it is decided (streaming).
     """
-    at = switches(at, pair.vocab_size, pair.encode)
+    at, typed = typed_switches(at, pair.vocab_size, pair.encode)
     first = min(at)
     check_child(pair, trace, first)
     plan = resolve_then(trace, then)
     if samples is None:
         sampling = child_sampling(trace, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, pos=first)
-        child = _child(pair, trace, first, at, plan, sampling)
+        child = _child(pair, trace, first, at, plan, sampling, typed)
         return decode_children(pair, trace, [child], plan, sampling, store=store, on_trace=on_trace, no_op=True,
                                lookahead=lookahead, progress=progress, should_stop=should_stop, on_token=on_token)[0]
     if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
@@ -360,9 +391,10 @@ def takeover(pair: ModelPair, trace: Trace, at: dict[Any, Any], *, then: str | P
     temp = fan_temperature(trace, temperature)
     base_seed = child_sampling(trace, seed=seed).seed
     kids, sampling = [], None
-    for s in sample_seeds(base_seed, first, int(samples)):
+    for i, s in enumerate(sample_seeds(base_seed, first, int(samples))):
         sampling = child_sampling(trace, max_new_tokens=max_new_tokens, temperature=temp, seed=s, pos=first)
-        kids.append(_child(pair, trace, first, at, plan, sampling))
+        kids.append(_child(pair, trace, first, at, plan, sampling, typed))
+        kids[-1].row.meta["fan"] = {"sample": i}  # which draw (its seed's index), outside the key: a label
     return decode_children(pair, trace, kids, plan, sampling, store=store, on_trace=on_trace,  # type: ignore[return-value]
                            no_op=True, lookahead=lookahead, progress=progress, should_stop=should_stop)
 
@@ -427,8 +459,8 @@ def set_switches_many(pair: ModelPair, trace: Trace, wanted: list[dict[int, Any]
         plan = plan or resolve_then(trace, then)
         check_child(pair, trace, first)
         sampling = child_sampling(trace, max_new_tokens=max_new_tokens, pos=first)
-        todo.append((i, _child(pair, trace, first, switches(later, pair.vocab_size, pair.encode) if later else {},
-                               plan, sampling)))
+        at, typed = typed_switches(later, pair.vocab_size, pair.encode) if later else ({}, {})
+        todo.append((i, _child(pair, trace, first, at, plan, sampling, typed)))
     if todo:
         made = decode_children(pair, trace, [c for _, c in todo], plan, sampling, store=store,  # type: ignore[arg-type]
                                on_trace=on_trace, no_op=True, progress=progress, should_stop=should_stop,

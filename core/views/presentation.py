@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import InvalidInputError
+from core.record.typed import typed_runs
 from core.scoring.registry import DEFAULT_SCORE, METRICS, score_values
 from core.settings import PAGE_TOKENS  # noqa: F401  (re-exported: the token view's page size)
 from core.trace import SIDES, Trace, note_texts
@@ -225,34 +226,40 @@ def outcome_line(trace: Trace) -> str:
     verdict = "✓ correct" if correct is True else "✗ wrong" if correct is False else "– ungraded"
     shown = "(none)" if answer is None else str(answer) if len(str(answer)) <= 60 else str(answer)[:59] + "…"
     n, takeovers = len(trace), trace.n_takeovers
-    return f"{verdict} · answer: {shown} · {takeovers} takeovers · ρ = {takeovers / n if n else 0.0:.3f}"
+    return (f"{verdict} · answer: {shown} · {takeovers} takeover{'' if takeovers == 1 else 's'} · "
+            f"ρ = {takeovers / n if n else 0.0:.3f}")
+
+
+def who_wrote(trace: Trace, pos: int) -> str:
+    """Who wrote token `pos`, as the selection panel says it: "emitted by base" / "emitted by reason (a
+    takeover)", and for the user's tokens "typed by you" (typed text, core.record.typed) or "forced by you"
+    (a token chosen from the top-k or the vocabulary)."""
+    source = str(trace.source[pos])
+    if source == "forced":
+        typed = any(start <= pos < start + n for start, n in typed_runs(trace).items())
+        return "typed by you" if typed else "forced by you"
+    return f"emitted by {source}" + (" (a takeover)" if source == "reason" else "")
 
 
 def switch_text(trace: Trace, decode: Callable[[int], str] | None = None) -> str:
-    """What a child's switches did, e.g. "⇄ #40 off · ⇄ #12 reasoner ' Wait'" ("" for a root). Typed text (a run
-    of forced tokens from one position) shows as one edit with all its text: "✎ #12 ' Let me'"."""
-    switched = trace.meta.get("switched") or []
+    """What a child's switches did, e.g. "⇄ #40 off · ⇄ #12 reasoner ' Wait'" ("" for a root). Typed text (a
+    typed run, core.record.typed: one token or many) shows as one edit with all its text: "✎ #12 ' Let me'";
+    a token forced from the top-k as "⇄ #12 forced ' Let'"."""
+    runs = typed_runs(trace)
     parts: list[str] = []
-    typed: list[int] = []
-
-    def close() -> None:
-        if len(typed) > 1:
-            parts[-1] = f"✎ #{typed[0]} {_text_of(trace, typed, decode)!r}"
-
-    for entry in switched:
+    inside = -1  # the typed run's end: its later tokens are in its edit already
+    for entry in trace.meta.get("switched") or []:
         pos, to = int(entry["pos"]), entry["to"]
-        forced = to in ("forced", "typed")
-        if forced and typed and pos == typed[-1] + 1:
-            typed.append(pos)
+        if pos < inside:
             continue
-        close()
-        typed = [pos] if forced else []
-        if to == "base":
+        if pos in runs:
+            inside = pos + runs[pos]
+            parts.append(f"✎ #{pos} {_text_of(trace, list(range(pos, inside)), decode)!r}")
+        elif to == "base":
             parts.append(f"⇄ #{pos} off" if entry.get("from") == "reason" else f"⇄ #{pos} base")
         else:
             text = repr(_text_of(trace, [pos], decode)) if pos < len(trace) else ""
-            parts.append(f"⇄ #{pos} {'forced' if forced else 'reasoner'} {text}".rstrip())
-    close()
+            parts.append(f"⇄ #{pos} {'forced' if to in ('forced', 'typed') else 'reasoner'} {text}".rstrip())
     return " · ".join(parts)
 
 
@@ -280,6 +287,59 @@ def branch_token_text(trace: Trace, decode: Callable[[int], str] | None = None) 
         end += 1
     text = "".join(decode(int(trace.token_ids[p])) if decode is not None else trace.tokens[p] for p in range(pos, end))
     return f"{who} {text!r}" + (f" ({end - pos} tokens)" if end - pos > 1 else "")
+
+
+def sibling_labels(labels: dict[str, str], children: Sequence[Trace]) -> dict[str, str]:
+    """`labels` (trace key -> what it changed against its parent, `branch_token_text`) with siblings told apart:
+    where two or more children of one parent read alike (a fan's samples beside the greedy flip: each
+    "⇄ #15 reasoner ' divide'"), each gets the token where it parts from its nearest such sibling (or which
+    one it repeats) and which draw it is (`draw_name`): "⇄ #15 reasoner ' divide' · #23 ' by' · sample 2",
+    "… · same text as greedy · sample 3"."""
+    groups: dict[tuple[Any, str], list[Trace]] = {}
+    for child in children:
+        label = labels.get(child.key) or ""
+        if label and child.meta.get("parent"):
+            groups.setdefault((child.meta["parent"], label), []).append(child)
+    out = dict(labels)
+    for (_, label), alike in groups.items():
+        if len(alike) < 2:
+            continue
+        for child in alike:
+            others = [o for o in alike if o is not child]
+            parts = [first_difference(child, other) for other in others]
+            if None in parts:  # another has its very tokens
+                part = f"same text as {draw_name(others[parts.index(None)])}"
+            else:
+                where = max(parts)  # d: int
+                part = f"#{where} {child.tokens[where]!r}" if where < len(child) else f"ends at #{where}"
+            out[child.key] = f"{label} · {part} · {draw_name(child)}"
+    return out
+
+
+def draw_name(trace: Trace) -> str:
+    """Which draw a child is: "greedy", "sample 2" (a fan's, `meta["fan"]`), else its sampling seed."""
+    sampling = trace.meta.get("sampling") or {}
+    if not float(sampling.get("temperature") or 0.0) > 0:
+        return "greedy"
+    fan = trace.meta.get("fan") or {}
+    if fan.get("sample") is not None:
+        return f"sample {int(fan['sample']) + 1}"
+    return f"seed {sampling.get('seed')}"
+
+
+def short_label(label: str, width: int = 28) -> str:
+    """`label` in about `width` characters for a graph: its last " · " parts kept whole while they fit (what
+    tells siblings apart, `sibling_labels`) and the head cut before them, else cut at the end."""
+    if len(label) <= width:
+        return label
+    head = label.split(" · ")
+    tail: list[str] = []
+    while len(head) > 1 and len(" · ".join([head[-1], *tail])) <= width - 8:
+        tail.insert(0, head.pop())
+    if not tail:
+        return label[: width - 1] + "…"
+    kept = " · ".join(tail)
+    return " · ".join(head)[: width - len(kept) - 4].rstrip() + "… · " + kept
 
 
 # -- branches: where two traces part, slices and token diffs -------------------------------------------------------------------------------------
