@@ -397,6 +397,39 @@ def test_at_1440px_no_control_is_cut(app_url, page):
     assert problems == [], problems
 
 
+# a main area with what the layout check must flag (a cut label, a chip cut to "bas…", a placeholder cut to
+# "Choose op", a label's word broken over two lines) and what it must not: a radio group's native input in React
+# Aria's 1 px screen-reader-only span (Streamlit's st.radio), which overflows that span on every page with a radio group
+LAYOUT_PAGE = """<html><body style="font: 14px sans-serif; width: 700px"><div data-testid="stMain">
+<div role="radiogroup"><label><span style="border: 0; clip: rect(0px, 0px, 0px, 0px); clip-path: inset(50%);
+  height: 1px; margin: -1px; overflow: hidden; padding: 0; position: absolute; width: 1px; white-space: nowrap"><input
+  type="radio" name="mode" checked></span><span>choose from the set</span></label></div>
+<div data-testid="stWidgetLabel" style="width: 40px"><p style="overflow: hidden; white-space: nowrap;
+  text-overflow: ellipsis">Spikes only</p></div>
+<span data-tag><span style="display: inline-block; max-width: 30px; overflow: hidden; white-space: nowrap;
+  text-overflow: ellipsis">base_only</span></span>
+<input placeholder="Choose options" style="width: 60px; padding: 0 8px">
+<div data-testid="stWidgetLabel" style="width: 40px; overflow-wrap: anywhere"><p>temperature</p></div>
+<div data-testid="stWidgetLabel" style="width: 60px"><p>max new tokens</p></div>
+</div></body></html>"""
+
+
+def test_the_layout_check_flags_cut_text_and_not_a_screen_reader_only_input(page, tmp_path):
+    """tests/browser.LAYOUT_JS on a page of known faults: each cut is named once, nothing else (a radio group's
+    hidden native input was "cut: choose from the set" on the Generate, Export and Dataset pages); words wrapped
+    whole onto lines of their own are no fault."""
+    page_file = tmp_path / "layout.html"
+    page_file.write_text(LAYOUT_PAGE, encoding="utf-8")
+    static = page.context.new_page()  # the module's browser (one sync Playwright per process)
+    try:
+        static.goto(page_file.as_uri())
+        found = layout_problems(static)
+    finally:
+        static.close()
+    assert found == ["cut: Spikes only", "cut: chip base_only", "cut: placeholder Choose options",
+                     "broken: temperature (label temperature)"]
+
+
 def _key(page) -> str:
     return re.search(r"trace=([0-9a-f]+)", page.url).group(1)
 
