@@ -136,20 +136,6 @@ function placeCard(card, target, box) {
   card.style.top = `${Math.max(minTop, top)}px`;
 }
 
-// On a narrow window the app's sidebar takes a third of the width and squeezes the controls: close it once
-// per page load (Streamlit's "auto" state closes it only below its mobile breakpoint; the user may reopen it).
-const NARROW_PX = 1100;
-function narrowSidebar() {
-  if (window.__fpSidebarChecked) return;
-  window.__fpSidebarChecked = true;
-  if (window.innerWidth >= NARROW_PX) return;
-  const bar = document.querySelector('[data-testid="stSidebar"]');
-  if (!bar || bar.dataset.collapsed === "true") return;
-  const close = document.querySelector('button[aria-label="Collapse sidebar"]')
-    || document.querySelector('[data-testid="stSidebarCollapseButton"] button');
-  if (close) close.click();
-}
-
 // The token at the same height, one line up or down, nearest in x (for ↑ ↓).
 function lineNeighbour(nodes, from, dir) {
   const r = from.getBoundingClientRect();
@@ -514,7 +500,6 @@ export default function (component) {
   s.setTrigger = setTriggerValue;
   if (data.history) {
     oneEntryPerTrace();
-    narrowSidebar();
   }
   s.help.textContent = data.help || "Hover a token for both models' top-k · click to select · n / p: next / previous spike · ? keys";
   if (data.go && data.go.id !== s.goDone) { // a back / forward button: the browser's history moves, the URL follows
