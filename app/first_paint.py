@@ -12,8 +12,9 @@ and classes) and framed as token_view.js frames it (`core.views.token_payload.fr
 error, or another page opens), so the two are never on screen together. Anything unusual (a comparison, a
 calibrated gate, a trace not in the store, a slow store) serves the plain shell.
 
-Every page's shell also carries `PAGE_JS`, the app's page rules that must hold from Streamlit's first message: a
-narrow window's closed sidebar (`streamlit run app/main.py` serves no shell of ours: no page rules there).
+Every page's shell also carries `PAGE_JS`, the app's page rules that must hold from Streamlit's first message: one
+browser-history entry per trace and a narrow window's closed sidebar (`streamlit run app/main.py` serves no shell of
+ours: no page rules there).
 """
 
 from __future__ import annotations
@@ -37,10 +38,23 @@ log = logging.getLogger(__name__)
 PAINT_ID = "fp-first-paint"
 NARROW_PX = 1100  # below this width the shell closes the sidebar (Streamlit's "auto" closes it only below 768 px)
 # JS: every page's rules, run before Streamlit's own script (a module, run once the shell is parsed).
+# - Streamlit pushes a browser-history entry for every change of the URL; a change that keeps the page and the open
+#   trace (a selection, a setting, the problem a shared link left out) replaces the entry instead, so the history holds
+#   one entry per switch state and Back / Forward walk the states b / f walk (from Streamlit's first push on).
 # - On a narrow window the sidebar takes a third of the width and squeezes the page's controls: closed once per page
 #   load, the user may open it again. Streamlit keeps that close as its stored choice; the next load on a wide window
 #   opens a sidebar only this rule closed (MARK: no click of the user's on the sidebar's toggles since).
 PAGE_JS = """(() => {
+  const push = history.pushState.bind(history);
+  history.pushState = (state, title, url) => {
+    try {
+      const next = new URL(url, location.href), cur = new URL(location.href), key = cur.searchParams.get("trace");
+      if (key && next.pathname === cur.pathname && next.searchParams.get("trace") === key) {
+        return history.replaceState(state, title, url);
+      }
+    } catch (err) { /* an unparsable URL: Streamlit's own way */ }
+    return push(state, title, url);
+  };
   const MARK = "fpSidebarClosedForWidth", narrow = innerWidth < %(narrow)d;
   const stored = (f) => { try { return f(localStorage); } catch (err) { return null; } };
   addEventListener("click", (e) => {

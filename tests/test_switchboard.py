@@ -311,6 +311,34 @@ def test_browser_back_undoes_a_flip_and_forward_redoes_it(app):
     assert _history_length(page) == steps + 1
 
 
+def test_a_link_without_its_problem_takes_one_history_entry(app):
+    """A link that names the trace alone (`?trace=KEY`, the fixture's): the app writes its problem into the URL in
+    place of the link's entry (app/first_paint.py PAGE_JS, before Streamlit's first push), not as a second entry
+    (Back from the first flip's child then went to the parent, a second Back stayed on it, the third left)."""
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+    from core.views.presentation import flip_changes
+
+    assert "problem=" not in url
+    fresh = page.context.new_page()  # a new tab: about:blank, one entry
+    try:
+        steps = _history_length(fresh)
+        _open(fresh, url)
+        fresh.wait_for_function("() => window.location.search.includes('problem=')")
+        root = _key(fresh)
+        assert _history_length(fresh) == steps + 1  # the link's entry, its problem written into it
+        pos = flip_changes(TraceStore(store_dir).get(root))[0]
+        child = _click_and_wait(fresh, fresh.locator(f'.fp-scroll [data-pos="{pos}"]'))
+        fresh.wait_for_timeout(800)
+        assert child != root and _history_length(fresh) == steps + 2
+        fresh.go_back()
+        fresh.locator(f'.fp-scroll[data-key="{root}"]').wait_for()
+        fresh.go_back()  # out of the app
+        fresh.wait_for_url("about:blank")
+    finally:
+        fresh.close()
+
+
 def test_edit_and_continue_opens_the_new_trace_with_the_typed_tokens_marked(app):
     """Edit mode: click a token, type, Enter: the base continues from the typed text, the new trace is the open
     one (the parent one step back), and the typed tokens are drawn as the user's."""

@@ -17,25 +17,6 @@ const KEY_LIST = [
   ["?", "this list"],
 ];
 
-// The app's URL holds the open view; Streamlit pushes a browser-history entry for every change of it. A change
-// that keeps the open trace (a selection, a setting) replaces the entry instead, so the browser's history holds
-// one entry per switch state and Back / Forward walk the same states as b / f.
-function oneEntryPerTrace() {
-  if (window.__fpHistoryPatched) return;
-  window.__fpHistoryPatched = true;
-  const push = window.history.pushState.bind(window.history);
-  window.history.pushState = function (state, title, url) {
-    try {
-      const next = new URL(url, window.location.href), cur = new URL(window.location.href);
-      const key = cur.searchParams.get("trace");
-      if (key && next.pathname === cur.pathname && next.searchParams.get("trace") === key) {
-        return window.history.replaceState(state, title, url);
-      }
-    } catch (err) { /* an unparsable URL: Streamlit's own way */ }
-    return push(state, title, url);
-  };
-}
-
 function el(tag, cls, text) {
   const node = document.createElement(tag);
   if (cls) node.className = cls;
@@ -498,9 +479,6 @@ export default function (component) {
   }
   s.data = data;
   s.setTrigger = setTriggerValue;
-  if (data.history) {
-    oneEntryPerTrace();
-  }
   s.help.textContent = data.help || "Hover a token for both models' top-k · click to select · n / p: next / previous spike · ? keys";
   if (data.go && data.go.id !== s.goDone) { // a back / forward button: the browser's history moves, the URL follows
     s.goDone = data.go.id;
