@@ -13,8 +13,8 @@ error, or another page opens), so the two are never on screen together. Anything
 calibrated gate, a trace not in the store, a slow store) serves the plain shell.
 
 Every page's shell also carries `PAGE_JS`, the app's page rules that must hold from Streamlit's first message: one
-browser-history entry per trace and a narrow window's closed sidebar (`streamlit run app/main.py` serves no shell of
-ours: no page rules there).
+browser-history entry per trace, a narrow window's closed sidebar, and no arrow keys kept by an option clicked with the
+pointer (`streamlit run app/main.py` serves no shell of ours: no page rules there).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ NARROW_PX = 1100  # below this width the shell closes the sidebar (Streamlit's "
 # - On a narrow window the sidebar takes a third of the width and squeezes the page's controls: closed once per page
 #   load, the user may open it again. Streamlit keeps that close as its stored choice; the next load on a wide window
 #   opens a sidebar only this rule closed (MARK: no click of the user's on the sidebar's toggles since).
+# - A pointer click on an option of a radio group (the Trace page's click mode) leaves the keyboard focus there, and the
+#   option's arrow keys would walk the group instead of the token view's cursor: it gives the focus up. An option
+#   reached with Tab, or chosen with Space, keeps it.
 PAGE_JS = """(() => {
   const push = history.pushState.bind(history);
   history.pushState = (state, title, url) => {
@@ -62,6 +65,8 @@ PAGE_JS = """(() => {
     if (at && at.closest('[data-testid="stSidebarCollapseButton"], [data-testid="stExpandSidebarButton"]')) {
       stored((s) => s.removeItem(MARK));  // the user's own choice from now on
     }
+    const group = at && e.detail ? at.closest('[role="radiogroup"]') : null;  // detail 0: the keyboard clicked
+    if (group) setTimeout(() => { if (group.contains(document.activeElement)) document.activeElement.blur(); });
   }, true);
   const ours = stored((s) => s.getItem(MARK));
   if (!narrow && !ours) return;

@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from app.switchboard import CLICK_MODES
 from app.trace_panels import PLOT_KEY
 from tests.browser import (DEEP_JS, LIVE_TOKENS, ROOT, SentElements, chromium_page, click_mode, drawn,
                            layout_problems, pair_args, require_chromium, run_app, settle)
@@ -337,6 +338,24 @@ def test_a_link_without_its_problem_takes_one_history_entry(app):
         fresh.wait_for_url("about:blank")
     finally:
         fresh.close()
+
+
+def test_a_click_mode_chosen_with_the_pointer_leaves_the_arrow_keys_to_the_cursor(app):
+    """After a click on "types there", → moves the token cursor (the mode control kept the keyboard focus and its →
+    walked its options, the cursor never came); a mode option reached with the keyboard keeps its arrow keys."""
+    url, _, page = app
+    _open(page, url)
+    try:
+        click_mode(page, "edit")  # the pointer
+        page.keyboard.press("ArrowRight")  # to whatever has the focus (not body.press: that would focus the body)
+        page.keyboard.press("ArrowRight")
+        page.locator('.fp-scroll [data-pos="1"].cur').wait_for()
+        assert page.locator(".fp-scroll").get_attribute("data-mode") == "edit"
+        page.get_by_role("radio", name=CLICK_MODES["flip"]).focus()  # the keyboard's way in
+        page.keyboard.press("ArrowRight")
+        assert page.evaluate("() => document.activeElement.innerText.trim()") == CLICK_MODES["edit"]
+    finally:
+        click_mode(page, "flip")
 
 
 def test_edit_and_continue_opens_the_new_trace_with_the_typed_tokens_marked(app):
