@@ -86,7 +86,7 @@ PAGE_JS = """(() => {
   const watch = new MutationObserver(() => { if (fit()) watch.disconnect(); });
   watch.observe(document.documentElement, { childList: true, subtree: true });
 })();"""
-TRACE_PAGES = ("", "home", "trace")  # url paths of the Trace page (main.py: the default page and its alias)
+TRACE_PAGES = ("", "home", "trace")  # url paths of the Trace page (app/main.py serves it at each: "" the default page)
 DATASET_PAGE = "dataset"
 STATIC_JS = Path(streamlit.__file__).parent / "static" / "static" / "js"  # Streamlit's frontend, as it serves it
 BUILD_TIMEOUT_S = 3.0  # past this the plain shell is served (the live view draws the text as before)

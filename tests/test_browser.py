@@ -17,7 +17,7 @@ import pytest
 
 from app.first_paint import PAINT_ID
 from tests.browser import (LIVE_TOKENS, ROOT, chromium_page, click_mode, drawn, layout_problems, pair_args,
-                           require_chromium, run_app)
+                           require_chromium, run_app, settle)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -169,9 +169,20 @@ def test_copied_link_reopens_the_view(app_url, page):
     assert "no corresponding file" not in page.locator("body").inner_text()  # /trace is a page: no "Page not found"
 
 
+# JS (an init script): whether Streamlit's "Page not found" dialog showed at any time (it says so, then runs the main
+# page, and stays until closed)
+NOT_FOUND_WATCH = """
+window.__fpNotFound = false;
+new MutationObserver(() => {
+  if (document.body && document.body.textContent.includes('Page not found')) window.__fpNotFound = true;
+}).observe(document, { childList: true, subtree: true, characterData: true });
+"""
+
+
 def test_every_page_opens_from_its_url_in_a_fresh_browser(app_url, page):
     """Issue 31: a shared link opens its page in a new browser session (a new tab: a Streamlit session that never
-    saw the app): the Export page exporting the trace the URL names, the Trace page at /trace."""
+    saw the app): the Export page exporting the trace the URL names, the Trace page at /trace and at /home (the
+    default page's declared path, which Streamlit does not serve: "Page not found", then the trace)."""
     url, store_dir = app_url
     from core.io.store import TraceStore
 
@@ -185,9 +196,13 @@ def test_every_page_opens_from_its_url_in_a_fresh_browser(app_url, page):
         fresh.get_by_text(key, exact=True).first.wait_for()  # the caption "Trace `key`"
         fresh.get_by_role("button", name=re.compile(rf"Download forkpoint-{key[:8]}.*\.jsonl")).wait_for()
         assert "No trace is open" not in fresh.locator("body").inner_text()
-        fresh.goto(f"{url}trace?trace={key}")  # another fresh session, by the hidden /trace path
-        fresh.locator(f'.fp-scroll[data-key="{key}"] [data-pos]').first.wait_for()
-        assert "no corresponding file" not in fresh.locator("body").inner_text()
+        fresh.add_init_script(NOT_FOUND_WATCH)
+        for path in ("trace", "home"):  # another fresh session each, by the Trace page's hidden paths
+            fresh.goto(f"{url}{path}?trace={key}")
+            fresh.locator(f'.fp-scroll[data-key="{key}"] [data-pos]').first.wait_for()
+            settle(fresh)
+            assert not fresh.evaluate("window.__fpNotFound"), path  # no "Page not found" at any time
+            assert fresh.url.startswith(f"{url}{path}?"), fresh.url
     finally:
         fresh.close()
 
