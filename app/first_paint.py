@@ -11,6 +11,10 @@ and classes) and framed as token_view.js frames it (`core.views.token_payload.fr
 `#root`. A small script removes it the moment the live token view has drawn its tokens (or the page shows an
 error, or another page opens), so the two are never on screen together. Anything unusual (a comparison, a
 calibrated gate, a trace not in the store, a slow store) serves the plain shell.
+
+Every page's shell also carries `PAGE_JS`, the app's page rules that must hold from Streamlit's first message: one
+browser-history entry per trace, a narrow window's closed sidebar, and no arrow keys kept by an option clicked with the
+pointer (`streamlit run app/main.py` serves no shell of ours: no page rules there).
 """
 
 from __future__ import annotations
@@ -32,7 +36,57 @@ from streamlit import config
 log = logging.getLogger(__name__)
 
 PAINT_ID = "fp-first-paint"
-TRACE_PAGES = ("", "home", "trace")  # url paths of the Trace page (main.py: the default page and its alias)
+NARROW_PX = 1100  # below this width the shell closes the sidebar (Streamlit's "auto" closes it only below 768 px)
+# JS: every page's rules, run before Streamlit's own script (a module, run once the shell is parsed).
+# - Streamlit pushes a browser-history entry for every change of the URL; a change that keeps the page and the open
+#   trace (a selection, a setting, the problem a shared link left out) replaces the entry instead, so the history holds
+#   one entry per switch state and Back / Forward walk the states b / f walk (from Streamlit's first push on).
+# - On a narrow window the sidebar takes a third of the width and squeezes the page's controls: closed once per page
+#   load, the user may open it again. Streamlit keeps that close as its stored choice; the next load on a wide window
+#   opens a sidebar only this rule closed (MARK: no click of the user's on the sidebar's toggles since).
+# - A pointer click on an option of a radio group (the Trace page's click mode) leaves the keyboard focus there, and the
+#   option's arrow keys would walk the group instead of the token view's cursor: it gives the focus up. An option
+#   reached with Tab, or chosen with Space, keeps it.
+PAGE_JS = """(() => {
+  const push = history.pushState.bind(history);
+  history.pushState = (state, title, url) => {
+    try {
+      const next = new URL(url, location.href), cur = new URL(location.href), key = cur.searchParams.get("trace");
+      if (key && next.pathname === cur.pathname && next.searchParams.get("trace") === key) {
+        return history.replaceState(state, title, url);
+      }
+    } catch (err) { /* an unparsable URL: Streamlit's own way */ }
+    return push(state, title, url);
+  };
+  const MARK = "fpSidebarClosedForWidth", narrow = innerWidth < %(narrow)d;
+  const stored = (f) => { try { return f(localStorage); } catch (err) { return null; } };
+  addEventListener("click", (e) => {
+    const at = e.isTrusted && e.target.closest ? e.target : null;
+    if (at && at.closest('[data-testid="stSidebarCollapseButton"], [data-testid="stExpandSidebarButton"]')) {
+      stored((s) => s.removeItem(MARK));  // the user's own choice from now on
+    }
+    const group = at && e.detail ? at.closest('[role="radiogroup"]') : null;  // detail 0: the keyboard clicked
+    if (group) setTimeout(() => { if (group.contains(document.activeElement)) document.activeElement.blur(); });
+  }, true);
+  const ours = stored((s) => s.getItem(MARK));
+  if (!narrow && !ours) return;
+  const fit = () => {  // true once the sidebar is as this window wants it
+    const bar = document.querySelector('[data-testid="stSidebar"]');
+    if (!bar) return false;
+    const closed = bar.dataset.collapsed === "true";
+    if (narrow === closed) { if (!narrow) stored((s) => s.removeItem(MARK)); return true; }
+    const toggle = document.querySelector(narrow ? '[data-testid="stSidebarCollapseButton"] button'
+                                                 : '[data-testid="stExpandSidebarButton"]');
+    if (!toggle) return false;
+    toggle.click();
+    stored((s) => narrow ? s.setItem(MARK, "1") : s.removeItem(MARK));
+    return true;
+  };
+  if (fit()) return;
+  const watch = new MutationObserver(() => { if (fit()) watch.disconnect(); });
+  watch.observe(document.documentElement, { childList: true, subtree: true });
+})();"""
+TRACE_PAGES = ("", "home", "trace")  # url paths of the Trace page (app/main.py serves it at each: "" the default page)
 DATASET_PAGE = "dataset"
 STATIC_JS = Path(streamlit.__file__).parent / "static" / "static" / "js"  # Streamlit's frontend, as it serves it
 BUILD_TIMEOUT_S = 3.0  # past this the plain shell is served (the live view draws the text as before)
@@ -106,15 +160,15 @@ import(chunk.href).then(() => {
   if (paint) paint.remove();
 }).catch(() => { if (paint) paint.remove(); });"""
 # where Streamlit draws the page's first chart in a fresh session (measured in Chromium from 700 to 1,920 px wide):
-# beside the open sidebar (300 px; none below 768 px), under the title, the filters, the tabs and the analysis's
-# caption (one line lower below 1,200 px, where the caption wraps), 5 rem padding (1 rem on a narrow window), as high
-# as the figure; a few pixels off is fine: Streamlit's own chart replaces it
+# beside the open sidebar (300 px; closed below NARROW_PX by PAGE_JS), under the title, the filters, the tabs and the
+# analysis's caption (one line lower below 1,200 px, where the caption wraps beside the sidebar), 5 rem padding (1 rem
+# below 864 px), as high as the figure; a few pixels off is fine: Streamlit's own chart replaces it
 DATASET_CSS = ("#%(id)s { position: absolute; z-index: 999990; top: 447px; left: 300px; right: 0;"
                " padding: 0 5rem; box-sizing: border-box; pointer-events: none; }"
                " #%(id)s .fp-chart { height: %(height)spx; background: #fff; }"
                " @media (max-width: 1199px) { #%(id)s { top: 470px; } }"
-               " @media (max-width: 850px) { #%(id)s { padding: 0 1rem; } }"
-               " @media (max-width: 767px) { #%(id)s { left: 0; top: 447px; } }")
+               " @media (max-width: %(narrow)spx) { #%(id)s { left: 0; top: 447px; } }"
+               " @media (max-width: 863px) { #%(id)s { padding: 0 1rem; } }")
 
 
 def _query(scope: Mapping[str, Any]) -> dict[str, str]:
@@ -247,7 +301,7 @@ def dataset_paint(path: str, query: Mapping[str, str]) -> str | None:
     data = figure.to_json().replace("<", "\\u003c")  # inside a script element: nothing in it can end it early
     draw = DATASET_DRAW_JS % {"figure": data, "chunk": chunk, "id": PAINT_ID}
     height = int(figure.layout.height or 450)  # plotly's default
-    return (f"<style>{DATASET_CSS % {'id': PAINT_ID, 'height': height}}</style>"
+    return (f"<style>{DATASET_CSS % {'id': PAINT_ID, 'height': height, 'narrow': NARROW_PX - 1}}</style>"
             f"<div id='{PAINT_ID}' data-page='dataset' aria-hidden='true'><div class='fp-chart'></div></div>"
             f"<script type='module' async>{draw}</script><script>{DATASET_REMOVE_JS % {'id': PAINT_ID}}</script>")
 
@@ -268,6 +322,11 @@ def paint_for(path: str, query: Mapping[str, str]) -> str | None:
     return None
 
 
+def page_rules() -> str:
+    """The script every page's shell carries (PAGE_JS), ahead of any first paint."""
+    return f"<script>{PAGE_JS % {'narrow': NARROW_PX}}</script>"
+
+
 def inject(shell: bytes, paint: str) -> bytes:
     """Streamlit's index.html with `paint` right after React's root element (outside it: React never touches it)."""
     text = shell.decode("utf-8")
@@ -283,8 +342,9 @@ def inject(shell: bytes, paint: str) -> bytes:
 
 
 class FirstPaint:
-    """ASGI middleware: a page request that has a first paint (`paint_for`) gets Streamlit's shell with it inside,
-    uncompressed and never cached (the same shell names other traces on other links); every other request passes."""
+    """ASGI middleware: a page request gets Streamlit's shell with the page rules (`PAGE_JS`) and its first paint, if
+    it has one (`paint_for`), inside, uncompressed and never cached (the same shell names other traces on other links);
+    every other request passes."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -293,17 +353,17 @@ class FirstPaint:
         if scope["type"] != "http" or scope.get("method") != "GET":
             return await self.app(scope, receive, send)
         path = page_path(scope.get("path", ""))
-        query = _query(scope) if path is not None else {}
-        if path is None or not ((path in TRACE_PAGES and query.get("trace")) or path == DATASET_PAGE):
+        if path is None:
             return await self.app(scope, receive, send)
-        try:
-            limit = DATASET_TIMEOUT_S if path == DATASET_PAGE else BUILD_TIMEOUT_S
-            paint = await asyncio.wait_for(asyncio.to_thread(paint_for, path, query), limit)
-        except Exception as err:  # noqa: BLE001 - a first paint is an extra: the shell without it is the page
-            log.info("first paint skipped: %r", err)
-            paint = None
-        if paint is None:
-            return await self.app(scope, receive, send)
+        query = _query(scope)
+        paint = None
+        if (path in TRACE_PAGES and query.get("trace")) or path == DATASET_PAGE:
+            try:
+                limit = DATASET_TIMEOUT_S if path == DATASET_PAGE else BUILD_TIMEOUT_S
+                paint = await asyncio.wait_for(asyncio.to_thread(paint_for, path, query), limit)
+            except Exception as err:  # noqa: BLE001 - a first paint is an extra: the shell without it is the page
+                log.info("first paint skipped: %r", err)
+        paint = page_rules() + (paint or "")
         # the whole shell, uncompressed and fresh (a 304 would reuse a cached shell naming another trace)
         drop = {b"accept-encoding", b"if-none-match", b"if-modified-since"}
         inner = {**scope, "headers": [(k, v) for k, v in scope.get("headers", []) if k.lower() not in drop]}

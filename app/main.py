@@ -17,6 +17,7 @@ import streamlit as st  # noqa: E402
 
 from app import resources, state  # noqa: E402
 from app.context import Context, set_context  # noqa: E402
+from app.first_paint import TRACE_PAGES  # noqa: E402
 from app.sidebar import sidebar  # noqa: E402
 from app.view import md_escape
 from core.errors import ForkpointError  # noqa: E402
@@ -37,14 +38,15 @@ PAGES = [
 
 def main() -> None:
     st.set_page_config(page_title="forkpoint", page_icon="🍴", layout="wide",
-                       initial_sidebar_state="auto")  # collapsed on a narrow window
+                       initial_sidebar_state="auto")  # closed below 768 px (below 1100: app/first_paint.py)
     state.init_state()
-    pages = [st.Page(PAGES_DIR / f, title=t, icon=i, url_path=u if u != "trace" else "home", default=(u == "trace"))
+    # the default page is served at "/" only (url_path "": it claims no other path); its other paths ("/trace", as a
+    # link may be written by hand, and "/home", the path it once declared) are the same screen, hidden from the menu
+    # (listed after it, so st.switch_page picks the visible one)
+    pages = [st.Page(PAGES_DIR / f, title=t, icon=i, url_path="" if u == "trace" else u, default=(u == "trace"))
              for f, t, i, u in PAGES]
-    # the default page is served at "/", so "/trace?trace=KEY" (a link written by hand) found no page: the same
-    # screen under that path, hidden from the menu (listed after it, so st.switch_page picks the visible one)
-    pages.append(st.Page(PAGES_DIR / "trace.py", title="Trace", icon=":material/subject:", url_path="trace",
-                         visibility="hidden"))
+    pages += [st.Page(PAGES_DIR / "trace.py", title="Trace", icon=":material/subject:", url_path=path,
+                      visibility="hidden") for path in TRACE_PAGES if path]
     page = st.navigation(pages)
     settings, pair = sidebar()
     try:

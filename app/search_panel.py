@@ -28,11 +28,11 @@ def _search(path: str, stamp: tuple, pattern: str, regex: bool, case: bool, scor
 def search_tab(ctx) -> None:
     """Pattern, options, the table of matches (choose a row to open it at the token) and the filter button."""
     s = ctx.settings
-    c1, c2, c3, c4 = st.columns([4, 1, 1, 1], vertical_alignment="bottom")
-    pattern = c1.text_input("Find in every stored response", key="search_pattern", placeholder="e.g.  Wait")
-    regex = c2.toggle("Regex", key="search_regex")
-    case = not c3.toggle("Any case", key="search_nocase")
-    only = c4.toggle("Spikes only", key="search_spikes")
+    row = st.container(horizontal=True, wrap=True, vertical_alignment="bottom")  # a fixed fourth cut "Spikes only"
+    pattern = row.text_input("Find in every stored response", key="search_pattern", placeholder="e.g.  Wait")
+    regex = row.toggle("Regex", key="search_regex")
+    case = not row.toggle("Any case", key="search_nocase")
+    only = row.toggle("Spikes only", key="search_spikes")
     if not pattern:
         st.caption("A token string (leading spaces count: ' Wait') or a regular expression; each match shows its "
                    f"{md_escape(score_label(s.score))} score, whether it spikes, and the trace's outcome.")

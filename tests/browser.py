@@ -282,7 +282,9 @@ def drawn(page, timeout_ms: int = STEP_TIMEOUT_MS) -> None:
 
 
 # JS: what is wrong with the layout of the main area: a control or label outside the window, a label cut
-# (its text wider than its box), or two controls' boxes overlapping (one cut by another). [] when nothing.
+# (its text wider than its box; not a screen-reader-only element), a multiselect's chip or an empty input's
+# placeholder cut, a label's word broken over two lines, or two controls' boxes overlapping (one cut by another).
+# [] when nothing.
 LAYOUT_JS = """() => {
     const main = document.querySelector('[data-testid="stMain"]');
     const W = window.innerWidth, out = [];
@@ -290,6 +292,15 @@ LAYOUT_JS = """() => {
               + ' [data-testid="stMetricLabel"], [data-testid="stMetricValue"], [role="radiogroup"]';
     const shown = (e) => e.getClientRects().length && !e.closest('details:not([open])')
       && e.checkVisibility({ checkOpacity: true, checkVisibilityCSS: true });
+    // clipped to nothing on purpose, for screen readers only (a radio's native input in React Aria's 1 px
+    // VisuallyHidden span, which overflows it): no text of it is on screen to be cut
+    const unseen = (t) => {
+      for (let n = t; n && n !== main; n = n.parentElement) {
+        const cs = getComputedStyle(n);
+        if (cs.clipPath === 'inset(50%)' || cs.clip === 'rect(0px, 0px, 0px, 0px)') return true;
+      }
+      return false;
+    };
     const els = [...main.querySelectorAll(sel)].filter(shown);
     const tables = [...main.querySelectorAll('table, [data-testid="stDataFrame"]')].filter(shown);  // inside the window too
     for (const e of [...els, ...tables]) {
@@ -299,8 +310,35 @@ LAYOUT_JS = """() => {
       // an input's text scrolls inside it by design (typed text, a long option); a table only has to sit in the window
       if (e.tagName === 'INPUT' || tables.includes(e)) continue;
       for (const t of [e, ...e.querySelectorAll('p, span, div')]) {
-        if (t.scrollWidth > t.clientWidth + 1 && getComputedStyle(t).overflowX !== 'visible') {
+        if (t.scrollWidth > t.clientWidth + 1 && getComputedStyle(t).overflowX !== 'visible' && !unseen(t)) {
           out.push(`cut: ${name}`); break;
+        }
+      }
+    }
+    // a multiselect's chip shows its whole value (the row of chips scrolls by design, a chip's text is cut)
+    for (const t of main.querySelectorAll('[data-tag] > span')) {
+      if (shown(t) && t.scrollWidth > t.clientWidth + 1) out.push(`cut: chip ${t.innerText.trim().slice(0, 40)}`);
+    }
+    // an empty input's placeholder fits its box (its text is what the control says it is for)
+    const ctx = document.createElement('canvas').getContext('2d');
+    for (const t of main.querySelectorAll('input[placeholder]')) {
+      if (!shown(t) || t.value || !t.placeholder) continue;
+      const cs = getComputedStyle(t);
+      ctx.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+      const room = t.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+      if (ctx.measureText(t.placeholder).width > room + 1) out.push(`cut: placeholder ${t.placeholder.slice(0, 40)}`);
+    }
+    // a label's word on one line (a narrow column broke "temperature" into "temper" / "ature")
+    for (const label of main.querySelectorAll('[data-testid="stWidgetLabel"]')) {
+      if (!shown(label)) continue;
+      const walk = document.createTreeWalker(label, NodeFilter.SHOW_TEXT);
+      for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+        for (const m of node.data.matchAll(/\\S+/g)) {
+          const r = document.createRange();
+          r.setStart(node, m.index);
+          r.setEnd(node, m.index + m[0].length);
+          const lines = new Set([...r.getClientRects()].filter((q) => q.width > 0).map((q) => Math.round(q.top)));
+          if (lines.size > 1) out.push(`broken: ${m[0].slice(0, 40)} (label ${label.innerText.trim().slice(0, 40)})`);
         }
       }
     }

@@ -1,7 +1,8 @@
-"""app/first_paint.py: a shared trace link's shell carries the trace's token view (the live view's own HTML,
-model text escaped), a Dataset link's its first chart (the page's own figure, for the plotly.js in Streamlit's
-Plotly chunk), uncompressed and never cached; other requests pass untouched. In a browser: tests/test_browser.py
-(the first paint goes once the live view or Streamlit's chart draws; never both on screen)."""
+"""app/first_paint.py: every page's shell carries the page rules (PAGE_JS); a shared trace link's shell also the
+trace's token view (the live view's own HTML, model text escaped), a Dataset link's its first chart (the page's own
+figure, for the plotly.js in Streamlit's Plotly chunk), uncompressed and never cached; other requests pass untouched.
+In a browser: tests/test_browser.py (the first paint goes once the live view or Streamlit's chart draws; never both on
+screen), tests/test_journeys.py and tests/test_switchboard.py (what the page rules do)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fakes import make_trace
 
 from app import first_paint, resources, state
 from app.dataset_panels import analysis_figure, analysis_tables
-from app.first_paint import PAINT_ID, STATIC_JS, FirstPaint, plotly_chunk
+from app.first_paint import PAINT_ID, STATIC_JS, FirstPaint, inject, page_rules, plotly_chunk
 from app.view import SpikeRule
 from core.io.store import TraceStore
 from core.scoring.registry import DEFAULT_SCORE, score_values
@@ -23,6 +24,7 @@ from core.views.colours import value_range
 from core.views.presentation import flip_changes
 
 SHELL = b'<!DOCTYPE html><html><head><title>Streamlit</title></head><body><div id="root"></div></body></html>'
+RULED = inject(SHELL, page_rules()).decode()  # a page's shell without a first paint
 HOSTILE = "Hi <script>alert(1)</script> & <img src=x onerror=alert(1)> \"quoted\" 'single'\nnext"
 
 
@@ -113,13 +115,6 @@ def test_the_url_view_settings_colour_the_first_paint_as_the_live_view(stored):
 @pytest.mark.parametrize("url, query, method", [
     ("/static/js/index.js", "trace={key}", "GET"),  # Streamlit's own files
     ("/_stcore/health", "trace={key}", "GET"),
-    ("/", "", "GET"),  # no trace named
-    ("/export", "trace={key}", "GET"),  # another page
-    ("/dataset", "spikes=gate:0.05:16", "GET"),  # a calibrated gate needs the pair
-    ("/", "trace=0123456789abcdef", "GET"),  # not in the store
-    ("/", "trace=<script>alert(1)</script>", "GET"),
-    ("/", "trace={key}&compare=abc@3", "GET"),  # colours shared with another trace: the live view's business
-    ("/", "trace={key}&spikes=gate:0.05:16", "GET"),  # a calibrated gate needs the pair
     ("/", "trace={key}", "POST"),
 ])
 def test_other_requests_pass_untouched(stored, url, query, method):
@@ -130,6 +125,30 @@ def test_other_requests_pass_untouched(stored, url, query, method):
     assert _headers(sent)[b"etag"] == b'"abc"'
 
 
+@pytest.mark.parametrize("url, query", [
+    ("/", ""),  # no trace named
+    ("/problems", ""),
+    ("/export", "trace={key}"),  # another page
+    ("/home", ""),
+    ("/dataset", "spikes=gate:0.05:16"),  # a calibrated gate needs the pair
+    ("/", "trace=0123456789abcdef"),  # not in the store
+    ("/", "trace=<script>alert(1)</script>"),
+    ("/", "trace={key}&compare=abc@3"),  # colours shared with another trace: the live view's business
+    ("/", "trace={key}&spikes=gate:0.05:16"),  # a calibrated gate needs the pair
+])
+def test_every_page_gets_the_page_rules_before_streamlits_script(stored, url, query):
+    """A page without a first paint gets the shell with the page rules alone: right after React's root (a classic
+    script: it runs before Streamlit's module script, which runs once the shell is parsed), fresh and whole."""
+    _, trace = stored
+    seen, sent = _get(url, query.format(key=trace.key))
+    body = _body(sent)
+    assert body == RULED and PAINT_ID not in body
+    assert body.index('<div id="root"></div>') + len('<div id="root"></div>') == body.index("<script>")
+    assert "history.replaceState" in body and "innerWidth < 1100" in body  # one entry per trace; a narrow window
+    assert _headers(sent)[b"cache-control"] == b"no-store" and b"etag" not in _headers(sent)
+    assert b"accept-encoding" not in dict(seen[0]["headers"])
+
+
 def test_a_failing_build_serves_the_plain_shell(stored, monkeypatch):
     _, trace = stored
 
@@ -138,7 +157,7 @@ def test_a_failing_build_serves_the_plain_shell(stored, monkeypatch):
 
     monkeypatch.setattr(first_paint, "trace_paint", broken)
     _, sent = _get("/", f"trace={trace.key}")
-    assert _body(sent) == SHELL.decode()
+    assert _body(sent) == RULED
 
 
 def _figure_json(body: str) -> dict:
@@ -171,4 +190,4 @@ def test_a_dataset_link_gets_the_pages_first_chart_in_the_shell(stored):
 def test_a_dataset_link_without_traces_gets_the_plain_shell(tmp_path, monkeypatch):
     monkeypatch.setattr(first_paint, "store_path", lambda: str(tmp_path))
     _, sent = _get("/dataset")
-    assert _body(sent) == SHELL.decode()
+    assert _body(sent) == RULED

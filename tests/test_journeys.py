@@ -22,6 +22,7 @@ from tests.browser import (
     chromium_page,
     click_mode,
     drawn,
+    layout_problems,
     pair_args,
     require_chromium,
     run_app,
@@ -116,6 +117,56 @@ def test_every_page_from_every_link_without_an_error(server, page):
     page.goto(f"{url}problems")  # a deep link to another page
     settle(page)
     _no_error(page, "deep link /problems", log)
+
+
+SIDEBAR = '[data-testid="stSidebar"]'
+
+
+def _page_paths() -> list[str]:
+    """Each page's URL path, in PAGES' order (app/main.py PAGES; the Trace page is the default page, at "/")."""
+    listed = re.findall(r'\("[a-z_]+\.py", "[^"]+", "[^"]+", "([a-z_]+)"\)', (ROOT / "app" / "main.py").read_text())
+    assert len(listed) == len(PAGES), listed
+    return ["", *listed[1:]]
+
+
+def test_at_800px_every_page_closes_the_sidebar_and_cuts_nothing_and_at_1440px_opens_it(server, page):
+    """At 800 px every page opens with the sidebar closed (one rule in every page's shell: app/first_paint.py
+    PAGE_JS; only the Trace page's token view closed it, so a fresh browser on Problems, Generate or Dataset found it
+    open and their controls squeezed: "Correct" 46 px wide, chips "bas…", "temper/ature") and no control, label, chip
+    or placeholder cut (tests/browser.layout_problems), the Problems page's Search tab too. At 1440 px, in the same
+    browser, every page opens with the sidebar open (the narrow window's close is not kept) and nothing cut. A user
+    who opens it on a narrow window keeps it open on the next page."""
+    url, _, _ = server
+    page.goto(url)
+    _wait_trace(page)  # a trace for the pages that show one
+    page.evaluate("() => localStorage.clear()")  # no sidebar state kept from earlier tests
+    found: dict[tuple[int, str], tuple[str | None, list[str]]] = {}
+    pages = list(zip(PAGES, _page_paths()))
+    try:
+        for width in (800, 1440):
+            page.set_viewport_size({"width": width, "height": 1400})
+            for title, path in pages[1:] + pages[:1]:  # the Trace page last: it closed the sidebar for the others
+                page.goto(url + path)
+                drawn(page)
+                found[width, title] = page.locator(SIDEBAR).get_attribute("data-collapsed"), layout_problems(page)
+                page.screenshot(path=str(OUT / f"{title.lower()}_{width}.png"))
+                if title == "Problems":
+                    page.get_by_role("tab", name="Search").click()
+                    drawn(page)
+                    found[width, "Problems: Search"] = (page.locator(SIDEBAR).get_attribute("data-collapsed"),
+                                                        layout_problems(page))
+        page.set_viewport_size({"width": 800, "height": 1400})
+        page.goto(f"{url}problems")
+        page.wait_for_function(f"() => document.querySelector('{SIDEBAR}')?.dataset.collapsed === 'true'")
+        page.locator('[data-testid="stExpandSidebarButton"]').click()  # the user opens it
+        page.wait_for_function(f"() => document.querySelector('{SIDEBAR}')?.dataset.collapsed === 'false'")
+        _nav(page, "About")
+        page.wait_for_timeout(500)
+        found[800, "opened, then About"] = page.locator(SIDEBAR).get_attribute("data-collapsed"), []
+    finally:
+        page.set_viewport_size({"width": 1440, "height": 2200})
+    want = {(w, t): ("true" if w == 800 and not t.startswith("opened") else "false", []) for w, t in found}
+    assert found == want
 
 
 @pytest.mark.xfail(strict=True, reason="Streamlit's frontend probes <page>/_stcore/{health,host-config} to find "

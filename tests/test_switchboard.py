@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from app.switchboard import CLICK_MODES
 from app.trace_panels import PLOT_KEY
 from tests.browser import (DEEP_JS, LIVE_TOKENS, ROOT, SentElements, chromium_page, click_mode, drawn,
                            layout_problems, pair_args, require_chromium, run_app, settle)
@@ -318,6 +319,52 @@ def test_browser_back_undoes_a_flip_and_forward_redoes_it(app):
     page.wait_for_function("(k) => window.location.search.includes('trace=' + k)", arg=root)
     page.locator(f'.fp-scroll[data-key="{root}"]').wait_for()
     assert _history_length(page) == steps + 1
+
+
+def test_a_link_without_its_problem_takes_one_history_entry(app):
+    """A link that names the trace alone (`?trace=KEY`, the fixture's): the app writes its problem into the URL in
+    place of the link's entry (app/first_paint.py PAGE_JS, before Streamlit's first push), not as a second entry
+    (Back from the first flip's child then went to the parent, a second Back stayed on it, the third left)."""
+    url, store_dir, page = app
+    from core.io.store import TraceStore
+    from core.views.presentation import flip_changes
+
+    assert "problem=" not in url
+    fresh = page.context.new_page()  # a new tab: about:blank, one entry
+    try:
+        steps = _history_length(fresh)
+        _open(fresh, url)
+        fresh.wait_for_function("() => window.location.search.includes('problem=')")
+        root = _key(fresh)
+        assert _history_length(fresh) == steps + 1  # the link's entry, its problem written into it
+        pos = flip_changes(TraceStore(store_dir).get(root))[0]
+        child = _click_and_wait(fresh, fresh.locator(f'.fp-scroll [data-pos="{pos}"]'))
+        fresh.wait_for_timeout(800)
+        assert child != root and _history_length(fresh) == steps + 2
+        fresh.go_back()
+        fresh.locator(f'.fp-scroll[data-key="{root}"]').wait_for()
+        fresh.go_back()  # out of the app
+        fresh.wait_for_url("about:blank")
+    finally:
+        fresh.close()
+
+
+def test_a_click_mode_chosen_with_the_pointer_leaves_the_arrow_keys_to_the_cursor(app):
+    """After a click on "types there", → moves the token cursor (the mode control kept the keyboard focus and its →
+    walked its options, the cursor never came); a mode option reached with the keyboard keeps its arrow keys."""
+    url, _, page = app
+    _open(page, url)
+    try:
+        click_mode(page, "edit")  # the pointer
+        page.keyboard.press("ArrowRight")  # to whatever has the focus (not body.press: that would focus the body)
+        page.keyboard.press("ArrowRight")
+        page.locator('.fp-scroll [data-pos="1"].cur').wait_for()
+        assert page.locator(".fp-scroll").get_attribute("data-mode") == "edit"
+        page.get_by_role("radio", name=CLICK_MODES["flip"]).focus()  # the keyboard's way in
+        page.keyboard.press("ArrowRight")
+        assert page.evaluate("() => document.activeElement.innerText.trim()") == CLICK_MODES["edit"]
+    finally:
+        click_mode(page, "flip")
 
 
 def test_edit_and_continue_opens_the_new_trace_with_the_typed_tokens_marked(app):

@@ -18,25 +18,6 @@ const KEY_LIST = [
   ["?", "this list"],
 ];
 
-// The app's URL holds the open view; Streamlit pushes a browser-history entry for every change of it. A change
-// that keeps the open trace (a selection, a setting) replaces the entry instead, so the browser's history holds
-// one entry per switch state and Back / Forward walk the same states as b / f.
-function oneEntryPerTrace() {
-  if (window.__fpHistoryPatched) return;
-  window.__fpHistoryPatched = true;
-  const push = window.history.pushState.bind(window.history);
-  window.history.pushState = function (state, title, url) {
-    try {
-      const next = new URL(url, window.location.href), cur = new URL(window.location.href);
-      const key = cur.searchParams.get("trace");
-      if (key && next.pathname === cur.pathname && next.searchParams.get("trace") === key) {
-        return window.history.replaceState(state, title, url);
-      }
-    } catch (err) { /* an unparsable URL: Streamlit's own way */ }
-    return push(state, title, url);
-  };
-}
-
 function el(tag, cls, text) {
   const node = document.createElement(tag);
   if (cls) node.className = cls;
@@ -135,20 +116,6 @@ function placeCard(card, target, box) {
   const left = Math.max(Math.max(4, b.left), Math.min(r.left, right - w));
   card.style.left = `${left}px`;
   card.style.top = `${Math.max(minTop, top)}px`;
-}
-
-// On a narrow window the app's sidebar takes a third of the width and squeezes the controls: close it once
-// per page load (Streamlit's "auto" state closes it only below its mobile breakpoint; the user may reopen it).
-const NARROW_PX = 1100;
-function narrowSidebar() {
-  if (window.__fpSidebarChecked) return;
-  window.__fpSidebarChecked = true;
-  if (window.innerWidth >= NARROW_PX) return;
-  const bar = document.querySelector('[data-testid="stSidebar"]');
-  if (!bar || bar.dataset.collapsed === "true") return;
-  const close = document.querySelector('button[aria-label="Collapse sidebar"]')
-    || document.querySelector('[data-testid="stSidebarCollapseButton"] button');
-  if (close) close.click();
 }
 
 // The token at the same height, one line up or down, nearest in x (for ↑ ↓).
@@ -505,10 +472,6 @@ export default function (component) {
   }
   s.data = data;
   s.setTrigger = setTriggerValue;
-  if (data.history) {
-    oneEntryPerTrace();
-    narrowSidebar();
-  }
   s.help.textContent = data.help || "Hover a token for both models' top-k · click to select · n / p: next / previous spike · ? keys";
   if (data.go && data.go.id !== s.goDone) { // a back / forward button: the browser's history moves, the URL follows
     s.goDone = data.go.id;
