@@ -134,8 +134,9 @@ def test_at_800px_every_page_closes_the_sidebar_and_cuts_nothing_and_at_1440px_o
     PAGE_JS; only the Trace page's token view closed it, so a fresh browser on Problems, Generate or Dataset found it
     open and their controls squeezed: "Correct" 46 px wide, chips "bas…", "temper/ature") and no control, label, chip
     or placeholder cut (tests/browser.layout_problems), the Problems page's Search tab too. At 1440 px, in the same
-    browser, every page opens with the sidebar open (the narrow window's close is not kept) and nothing cut. A user
-    who opens it on a narrow window keeps it open on the next page."""
+    browser, the sidebar opens again (the narrow window's close is not kept: one rule for every page, so two pages
+    are checked there, the widest controls' and the Trace page) and nothing is cut. A user who opens it on a narrow
+    window keeps it open on the next page."""
     url, _, _ = server
     page.goto(url)
     _wait_trace(page)  # a trace for the pages that show one
@@ -146,6 +147,8 @@ def test_at_800px_every_page_closes_the_sidebar_and_cuts_nothing_and_at_1440px_o
         for width in (800, 1440):
             page.set_viewport_size({"width": width, "height": 1400})
             for title, path in pages[1:] + pages[:1]:  # the Trace page last: it closed the sidebar for the others
+                if width == 1440 and title not in ("Generate", "Trace"):
+                    continue
                 page.goto(url + path)
                 drawn(page)
                 found[width, title] = page.locator(SIDEBAR).get_attribute("data-collapsed"), layout_problems(page)
