@@ -545,6 +545,10 @@ def test_calibrate_from_the_store_uses_only_this_pairs_rollouts(pair, llama_pair
     assert sorted(t.key for t in base_rollouts(pair, store)) == sorted(rollouts.keys())
     again = core.calibrate(pair, PROMPTS[:2], ratio=0.1, window=5, max_new_tokens=12, store=store)
     assert again == made and rollouts.n_written == 2 and store.keys() == listed
+    # a store from before the calibration store holds the same rollouts among the user's traces: each counts once
+    for key in rollouts.keys():
+        store.put(rollouts.get(key))
+    assert len(base_rollouts(pair, store)) == 2 and core.calibrate(pair, ratio=0.1, window=5, store=store) == made
     from_store = core.calibrate(pair, ratio=0.1, window=5, store=store)
     assert from_store.window == made.window and math.isclose(from_store.tau, made.tau, rel_tol=1e-9)
     assert math.isclose(from_store.lam, made.lam, rel_tol=1e-9)

@@ -69,9 +69,12 @@ def base_rollouts(pair: ModelPair, store: Any, limit: int | None = None) -> list
     calibration store)."""
     if store is None:
         return []
-    out, own = [], rollout_store(store)
+    out, own, seen = [], rollout_store(store), set()
     for where in (own, store) if own is not store else (store,):
         for key in _candidate_keys(where):
+            if key in seen:  # an older store's rollout made again in the calibration store: counted once
+                continue
+            seen.add(key)
             trace = where.get(key)
             if _is_this_pair(trace, pair):
                 out.append(trace)
