@@ -298,6 +298,7 @@ def calibration_split(calibration: str | None, problems: list[Any], problems_pat
     first n of --calibration SOURCE; 'in-sample': the first n of the problems, still run (said on stderr); the
     demo calibration set's first n with the demo problems or one --prompt; else n held out from --problems (at
     most a quarter; said on stderr), which are then not run. The one split of generate, eval and gates."""
+    # deferred: torch, transformers and pandas, which a command loads only once it runs
     from core.demo.pair import demo_problems
     from core.evaluation.sources import load_source
     from core.reports.reproduce import split_calibration

@@ -3,6 +3,7 @@ the one-command reproduction of the paper's table and figures."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from core.cli.common import (
     StageBars,
     store_option,
 )
+from core.errors import InvalidInputError
 
 RATIOS_HELP = "Comma-separated calibration ratios r (the gate's τ is the 1-r quantile), each in (0, 1), e.g. 0.01,0.02."
 BASELINE_RHO_HELP = ("Takeover rate of the random / early-only baselines: 'realised' (the rate Guided realised, per "
@@ -99,7 +101,6 @@ def analyze(store_path: str | None, out: str, score_name: str, overwrite: bool, 
 
 def _baseline_rhos(given: tuple[str, ...]) -> list[str | float]:
     """--baseline-rho values (default: realised and the paper's 0.25), checked by core."""
-    from core.errors import InvalidInputError
     from core.evaluation.sweep import DEFAULT_BASELINE_RHOS, check_baseline_rhos
 
     try:
@@ -227,9 +228,7 @@ def _free_eval_outputs(out: Path, overwrite: bool) -> None:
 
 def _is_eval_table(path: Path) -> bool:
     """Whether `path` is a CSV that `forkpoint eval` wrote: its header holds every column of the policy table."""
-    import csv
-
-    from core.evaluation.harness import POLICY_TABLE_COLUMNS
+    from core.evaluation.harness import POLICY_TABLE_COLUMNS  # deferred: pandas, torch
 
     try:
         with path.open(newline="", encoding="utf-8") as fh:

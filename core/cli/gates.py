@@ -31,6 +31,7 @@ from core.cli.common import (
     setting_option,
     store_option,
 )
+from core.errors import InvalidInputError
 
 
 @main.command()
@@ -126,8 +127,7 @@ def gates(store_path: str | None, problems_path: str | None, calibration: str | 
 def _free_gates_outputs(out: Path, overwrite: bool, *, router: bool) -> None:
     """Refuse (naming --overwrite) a gates.csv, gates.html or (`router`: one is trained here) router/ in `out` that
     is not a shoot-out's own: a rerun into the folder `forkpoint gates` wrote resumes and rewrites them."""
-    from core.decoding.router import read_card
-    from core.errors import InvalidInputError
+    from core.decoding.router import read_card  # deferred: torch, pandas (like the command's own)
     from core.reports.gates import read_gates
 
     def readable(read: Any, path: Path) -> bool:
